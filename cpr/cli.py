@@ -1,0 +1,62 @@
+"""The ``cpr`` command line: ``cpr <command> ...``.
+
+Each command lives in the module that owns its concept and exposes
+``register(subparsers)``, which adds its parser and sets ``func`` (a callable taking the
+parsed ``argparse.Namespace`` and returning an exit code). Modules are imported only
+for the command that runs, so ``cpr --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from cpr.errors import CprError
+
+# command name -> module defining register(subparsers)
+COMMANDS: dict[str, str] = {
+    "score": "cpr.scoring",
+    "data": "cpr.data.cli",
+    "train": "cpr.training.cli",
+    "eval": "cpr.evaluation.cli",
+    "ablate": "cpr.ablation",
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Build the top-level parser; with ``only``, import just that command's module."""
+    parser = argparse.ArgumentParser(prog="cpr", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, add_help=False)
+            continue
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue  # command not built yet
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``cpr`` console script. Returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    parser = build_parser(only=command if command in COMMANDS else None)
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except CprError as e:
+        print(f"cpr {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
