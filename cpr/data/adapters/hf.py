@@ -1,0 +1,162 @@
+"""Reading Hugging Face datasets: a ``save_to_disk`` folder, or a hub name via ``load_dataset``.
+
+Image columns are cast to ``Image(decode=False)`` and handed to adapters as
+:class:`~cpr.data.records.DatasetImageRef` values, so loading decodes no image. A hub name
+that cannot be reached (offline machines, gated datasets) raises an :class:`InputError` that
+names the dataset and says how to give a local copy instead.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from cpr.data.adapters.base import RawRow
+from cpr.data.records import DatasetImageRef
+from cpr.errors import InputError
+
+_HUB_NAME_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_DISK_MARKERS = ("dataset_dict.json", "state.json", "dataset_info.json")
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """True when ``path`` is a folder written by ``Dataset(Dict).save_to_disk``."""
+    return path.is_dir() and any((path / m).is_file() for m in _DISK_MARKERS)
+
+
+def looks_like_hub_name(text: str) -> bool:
+    """True for ``owner/name`` strings that are not existing local paths."""
+    return bool(_HUB_NAME_RE.match(text)) and not Path(text).exists()
+
+
+def offline_message(name: str, source: str, error: BaseException, alternatives: str = "") -> str:
+    """The explanation given when a hub dataset cannot be loaded (``alternatives``: other local
+    formats the adapter reads, e.g. "a parquet or JSON-lines export")."""
+    return (
+        f"{source}: cannot load the Hugging Face dataset '{name}' ({type(error).__name__}: {error}). "
+        f"This machine cannot download it (offline, or the dataset is gated). On a machine with hub "
+        f"access run `datasets.load_dataset('{name}').save_to_disk('DIR')`, copy DIR here and pass "
+        f"DIR as the path" + (f" ({alternatives} of the same columns also works)" if alternatives else "")
+    )
+
+
+def load_hf(
+    path_or_name: str | Path, split: str | None, source: str, *, alternatives: str = ""
+) -> tuple[Any, str, Path | None, str | None]:
+    """Load a dataset and select ``split``.
+
+    Args:
+        path_or_name: a ``save_to_disk`` folder or an ``owner/name`` hub id.
+        split: the split to use; may be ``None`` when the dataset has exactly one.
+        source: adapter name, for messages.
+        alternatives: other local formats the adapter reads, named in the offline message.
+
+    Returns:
+        ``(dataset, where, folder, split)``: a ``datasets.Dataset`` with image columns not
+        decoded, a string naming where it came from (used as the error path), the local folder
+        (for string image paths relative to it) or ``None`` for a hub dataset, and the split
+        name when known.
+
+    Raises:
+        InputError: unreachable hub dataset, unknown split, or several splits and none chosen.
+    """
+    import datasets
+
+    text = str(path_or_name)
+    local = Path(text).expanduser()
+    if local.exists():
+        if not is_saved_dataset(local):
+            raise InputError(
+                f"{source}: not a dataset saved with save_to_disk (no {' / '.join(_DISK_MARKERS)})",
+                path=local,
+            )
+        obj = datasets.load_from_disk(str(local))
+        where, folder = str(local), local
+    elif looks_like_hub_name(text):
+        try:
+            obj = datasets.load_dataset(text, split=split)
+        except (ConnectionError, OSError, datasets.exceptions.DatasetNotFoundError) as e:
+            raise InputError(offline_message(text, source, e, alternatives), path=text) from e
+        where, folder = text, None
+    else:
+        raise InputError(f"{source}: path does not exist (and is not an owner/name hub id)", path=local)
+
+    if isinstance(obj, datasets.DatasetDict):
+        names = list(obj.keys())
+        if split is None:
+            if len(names) != 1:
+                raise InputError(
+                    f"{source}: the dataset has splits {names}; choose one with split=...",
+                    path=where,
+                    field="split",
+                )
+            split = names[0]
+        if split not in obj:
+            raise InputError(f"{source}: no split {split!r} (available: {names})", path=where, field="split")
+        obj = obj[split]
+        where = f"{where}[{split}]"
+    elif split is not None and obj.split is not None and str(obj.split) != split:
+        raise InputError(
+            f"{source}: the dataset holds split {str(obj.split)!r}, not {split!r}", path=where, field="split"
+        )
+    elif split is None and obj.split is not None:
+        split = str(obj.split)
+    return _undecoded_images(obj), where, folder, split
+
+
+def image_columns(dataset: Any) -> dict[str, bool]:
+    """Image columns of ``dataset``: name -> True when the column holds a list of images."""
+    import datasets
+
+    cols: dict[str, bool] = {}
+    for name, feat in dataset.features.items():
+        if isinstance(feat, datasets.Image):
+            cols[name] = False
+        elif isinstance(feat, (datasets.Sequence, datasets.List)) and isinstance(
+            feat.feature, datasets.Image
+        ):
+            cols[name] = True
+    return cols
+
+
+def _undecoded_images(dataset: Any) -> Any:
+    import datasets
+
+    for name, is_list in image_columns(dataset).items():
+        feat = datasets.List(datasets.Image(decode=False)) if is_list else datasets.Image(decode=False)
+        dataset = dataset.cast_column(name, feat)
+    return dataset
+
+
+def hf_rows(
+    dataset: Any,
+    where: str,
+    *,
+    base_dir: Path | None = None,
+    split: str | None = None,
+    id_key: str | None = "id",
+) -> Iterator[RawRow]:
+    """Rows of a loaded dataset; image cells become :class:`DatasetImageRef` (``None`` stays)."""
+    img_cols = image_columns(dataset)
+    for i, row in enumerate(dataset):
+        data = dict(row)
+        for col, is_list in img_cols.items():
+            cell = data.get(col)
+            if cell is None:
+                continue
+            if is_list:
+                data[col] = [DatasetImageRef(dataset, i, col, k) for k in range(len(cell))]
+            else:
+                data[col] = DatasetImageRef(dataset, i, col)
+        rid = data.get(id_key) if id_key else None
+        yield RawRow(
+            data=data,
+            path=where,
+            line=None,
+            record_id=str(rid) if rid is not None else None,
+            base_dir=base_dir,
+            index=i,
+            split=split,
+        )

@@ -1,0 +1,177 @@
+"""``load_records``: read a source with its adapter, validate, bucket, and report what was skipped."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cpr.data.adapters import SkipRow, get_adapter
+from cpr.data.buckets import BucketConfig, assign_bucket
+from cpr.data.records import Record
+from cpr.data.validation import BAD_VALUE, DUPLICATE_ID, RecordError, check_on_invalid, validate_record
+from cpr.errors import InputError
+
+logger = logging.getLogger("cpr.data")
+
+
+@dataclass
+class LoadReport:
+    """What a load did.
+
+    Attributes:
+        source: adapter name.
+        path: what was read.
+        rows: raw rows seen (after split filtering).
+        loaded: records returned.
+        skipped: invalid records skipped (``on_invalid="skip"``), counted by reason.
+        filtered: valid rows the adapter leaves out by policy, counted by reason.
+        first_errors: the first error message for each skip reason.
+    """
+
+    source: str
+    path: str
+    rows: int = 0
+    loaded: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    filtered: Counter[str] = field(default_factory=Counter)
+    first_errors: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """One line: counts, and skipped / filtered rows by reason."""
+        text = f"{self.source}: {self.loaded} records from {self.path} ({self.rows} rows read)"
+        if self.skipped:
+            reasons = ", ".join(f"{n} {r}" for r, n in sorted(self.skipped.items()))
+            text += f"; skipped {sum(self.skipped.values())} invalid: {reasons}"
+        if self.filtered:
+            reasons = ", ".join(f"{n} {r}" for r, n in sorted(self.filtered.items()))
+            text += f"; left out {sum(self.filtered.values())}: {reasons}"
+        return text
+
+
+def load_records(
+    source: str,
+    path: str | Path,
+    *,
+    split: str | None = None,
+    on_invalid: str = "error",
+    buckets: BucketConfig | None = None,
+    limit: int | None = None,
+    validate_images: bool = True,
+    options: Mapping[str, Any] | None = None,
+) -> list[Record]:
+    """Load a dataset in its published layout as validated, bucketed records.
+
+    Args:
+        source: adapter name: ``crystal``, ``mathvision``, ``tabmwp``, ``scienceqa``, ``m3cot``,
+            ``vlrmbench``, ``jsonl`` (or one added with ``register_adapter``).
+        path: file, folder, saved dataset or hub name, as the adapter accepts.
+        split: split to read where the layout has splits (a Hugging Face split, a row's
+            ``split`` field, or ``<split>.jsonl`` in a folder); an error for single files
+            without splits.
+        on_invalid: ``"error"`` raises the first :class:`RecordError`; ``"skip"`` drops invalid
+            records and logs (logger ``cpr.data``) how many and why.
+        buckets: difficulty bucket config (default :class:`BucketConfig()`); records that
+            already carry a difficulty (generic JSON lines) keep it.
+        limit: stop after this many valid records.
+        validate_images: open and verify every image (:func:`cpr.data.validation.check_image`).
+        options: adapter options (e.g. ``{"text_only": "keep"}`` for ScienceQA).
+
+    Returns:
+        The records, in file order.
+
+    Raises:
+        RecordError / InputError: invalid input (file, line or id, and field in the message).
+        ValueError: ``on_invalid`` is neither ``"error"`` nor ``"skip"``.
+        ConfigError: unknown source or adapter option.
+    """
+    records, _ = load_records_with_report(
+        source,
+        path,
+        split=split,
+        on_invalid=on_invalid,
+        buckets=buckets,
+        limit=limit,
+        validate_images=validate_images,
+        options=options,
+    )
+    return records
+
+
+def load_records_with_report(
+    source: str,
+    path: str | Path,
+    *,
+    split: str | None = None,
+    on_invalid: str = "error",
+    buckets: BucketConfig | None = None,
+    limit: int | None = None,
+    validate_images: bool = True,
+    options: Mapping[str, Any] | None = None,
+) -> tuple[list[Record], LoadReport]:
+    """:func:`load_records` that also returns the :class:`LoadReport`."""
+    check_on_invalid(on_invalid)
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    adapter = get_adapter(source, **dict(options or {}))
+    config = buckets if buckets is not None else BucketConfig()
+    report = LoadReport(source=source, path=str(path))
+    records: list[Record] = []
+    seen: dict[str, str] = {}
+    for row in adapter.rows(path, split):
+        if limit is not None and len(records) >= limit:
+            break
+        report.rows += 1
+        try:
+            if not isinstance(row.data, Mapping):
+                raise row.error(f"expected an object, got {type(row.data).__name__}", reason=BAD_VALUE)
+            record = adapter.convert(row)
+            validate_record(
+                record,
+                path=row.path,
+                line=row.line,
+                allow_empty_answer=adapter.allows_empty_answer,
+                validate_images=validate_images,
+            )
+            if record.id in seen:
+                raise RecordError(
+                    f"duplicate id (first seen at {seen[record.id]})",
+                    reason=DUPLICATE_ID,
+                    path=row.path,
+                    line=row.line,
+                    record_id=record.id,
+                    field="id",
+                )
+            if record.difficulty is None:
+                record.difficulty = _bucket(record, config, row.path, row.line)
+        except SkipRow as e:
+            report.filtered[e.reason] += 1
+            continue
+        except RecordError as e:
+            if on_invalid == "error":
+                raise
+            report.skipped[e.reason] += 1
+            report.first_errors.setdefault(e.reason, str(e))
+            continue
+        seen[record.id] = f"line {row.line}" if row.line is not None else f"row {row.index}"
+        records.append(record)
+    report.loaded = len(records)
+    if report.skipped:
+        logger.warning("%s", report.summary())
+        for reason, message in report.first_errors.items():
+            logger.warning("first %s: %s", reason, message)
+    elif report.filtered:
+        logger.info("%s", report.summary())
+    return records, report
+
+
+def _bucket(record: Record, config: BucketConfig, path: str | Path, line: int | None) -> str:
+    try:
+        return assign_bucket(record, config)
+    except InputError as e:
+        raise RecordError(
+            e.message, reason=BAD_VALUE, path=path, line=line, record_id=record.id, field=e.field
+        ) from None
