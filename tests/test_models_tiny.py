@@ -1,0 +1,229 @@
+"""Tiny local models: tokenizer, chat templates, configs, determinism and the build cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from cpr.errors import ConfigError
+from cpr.models import tiny
+from cpr.models.tiny import (
+    INTERNVL_IMAGE_TOKENS,
+    QWEN_SPECIAL_TOKENS,
+    build_tiny_internvl,
+    build_tiny_qwen2_5_vl,
+    default_cache_dir,
+    ensure_tiny_model,
+    mrope_section,
+    parse_tiny_name,
+)
+
+BUILDERS = {"qwen2_5_vl": build_tiny_qwen2_5_vl, "internvl": build_tiny_internvl}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {kind: builder(root / kind) for kind, builder in BUILDERS.items()}
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def test_mrope_section_sums_to_half_head_dim():
+    # Real Qwen2.5-VL: head_dim 128 -> [16, 24, 24].
+    assert mrope_section(128) == [16, 24, 24]
+    assert mrope_section(32) == [4, 6, 6]
+    with pytest.raises(ConfigError, match="head_dim must be even"):
+        mrope_section(30 + 1)
+
+
+def test_parse_tiny_name():
+    assert parse_tiny_name("tiny:qwen2_5_vl") == "qwen2_5_vl"
+    assert parse_tiny_name("tiny:internvl") == "internvl"
+    assert parse_tiny_name("Qwen/Qwen2.5-VL-3B-Instruct") is None
+    with pytest.raises(ConfigError) as err:
+        parse_tiny_name("tiny:llama")
+    assert str(err.value) == (
+        "field 'model': unknown tiny model 'tiny:llama'; expected one of tiny:qwen2_5_vl, tiny:internvl"
+    )
+
+
+def test_default_cache_dir_honours_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("CPR_CACHE_DIR", str(tmp_path))
+    assert default_cache_dir() == tmp_path / "tiny_models"
+    monkeypatch.delenv("CPR_CACHE_DIR")
+    assert default_cache_dir() == Path.home() / ".cache" / "cpr" / "tiny_models"
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "internvl"])
+def test_saved_files_load_with_auto_classes(built, kind):
+    from transformers import AutoConfig, AutoProcessor
+
+    folder = built[kind]
+    config = AutoConfig.from_pretrained(folder)
+    processor = AutoProcessor.from_pretrained(folder)
+    tok = processor.tokenizer
+    assert config.model_type == kind
+    assert (
+        type(processor).__name__
+        == {"qwen2_5_vl": "Qwen2_5_VLProcessor", "internvl": "InternVLProcessor"}[kind]
+    )
+    assert type(tok).__name__ == "Qwen2Tokenizer"
+    # Every special token is one token, and the model's vocabulary covers the tokenizer.
+    for t in QWEN_SPECIAL_TOKENS:
+        assert tok.tokenize(t) == [t]
+    assert config.get_text_config().vocab_size == len(tok)
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    text_cfg = config.get_text_config()
+    assert text_cfg.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert text_cfg.pad_token_id == tok.convert_tokens_to_ids("<|endoftext|>")
+    # Byte-level BPE: any text round-trips, also characters outside the training corpus.
+    text = '{"steps": ["Area = 3 x 4 = 12 cm²."], "answer": "12"} ∑ 你好'
+    assert tok.decode(tok(text)["input_ids"]) == text
+
+
+def test_qwen_config_token_ids_and_mrope(built):
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(built["qwen2_5_vl"])
+    tok = AutoTokenizer.from_pretrained(built["qwen2_5_vl"])
+    assert config.image_token_id == tok.convert_tokens_to_ids("<|image_pad|>")
+    assert config.video_token_id == tok.convert_tokens_to_ids("<|video_pad|>")
+    assert config.vision_start_token_id == tok.convert_tokens_to_ids("<|vision_start|>")
+    assert config.vision_end_token_id == tok.convert_tokens_to_ids("<|vision_end|>")
+    head_dim = config.text_config.hidden_size // config.text_config.num_attention_heads
+    assert sum(config.text_config.rope_parameters["mrope_section"]) == head_dim // 2 == 16
+    assert config.vision_config.out_hidden_size == config.text_config.hidden_size == 128
+
+
+def test_internvl_tokenizer_attributes_and_image_seq_length(built):
+    from transformers import AutoConfig, AutoProcessor
+
+    config = AutoConfig.from_pretrained(built["internvl"])
+    processor = AutoProcessor.from_pretrained(built["internvl"])
+    tok = processor.tokenizer
+    for attr, token in INTERNVL_IMAGE_TOKENS.items():
+        assert getattr(tok, attr) == token
+        assert getattr(tok, attr + "_id") == tok.convert_tokens_to_ids(token)
+    assert config.image_token_id == tok.convert_tokens_to_ids("<IMG_CONTEXT>")
+    # (56 px tile / 14 px patch)^2 patches, pixel shuffle 0.5 -> 16 * 0.25 = 4 tokens per tile.
+    assert processor.image_seq_length == config.image_seq_length == 4
+    assert list(config.vision_config.image_size) == [56, 56]
+    assert config.text_config.model_type == "qwen3"
+
+
+def test_chat_templates_render_like_the_real_models(built):
+    from transformers import AutoProcessor
+
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}]
+    qwen = AutoProcessor.from_pretrained(built["qwen2_5_vl"])
+    assert qwen.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>How many?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    internvl = AutoProcessor.from_pretrained(built["internvl"])
+    assert internvl.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == (
+        "<|im_start|>user\n<IMG_CONTEXT>\nHow many?<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "internvl"])
+def test_build_is_deterministic(built, kind, tmp_path):
+    again = BUILDERS[kind](tmp_path / "again")
+    assert _digests(again) == _digests(built[kind])
+    other_seed = BUILDERS[kind](tmp_path / "seed1", seed=1)
+    assert _digests(other_seed)["model.safetensors"] != _digests(built[kind])["model.safetensors"]
+    assert _digests(other_seed)["tokenizer.json"] == _digests(built[kind])["tokenizer.json"]
+
+
+def test_tokenizer_trained_on_given_texts(tmp_path):
+    from transformers import AutoTokenizer
+
+    texts = ["parallelogram " * 5, "hypotenuse " * 5] * 3
+    folder = build_tiny_qwen2_5_vl(tmp_path / "m", texts=texts, vocab_size=300)
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert tok.tokenize(" parallelogram") == ["Ġparallelogram"]
+    assert len(tok) <= 300
+
+
+def test_vocab_size_too_small_is_rejected(tmp_path):
+    with pytest.raises(ConfigError, match=r"field 'vocab_size': vocab_size must be at least 264"):
+        build_tiny_qwen2_5_vl(tmp_path / "m", vocab_size=100)
+
+
+def test_ensure_builds_once_and_reuses(tmp_path, monkeypatch):
+    calls: list[Path] = []
+    real = tiny._BUILDERS["qwen2_5_vl"]
+
+    def counting(output_dir, **kw):
+        calls.append(Path(output_dir))
+        return real(output_dir, **kw)
+
+    monkeypatch.setitem(tiny._BUILDERS, "qwen2_5_vl", counting)
+    first = ensure_tiny_model("qwen2_5_vl", tmp_path)
+    second = ensure_tiny_model("qwen2_5_vl", tmp_path)
+    assert first == second and len(calls) == 1
+    assert first.parent == tmp_path and first.name.startswith("qwen2_5_vl-")
+    assert json.loads((first / "config.json").read_text())["model_type"] == "qwen2_5_vl"
+    # Other builder arguments -> another folder.
+    third = ensure_tiny_model("qwen2_5_vl", tmp_path, seed=1)
+    assert third != first and len(calls) == 2
+    # No temporary folders left behind.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == sorted([first.name, third.name])
+
+
+def test_ensure_concurrent_callers_build_once(tmp_path, monkeypatch):
+    calls: list[Path] = []
+    real = tiny._BUILDERS["internvl"]
+    barrier = threading.Barrier(3)
+
+    def counting(output_dir, **kw):
+        calls.append(Path(output_dir))
+        return real(output_dir, **kw)
+
+    monkeypatch.setitem(tiny._BUILDERS, "internvl", counting)
+    results: list[Path] = []
+    errors: list[BaseException] = []
+
+    def worker():
+        barrier.wait()
+        try:
+            results.append(ensure_tiny_model("internvl", tmp_path))
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(set(results)) == 1 and len(calls) == 1
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [results[0].name]
+
+
+def test_ensure_failed_build_leaves_nothing(tmp_path, monkeypatch):
+    def failing(output_dir, **kw):
+        Path(output_dir, "config.json").write_text("{}")
+        raise RuntimeError("disk full")
+
+    monkeypatch.setitem(tiny._BUILDERS, "qwen2_5_vl", failing)
+    with pytest.raises(RuntimeError, match="disk full"):
+        ensure_tiny_model("qwen2_5_vl", tmp_path)
+    assert [p for p in tmp_path.iterdir() if p.is_dir()] == []
+
+
+def test_ensure_unknown_kind(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        ensure_tiny_model("llava", tmp_path)
+    assert (
+        str(err.value)
+        == "field 'kind': unknown tiny model kind 'llava'; expected one of qwen2_5_vl, internvl"
+    )
