@@ -1,0 +1,285 @@
+"""``cpr score`` end to end through ``cpr.cli.main``, with the offline encoder.
+
+Expected numbers are worked out by hand: predicted steps are copies of reference steps
+(similarity 1 with their own reference, one-to-one), so the counts follow from which
+steps are copied and in what order.
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from cpr.cli import main
+from cpr.scoring import SAMPLE_KEYS, markdown_table, summarize
+
+R1 = ["The table lists calls for each weekday.", "Thursday shows 825 calls.", "Friday shows 507 calls."]
+R2 = [
+    "Triangle BDA is isosceles.",
+    "Its base angles are both x degrees.",
+    "The angles of a triangle sum to 180 degrees.",
+    "Therefore x plus y equals 90.",
+]
+R3 = ["Count the red blocks in the picture.", "There are four red blocks."]
+R4 = ["Anna starts in the direction of the arrow.", "She turns right at the first crossing."]
+R5 = ["The bar for 2010 is the tallest.", "So the highest value is in 2010."]
+
+REFS = [
+    {
+        "id": "r1",
+        "question": "How many more calls on Thursday than Friday?",
+        "answer": "318",
+        "reference_steps": R1,
+    },
+    {"id": "r2", "question": "What is x + y?", "answer": "90", "reference_steps": R2},
+    {"id": "r3", "question": "How many red blocks?", "answer": "4", "reference_steps": R3},
+    {
+        "id": "r4",
+        "question": "Where does Anna arrive?",
+        "answer": "B",
+        "options": ["the lake", "the school", "the park"],
+        "reference_steps": R4,
+    },
+    {"id": "r5", "question": "Which year is highest?", "answer": "2010", "reference_steps": R5},
+]
+
+
+def _json(steps, answer):
+    return json.dumps({"reasoning_steps": steps, "answer": answer})
+
+
+PREDS = [
+    {"id": "r1", "completion": _json(R1, "318")},  # identical steps, right answer
+    {"id": "r2", "completion": _json(R2[:2], "45")},  # half the steps, wrong answer
+    # r3: no prediction
+    {"id": "r4", "completion": _json([R4[1], R4[0]], "B")},  # both steps, reversed order
+    {"id": "r5", "completion": "I cannot tell from this picture."},  # nothing parsable
+]
+
+# Hand-computed per-sample expectations (SPEC 2-3, alpha 0.3):
+#   r1: 3/3 matched -> P = R = F1 = 1, LIS 1, Ord 1
+#   r2: 2 of 4 steps copied -> P = 1, R = 1/2, F1 = 2/3, LIS 1, Ord 2/3
+#   r3: missing -> 0, LIS 1.0 (crystal-metrics' empty-prediction value), format "missing"
+#   r4: both matched, predicted indices by reference [1, 0] -> LIS 1/2, Ord 0.7 + 0.15 = 0.85
+#   r5: no steps -> 0, LIS 1.0, format "none", answer "insufficient information" -> wrong
+EXPECTED = {
+    "r1": dict(
+        correct=True, n_pred=3, n_ref=3, n_matched=3, precision=1, recall=1, match_f1=1, lis=1, ordered_f1=1
+    ),
+    "r2": dict(
+        correct=False,
+        n_pred=2,
+        n_ref=4,
+        n_matched=2,
+        precision=1,
+        recall=Fraction(1, 2),
+        match_f1=Fraction(2, 3),
+        lis=1,
+        ordered_f1=Fraction(2, 3),
+    ),
+    "r3": dict(
+        correct=False, n_pred=0, n_ref=2, n_matched=0, precision=0, recall=0, match_f1=0, lis=1, ordered_f1=0
+    ),
+    "r4": dict(
+        correct=True,
+        n_pred=2,
+        n_ref=2,
+        n_matched=2,
+        precision=1,
+        recall=1,
+        match_f1=1,
+        lis=Fraction(1, 2),
+        ordered_f1=Fraction(17, 20),
+    ),
+    "r5": dict(
+        correct=False, n_pred=0, n_ref=2, n_matched=0, precision=0, recall=0, match_f1=0, lis=1, ordered_f1=0
+    ),
+}
+FORMATS = {"r1": "json", "r2": "json", "r3": "missing", "r4": "json", "r5": "none"}
+
+
+def _write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text(
+        "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8"
+    )
+    return path
+
+
+@pytest.fixture()
+def files(tmp_path: Path):
+    return (
+        _write_jsonl(tmp_path / "refs.jsonl", REFS),
+        _write_jsonl(tmp_path / "preds.jsonl", PREDS),
+        tmp_path,
+    )
+
+
+def _score(refs, preds, out, encoder, *extra):
+    return main(
+        [
+            "score",
+            "--references",
+            str(refs),
+            "--predictions",
+            str(preds),
+            "--output",
+            str(out),
+            "--encoder",
+            encoder,
+        ]
+        + list(extra)
+    )
+
+
+def test_score_report_hand_computed(files, offline_encoder_path, capsys):
+    refs, preds, tmp = files
+    out = tmp / "out" / "report.json"
+    assert _score(refs, preds, out, offline_encoder_path, "--device", "cpu") == 0
+    report = json.loads(out.read_text())
+    assert report["config"] == {
+        "encoder": offline_encoder_path,
+        "threshold": 0.35,
+        "alpha": 0.3,
+        "matching": "greedy",
+        "answer_mode": "crystal",
+    }
+    rows = {s["id"]: s for s in report["samples"]}
+    assert [s["id"] for s in report["samples"]] == ["r1", "r2", "r3", "r4", "r5"]
+    for rid, want in EXPECTED.items():
+        assert set(rows[rid]) == set(SAMPLE_KEYS)
+        assert rows[rid]["format"] == FORMATS[rid]
+        for key, value in want.items():
+            assert rows[rid][key] == pytest.approx(float(value), abs=1e-9), (rid, key)
+
+    summary = report["summary"]
+    n = 5
+    assert summary["n"] == n
+    assert summary["accuracy"] == pytest.approx(40.0)  # r1 and r4 of 5
+    assert summary["match_f1"] == pytest.approx(float((1 + Fraction(2, 3) + 0 + 1 + 0) / n))
+    assert summary["precision"] == pytest.approx(3 / 5)
+    assert summary["recall"] == pytest.approx(2.5 / 5)
+    assert summary["steps"] == pytest.approx((3 + 2 + 0 + 2 + 0) / 5)
+    assert summary["lis"] == pytest.approx((1 + 1 + 1 + 0.5 + 1) / 5)
+    assert summary["ordered_f1"] == pytest.approx(float((1 + Fraction(2, 3) + 0 + Fraction(17, 20) + 0) / n))
+    # the summary is the mean of the rows
+    assert summarize(report["samples"]) == summary
+
+    stdout = capsys.readouterr().out.splitlines()
+    assert stdout[0] == "| Acc | Match F1 | P | R | Steps | LIS | Ord. F1 |"
+    assert stdout[1] == "|---|---|---|---|---|---|---|"
+    assert stdout[2] == "| 40.00 | 0.533 | 0.600 | 0.500 | 1.40 | 0.900 | 0.503 |"
+    assert "\n".join(stdout[:3]) == markdown_table(summary)
+
+
+def test_options_maximum_matching_and_strict_mode(files, offline_encoder_path):
+    refs, preds, tmp = files
+    out = tmp / "report.json"
+    args = ["--matching", "maximum", "--answer-mode", "strict", "--threshold", "0.5", "--alpha", "0.0"]
+    assert _score(refs, preds, out, offline_encoder_path, *args) == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["matching"] == "maximum" and report["config"]["answer_mode"] == "strict"
+    rows = {s["id"]: s for s in report["samples"]}
+    # copies of reference steps match one-to-one under either matcher; alpha 0 -> Ord = F1
+    assert rows["r4"]["ordered_f1"] == pytest.approx(1.0) and rows["r4"]["lis"] == 0.5
+    assert rows["r2"]["recall"] == 0.5
+    # strict mode: "B" with options is correct; "insufficient information" never is
+    assert [rows[r]["correct"] for r in ("r1", "r2", "r3", "r4", "r5")] == [True, False, False, True, False]
+
+
+BAD_REFS = {
+    "empty steps": (
+        [REFS[0], {"id": "r2", "answer": "90", "reference_steps": []}],
+        "{refs}:2 (id r2) field 'reference_steps': is empty (Match F1 needs at least one reference step)",
+    ),
+    "steps not a list": (
+        [REFS[0], REFS[1], {"id": "r3", "answer": "4", "reference_steps": "Count the blocks."}],
+        "{refs}:3 (id r3) field 'reference_steps': must be a list of strings, got str",
+    ),
+    "missing answer": (
+        [{"id": "r1", "question": "q", "reference_steps": R1}],
+        "{refs}:1 (id r1) field 'answer': missing",
+    ),
+    "malformed json": (
+        [REFS[0], '{"id": "r2", "answer": "90", "reference_steps": ["a"'],
+        "{refs}:2: malformed JSON (Expecting ',' delimiter at column 1)",
+    ),
+    "duplicate id": (
+        [REFS[0], REFS[1], REFS[0]],
+        "{refs}:3 (id r1) field 'id': duplicate id (first on line 1)",
+    ),
+    "non-string step": (
+        [{"id": "r1", "answer": "3", "reference_steps": ["a", 7]}],
+        "{refs}:1 (id r1) field 'reference_steps[1]': must be a string, got int",
+    ),
+}
+
+BAD_PREDS = {
+    "malformed json": (
+        [PREDS[0], "{not json}"],
+        "{preds}:2: malformed JSON (Expecting property name enclosed in double quotes at column 2)",
+    ),
+    "duplicate id": (
+        [PREDS[0], PREDS[1], PREDS[0]],
+        "{preds}:3 (id r1) field 'id': duplicate id (first on line 1)",
+    ),
+    "missing id": ([PREDS[0], {"completion": "x"}], "{preds}:2 field 'id': missing"),
+    "missing completion": ([{"id": "r1"}], "{preds}:1 (id r1) field 'completion': missing"),
+    "unknown id": (
+        [PREDS[0], {"id": "zz", "completion": "x"}],
+        "{preds}:2 (id zz) field 'id': prediction has no reference record in {refs}",
+    ),
+}
+
+
+def _assert_input_error(capsys, rc: int, expected: str, out: Path):
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"cpr score: error: {expected}"]
+    assert not out.exists()
+    assert not any(out.parent.glob(".report.json.*"))  # no temporary file left either
+
+
+@pytest.mark.parametrize("case", sorted(BAD_REFS))
+def test_bad_references(case, tmp_path, capsys):
+    rows, message = BAD_REFS[case]
+    refs = _write_jsonl(tmp_path / "refs.jsonl", rows)
+    preds = _write_jsonl(tmp_path / "preds.jsonl", PREDS[:1])
+    out = tmp_path / "report.json"
+    # an encoder that cannot load: validation must fail first, before any model is loaded
+    rc = _score(refs, preds, out, "no-such-org/no-such-encoder")
+    _assert_input_error(capsys, rc, message.format(refs=refs), out)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PREDS))
+def test_bad_predictions(case, tmp_path, capsys):
+    rows, message = BAD_PREDS[case]
+    refs = _write_jsonl(tmp_path / "refs.jsonl", REFS)
+    preds = _write_jsonl(tmp_path / "preds.jsonl", rows)
+    out = tmp_path / "report.json"
+    rc = _score(refs, preds, out, "no-such-org/no-such-encoder")
+    _assert_input_error(capsys, rc, message.format(refs=refs, preds=preds), out)
+
+
+def test_missing_encoder_is_a_clean_error(files, capsys):
+    refs, preds, tmp = files
+    out = tmp / "report.json"
+    rc = _score(refs, preds, out, "no-such-org/no-such-encoder")
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(
+        "cpr score: error: encoder 'no-such-org/no-such-encoder' was not found locally and the hub is unreachable"
+    )
+    assert not out.exists()
+
+
+def test_missing_file_and_bad_alpha(files, capsys):
+    refs, preds, tmp = files
+    out = tmp / "report.json"
+    rc = _score(tmp / "nope.jsonl", preds, out, "no-such-org/no-such-encoder")
+    _assert_input_error(capsys, rc, f"{tmp / 'nope.jsonl'}: file not found", out)
+    rc = _score(refs, preds, out, "no-such-org/no-such-encoder", "--alpha", "1.5")
+    _assert_input_error(capsys, rc, "field '--alpha': must lie in [0, 1], got 1.5", out)
