@@ -283,3 +283,28 @@ def test_missing_file_and_bad_alpha(files, capsys):
     _assert_input_error(capsys, rc, f"{tmp / 'nope.jsonl'}: file not found", out)
     rc = _score(refs, preds, out, "no-such-org/no-such-encoder", "--alpha", "1.5")
     _assert_input_error(capsys, rc, "field '--alpha': must lie in [0, 1], got 1.5", out)
+
+
+def test_unparsable_or_empty_answers_are_wrong_even_in_crystal_mode(offline_encoder_path):
+    """SPEC section 2: a missing or unparsable prediction is a wrong answer. The paper's checker
+    alone accepts them by its substring fallback (checked here against the oracle)."""
+    from crystal_metrics import AccuracyCalculator
+
+    from cpr.matching import get_encoder
+    from cpr.scoring import score_records
+
+    oracle = AccuracyCalculator()
+    assert oracle.evaluate_single("q", "insufficient information", "C").is_correct  # the leniency
+    assert oracle.evaluate_single("q", "", "4").is_correct
+    refs = [
+        {"id": "a", "question": "q", "answer": "C", "options": [], "reference_steps": R3},
+        {"id": "b", "question": "q", "answer": "4", "options": [], "reference_steps": R3},
+    ]
+    report = score_records(
+        refs,
+        {"a": "no json here at all", "b": _json(R3, "")},
+        encoder=get_encoder(offline_encoder_path, device="cpu"),
+        answer_mode="crystal",
+    )
+    assert [s["correct"] for s in report["samples"]] == [False, False]
+    assert report["summary"]["accuracy"] == 0.0
