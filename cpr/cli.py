@@ -26,7 +26,7 @@ COMMANDS: dict[str, str] = {
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Build the top-level parser; with ``only``, import just that command's module."""
-    parser = argparse.ArgumentParser(prog="cpr", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="cpr", description="cpr: GRPO training of vision-language models on process rewards (CRYSTAL Match F1, CPR).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
         if only is not None and name != only:

@@ -183,7 +183,7 @@ def _correctness(
     questions = _column(kwargs, "question", n, required=False, default="")
     return [
         check_answer(p.answer, str(a), options=tuple(o or ()), question=str(q or ""), mode=mode).correct
-        for p, a, o, q in zip(parsed, answers, options, questions)
+        for p, a, o, q in zip(parsed, answers, options, questions, strict=True)
     ]
 
 
@@ -447,10 +447,10 @@ class CPRReward(RewardFunction):
                 self.step_weight,
                 self.wrong_answer_scale,
             )
-            for c, s in zip(correct, scores)
+            for c, s in zip(correct, scores, strict=True)
         ]
-        right = [r for r, c in zip(rewards, correct) if c]
-        wrong = [r for r, c in zip(rewards, correct) if not c]
+        right = [r for r, c in zip(rewards, correct, strict=True) if c]
+        wrong = [r for r, c in zip(rewards, correct, strict=True) if not c]
         metrics = {
             "format/valid_rate": _mean([1.0 if p.json_valid else 0.0 for p in parsed]),
             "answer/accuracy": _mean([1.0 if c else 0.0 for c in correct]),

@@ -1,0 +1,59 @@
+"""``cpr train``: run an experiment from its YAML config (same as ``recipes/cpr_curriculum.py``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, default_config: str | None = None) -> None:
+    """The arguments shared by ``cpr train`` and the recipes."""
+    parser.add_argument(
+        "--config",
+        default=default_config,
+        required=default_config is None,
+        help="experiment YAML (see recipes/configs/)" + (f"; default {default_config}" if default_config else ""),
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in output_dir: skip finished phases, resume the current one from its last checkpoint",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set output_dir=outputs/x --set phases=[cpr] (repeatable; YAML values)",
+    )
+    parser.add_argument("--output-dir", help="shortcut for --set output_dir=...")
+    parser.add_argument("--phases", help="comma-separated phases to run, e.g. cpr (shortcut for --set phases=[...])")
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """Load and validate the config named by parsed arguments (before anything heavy loads)."""
+    from cpr.training.config import load_config
+
+    overrides = list(args.overrides)
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    if args.phases:
+        overrides.append("phases=[" + ",".join(p.strip() for p in args.phases.split(",") if p.strip()) + "]")
+    return load_config(args.config, overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate the config, then run the experiment; exit code 0 on success."""
+    cfg = config_from_args(args)
+    from cpr.training.runner import run_experiment
+
+    summary = run_experiment(cfg, resume=args.resume)
+    return 0 if summary.get("status") == "finished" else 1
+
+
+def register(subparsers: Any) -> None:
+    """Add ``cpr train`` to the ``cpr`` command line."""
+    p = subparsers.add_parser("train", help="train a model with GRPO (CPR-Curriculum) from a YAML config")
+    add_arguments(p)
+    p.set_defaults(func=run)

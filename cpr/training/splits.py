@@ -1,0 +1,123 @@
+"""Training, validation and test records of an experiment.
+
+Records are read with the data layer's adapters (:func:`cpr.data.load_records`). Where a
+config gives no validation (or test) dataset, a share of the training records is held out,
+stratified by difficulty bucket and seeded, so the held-out mix matches the training mix and
+the same seed always holds out the same records.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cpr.data import BucketConfig, Record, load_records
+from cpr.errors import ConfigError, InputError
+from cpr.training.config import DataConfig, DataSourceConfig
+
+logger = logging.getLogger("cpr.training")
+
+__all__ = ["DataSplits", "load_sources", "hold_out", "load_splits"]
+
+
+@dataclass
+class DataSplits:
+    """The records of one experiment: ``train``, ``validation`` and ``test`` (lists of Record)."""
+
+    train: list[Record]
+    validation: list[Record]
+    test: list[Record]
+
+    def counts(self) -> dict[str, int]:
+        """Number of records per split."""
+        return {"train": len(self.train), "validation": len(self.validation), "test": len(self.test)}
+
+
+def load_sources(
+    sources: Sequence[DataSourceConfig], data: DataConfig, *, key: str, validate_images: bool | None = None
+) -> list[Record]:
+    """Load and concatenate datasets; ids must be unique across them.
+
+    Raises:
+        InputError: invalid records (from the adapters) or an id present in two datasets.
+    """
+    buckets = BucketConfig.from_dict(data.buckets)
+    out: list[Record] = []
+    seen: dict[str, str] = {}
+    for i, src in enumerate(sources):
+        recs = load_records(
+            src.source,
+            src.path,
+            split=src.split,
+            on_invalid=data.on_invalid,
+            buckets=buckets,
+            limit=src.limit,
+            validate_images=data.validate_images if validate_images is None else validate_images,
+            options=src.options or None,
+        )
+        for r in recs:
+            if r.id in seen:
+                raise InputError(
+                    f"duplicate id across datasets (also in {seen[r.id]})", path=src.path, record_id=r.id, field="id"
+                )
+            seen[r.id] = src.path
+        logger.info("%s[%d]: %d records from %s (%s)", key, i, len(recs), src.path, src.source)
+        out.extend(recs)
+    return out
+
+
+def _count(size: float, n: int) -> int:
+    return int(size) if size >= 1 else int(round(size * n))
+
+
+def hold_out(records: Sequence[Record], size: float, seed: int) -> tuple[list[Record], list[Record]]:
+    """Split ``records`` into (kept, held_out), holding out ``size`` (a share < 1 or a count
+    >= 1) stratified by difficulty bucket, seeded. Both lists keep the input order.
+
+    Raises:
+        ConfigError: the hold-out would leave no record to keep.
+    """
+    n_out = _count(size, len(records))
+    if n_out == 0:
+        return list(records), []
+    if n_out >= len(records):
+        raise ConfigError(
+            f"holding out {n_out} of {len(records)} records leaves none to train on", field="data.validation_size"
+        )
+    by_bucket: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(records):
+        by_bucket[r.difficulty or ""].append(i)
+    rng = random.Random(seed)
+    chosen: set[int] = set()
+    # largest-remainder allocation of n_out over buckets, proportional to bucket size
+    quotas = {b: n_out * len(ix) / len(records) for b, ix in by_bucket.items()}
+    alloc = {b: int(q) for b, q in quotas.items()}
+    for b in sorted(quotas, key=lambda b: (-(quotas[b] - alloc[b]), b))[: n_out - sum(alloc.values())]:
+        alloc[b] += 1
+    for b in sorted(by_bucket):
+        ix = list(by_bucket[b])
+        rng.shuffle(ix)
+        chosen.update(ix[: alloc[b]])
+    kept = [r for i, r in enumerate(records) if i not in chosen]
+    held = [r for i, r in enumerate(records) if i in chosen]
+    return kept, held
+
+
+def load_splits(data: DataConfig, seed_offset: int = 0) -> DataSplits:
+    """Read every dataset of ``data`` and make the held-out splits it asks for."""
+    train = load_sources(data.train, data, key="data.train")
+    if not train:
+        raise ConfigError("the training datasets hold no valid records", field="data.train")
+    seed = data.split_seed + seed_offset
+    if data.test:
+        test = load_sources(data.test, data, key="data.test")
+    else:
+        train, test = hold_out(train, data.test_size, seed)
+    if data.validation:
+        validation = load_sources(data.validation, data, key="data.validation")
+    else:
+        train, validation = hold_out(train, data.validation_size, seed + 1)
+    return DataSplits(train=train, validation=validation, test=test)

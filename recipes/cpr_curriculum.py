@@ -1,0 +1,44 @@
+"""CPR-Curriculum: two-phase GRPO training of a vision-language model with LoRA.
+
+Phase 1 trains on answer-only rewards (format + accuracy); its best checkpoint on the
+validation split seeds phase 2, which trains on format + CPR with an easy-to-hard curriculum
+(CRYSTAL paper, arXiv 2603.13099; SPEC.md section 6). Everything is set in one YAML file.
+
+    python recipes/cpr_curriculum.py                       # offline CPU demo (recipes/configs/demo.yaml)
+    accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml recipes/cpr_curriculum.py \\
+        --config recipes/configs/qwen2_5_vl_3b_cpr_curriculum.yaml
+    python recipes/cpr_curriculum.py --config X.yaml --resume          # continue a killed run
+    python recipes/cpr_curriculum.py --config X.yaml --phases cpr      # one phase only
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+DEMO = Path(__file__).resolve().parent / "configs" / "demo.yaml"
+
+
+def main() -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from cpr.errors import CprError
+    from cpr.training.cli import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser, default_config=str(DEMO))
+    args = parser.parse_args()
+    if Path(args.config).resolve() == DEMO:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demo never touches the hub
+    try:
+        cfg = config_from_args(args)  # validated before any model loads
+        from cpr.training.runner import run_experiment
+
+        summary = run_experiment(cfg, resume=args.resume)
+    except CprError as e:
+        print(f"cpr_curriculum: error: {e}", file=sys.stderr)
+        return 2
+    return 0 if summary.get("status") == "finished" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
