@@ -61,6 +61,7 @@ __all__ = [
     "StepRewardSettings",
     "get_reward_function",
     "get_reward_set",
+    "register_reward_function",
     "cpr_value",
     "set_completion_recorder",
 ]
@@ -481,6 +482,32 @@ REWARD_SETS: dict[str, list[tuple[str, float]]] = {
 _STEP_SETTING_KEYS = {"encoder", "threshold", "matching", "alpha", "device", "batch_size"}
 
 
+def _accepted(cls: type, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters ``cls`` takes: shared settings a function does not use are dropped."""
+    import inspect
+
+    if cls.__init__ is object.__init__:
+        return {}
+    sig = inspect.signature(cls.__init__)
+    names = set(sig.parameters) - {"self"}
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+    if cls is StepF1Reward or cls is CPRReward:  # their **settings are StepRewardSettings fields
+        names |= _STEP_SETTING_KEYS
+        takes_kwargs = False
+    return {k: v for k, v in params.items() if takes_kwargs or k in names}
+
+
+def register_reward_function(cls: type[RewardFunction]) -> type[RewardFunction]:
+    """Register a :class:`RewardFunction` subclass under ``cls.name`` (usable as a decorator),
+    so configs can list it. Raises ``ValueError`` for a missing or taken name."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no `name`")
+    if cls.name in REWARD_FUNCTIONS and REWARD_FUNCTIONS[cls.name] is not cls:
+        raise ValueError(f"a reward function named {cls.name!r} is already registered")
+    REWARD_FUNCTIONS[cls.name] = cls
+    return cls
+
+
 def get_reward_function(name: str, **params: Any) -> RewardFunction:
     """Build the reward function registered as ``name`` with its parameters.
 
@@ -497,12 +524,7 @@ def get_reward_function(name: str, **params: Any) -> RewardFunction:
             field="rewards",
         )
     cls = REWARD_FUNCTIONS[name]
-    if cls in (FormatReward,):
-        params = {}
-    elif cls is AccuracyReward:
-        params = {k: v for k, v in params.items() if k == "answer_mode"}
-    elif cls is StepF1Reward:
-        params = {k: v for k, v in params.items() if k in _STEP_SETTING_KEYS | {"ordered"}}
+    params = _accepted(cls, params)
     try:
         return cls(**params)
     except TypeError as e:

