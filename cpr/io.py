@@ -2,7 +2,9 @@
 
 Atomic writes go to a temporary file in the same folder, are flushed and fsync'ed, and
 then renamed over the target (``os.replace``), so a process killed mid-write leaves the
-previous version of the file intact.
+previous version of the file intact. JSON lines files are appended with one ``write`` per
+batch of lines and fsync'ed; a kill can leave at most a truncated last line, which readers
+skip (``read_jsonl(skip_truncated_tail=True)``) and the next append cuts off.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,16 +62,91 @@ def _json_default(obj: Any) -> Any:
 def append_jsonl(path: str | Path, obj: Any) -> None:
     """Append one JSON object as a line to ``path`` and fsync it.
 
-    A line is written with a single ``write`` call so a kill can at worst leave a
-    truncated last line, which :func:`read_jsonl` with ``skip_truncated_tail=True`` drops.
+    The line goes out in a single ``write`` on an ``O_APPEND`` descriptor, so a kill can at worst
+    leave a truncated last line, which :func:`read_jsonl` with ``skip_truncated_tail=True`` drops
+    and which the next append removes first (:func:`repair_truncated_tail`).
     """
+    append_jsonl_many(path, [obj])
+
+
+def append_jsonl_many(path: str | Path, objs: Iterable[Any]) -> None:
+    """Append JSON objects, one a line, to ``path`` with one ``write`` call, then fsync.
+
+    A truncated last line left by a writer killed mid-write is removed first, so the file stays
+    valid JSON lines. Creates the parent folder if needed. Raises ``OSError`` from the file system
+    and ``TypeError`` for an object JSON cannot encode.
+    """
+    data = "".join(json.dumps(o, ensure_ascii=False, default=_json_default) + "\n" for o in objs).encode("utf-8")
+    if not data:
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(obj, ensure_ascii=False, default=_json_default) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
+    repair_truncated_tail(path)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        view = memoryview(data)
+        while view:  # os.write may write less than asked (rare on regular files)
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def repair_truncated_tail(path: str | Path) -> bool:
+    """Cut a JSON lines file back to its last newline if it does not end with one.
+
+    What a writer killed mid-line leaves behind is an incomplete last line; appending after it
+    would glue the next record onto it. Returns ``True`` if bytes were removed; a missing or
+    empty file is left alone.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return False
+    if size == 0:
+        return False
+    with open(path, "rb+") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return False
+        # Scan backwards in blocks for the last newline.
+        pos = size
+        cut = 0
+        while pos > 0:
+            start = max(0, pos - 65536)
+            f.seek(start)
+            block = f.read(pos - start)
+            k = block.rfind(b"\n")
+            if k >= 0:
+                cut = start + k + 1
+                break
+            pos = start
+        f.truncate(cut)
         f.flush()
         os.fsync(f.fileno())
+    return True
+
+
+def rewrite_jsonl(path: str | Path, keep: Callable[[Any], bool]) -> tuple[int, int]:
+    """Atomically rewrite a JSON lines file keeping the rows for which ``keep(row)`` is true.
+
+    A truncated last line is dropped. Returns ``(kept, dropped)`` (the truncated line is not
+    counted). A missing file is left missing and gives ``(0, 0)``.
+
+    Raises:
+        InputError: a line other than the last is not valid JSON (names the file and line).
+    """
+    path = Path(path)
+    if not path.exists():
+        return 0, 0
+    rows = [row for _, row in read_jsonl(path, skip_truncated_tail=True)]
+    kept = [r for r in rows if keep(r)]
+    atomic_write_text(
+        path, "".join(json.dumps(r, ensure_ascii=False, default=_json_default) + "\n" for r in kept)
+    )
+    return len(kept), len(rows) - len(kept)
 
 
 def read_jsonl(path: str | Path, *, skip_truncated_tail: bool = False) -> Iterator[tuple[int, Any]]:

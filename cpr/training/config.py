@@ -9,7 +9,7 @@ Layout of a config file (every key optional except ``model.name_or_path`` and ``
     lora:         {r, alpha, dropout, include_vision, target_modules}
     data:         {train: [{source, path, split, limit, options}], validation: [...], test: [...],
                    validation_size, test_size, on_invalid, buckets, prompts}
-    rewards:      {encoder, threshold, matching, alpha, answer_mode, batch_size, device}
+    rewards:      {encoder, threshold, matching, alpha, answer_mode, batch_size, device, max_cached_completions}
     warm_start:   {enabled, max_steps, learning_rate, ...}   # supervised LoRA pass before GRPO
     training:     {<GRPOConfig fields shared by all phases>}
     phases:       [answer_only, cpr]                          # which phases run, in order
@@ -17,6 +17,8 @@ Layout of a config file (every key optional except ``model.name_or_path`` and ``
       answer_only: {rewards, reward_weights, reward_params, curriculum, select_best, training}
       cpr:         {...}
     evaluation:   {benchmarks: [...], eval_steps, metric_for_best, max_new_tokens, ...}
+    guards:       {enabled, action, nan: {action}, kl: {limit, consecutive_steps, action},
+                   zero_std: {window, action}}                # divergence guards (cpr.training.guards)
 
 Built-in phases (:data:`PHASE_PRESETS`) fill what ``phase_settings`` leaves out, so
 ``phases: [cpr]`` alone is a valid single-phase run:
@@ -55,6 +57,12 @@ __all__ = [
     "EvalBenchmarkConfig",
     "EvaluationConfig",
     "ExperimentConfig",
+    "DEFAULT_GUARD_ACTIONS",
+    "GUARD_ACTIONS",
+    "GuardsConfig",
+    "KLGuardConfig",
+    "NanGuardConfig",
+    "ZeroStdGuardConfig",
     "LoraSettings",
     "ModelSettings",
     "PhaseConfig",
@@ -142,6 +150,11 @@ class RewardsConfig:
     answer_mode: str = _help("strict (default for rewards) or crystal (paper evaluation protocol).", "strict")
     batch_size: int = _help("Encoder batch size.", 64)
     device: str | None = _help("Encoder device; None = the trainer's device.", None)
+    max_cached_completions: int = _help(
+        "Completion-step embeddings kept in the encoder's in-memory LRU (reference steps are always kept); "
+        "bounds the cache's memory to about this many x embedding size x 4 bytes.",
+        20_000,
+    )
 
 
 @dataclass
@@ -200,6 +213,67 @@ class EvaluationConfig:
     final: bool = _help("Score the final adapter on the test split after the last phase.", True)
 
 
+#: What a divergence guard does when its condition holds (cpr.training.guards).
+GUARD_ACTIONS: tuple[str, ...] = ("warn", "skip_step", "stop")
+
+
+@dataclass
+class NanGuardConfig:
+    """NaN or Inf in any reward, the loss or the gradient norm of an optimizer step."""
+
+    enabled: bool = _help("Check rewards, loss and gradient norm for NaN / Inf every optimizer step.", True)
+    action: str | None = _help("warn, skip_step or stop; None = guards.action, else stop.", None)
+
+
+@dataclass
+class KLGuardConfig:
+    """The policy's KL to the reference model above a limit for several optimizer steps in a row."""
+
+    enabled: bool = _help("Check TRL's per-step KL (only logged when training.beta > 0).", True)
+    limit: float = _help("KL limit (the step's mean KL, as TRL logs it as 'kl').", 10.0)
+    consecutive_steps: int = _help("The condition holds after this many optimizer steps in a row above the limit.", 5)
+    action: str | None = _help("warn, skip_step or stop; None = guards.action, else warn.", None)
+
+
+@dataclass
+class ZeroStdGuardConfig:
+    """No learning signal: every group's reward standard deviation is zero (TRL's frac_reward_zero_std = 1)
+    for a window of optimizer steps in a row."""
+
+    enabled: bool = _help("Check TRL's frac_reward_zero_std every optimizer step.", True)
+    window: int = _help("The condition holds after this many optimizer steps in a row without signal.", 50)
+    action: str | None = _help("warn, skip_step or stop; None = guards.action, else warn.", None)
+
+
+@dataclass
+class GuardsConfig:
+    """Divergence guards of the GRPO phases (:mod:`cpr.training.guards`).
+
+    Each condition's action is its own ``action`` if set, else ``guards.action`` if set, else its
+    default (:data:`DEFAULT_GUARD_ACTIONS`: nan -> stop, kl -> warn, zero_std -> warn).
+    """
+
+    enabled: bool = _help("Run the guards at all.", True)
+    action: str | None = _help("Action for every condition that does not set its own (warn, skip_step, stop).", None)
+    nan: NanGuardConfig = _help("NaN / Inf in a reward, the loss or the gradient norm.", factory=NanGuardConfig)
+    kl: KLGuardConfig = _help("KL above a limit for consecutive steps.", factory=KLGuardConfig)
+    zero_std: ZeroStdGuardConfig = _help("Zero reward std in every group for a window of steps.", factory=ZeroStdGuardConfig)
+
+    def action_for(self, condition: str) -> str:
+        """The resolved action of ``condition`` (``"nan"``, ``"kl"`` or ``"zero_std"``).
+
+        Raises:
+            KeyError: an unknown condition name.
+        """
+        if condition not in DEFAULT_GUARD_ACTIONS:
+            raise KeyError(f"unknown guard condition {condition!r}; known: {sorted(DEFAULT_GUARD_ACTIONS)}")
+        return getattr(self, condition).action or self.action or DEFAULT_GUARD_ACTIONS[condition]
+
+
+#: Default action of each guard condition.
+DEFAULT_GUARD_ACTIONS: dict[str, str] = {"nan": "stop", "kl": "warn", "zero_std": "warn"}
+
+
 @dataclass
 class ExperimentConfig:
     """A whole experiment: model, data, rewards, phases and evaluation."""
@@ -219,6 +293,7 @@ class ExperimentConfig:
         factory=dict,
     )
     evaluation: EvaluationConfig = _help("Evaluation.", factory=EvaluationConfig)
+    guards: GuardsConfig = _help("Divergence guards of the GRPO phases.", factory=GuardsConfig)
     config_path: str | None = _help("Where this config was read from (set by load_config).", None)
 
     def phase(self, name: str) -> PhaseConfig:
@@ -432,28 +507,46 @@ def _grpo_fields() -> set[str]:
     return _GRPO_FIELDS
 
 
-def _check_training_args(args: dict[str, Any], key: str) -> None:
-    """Check GRPO arguments without building a GRPOConfig (which would initialise devices)."""
+def _check_training_args(args: dict[str, Any], phase_key: str, phase_args: Mapping[str, Any]) -> None:
+    """Check GRPO arguments without building a GRPOConfig (which would initialise devices).
+
+    ``args`` are the merged arguments of one phase; a value set in the phase's own ``training``
+    (``phase_args``) is named ``<phase_key>.training.<k>``, a shared one ``training.<k>``.
+    """
+
+    def where(k: str) -> str:
+        return f"{phase_key}.training.{k}" if k in phase_args else f"training.{k}"
+
     fields = _grpo_fields()
     for k in args:
         if k not in fields:
-            raise ConfigError(f"not a trl.GRPOConfig field ({k!r})", field=f"{key}.{k}")
-    for k in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations"):
+            raise ConfigError(f"not a trl.GRPOConfig field ({k!r})", field=where(k))
+    for k in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
+              "save_steps", "logging_steps", "steps_per_generation", "num_iterations"):
         v = args.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or (v < 1 and k != "max_steps")):
-            raise ConfigError(f"must be a positive integer, got {v!r}", field=f"{key}.{k}")
+        if v is None:
+            continue
+        if k in ("save_steps", "logging_steps") and isinstance(v, float) and not isinstance(v, bool) and 0 < v < 1:
+            continue  # transformers reads a float below 1 as a share of max_steps
+        if isinstance(v, bool) or not isinstance(v, int) or (v < 1 and k != "max_steps"):
+            raise ConfigError(f"must be a positive integer, got {v!r}", field=where(k))
     lr = args.get("learning_rate")
     if lr is not None:
         try:
             lr = float(lr)
         except (TypeError, ValueError):
-            raise ConfigError(f"must be a number, got {lr!r}", field=f"{key}.learning_rate") from None
+            raise ConfigError(f"must be a number, got {lr!r}", field=where("learning_rate")) from None
         if not (lr > 0 and math.isfinite(lr)):
-            raise ConfigError(f"must be > 0, got {lr!r}", field=f"{key}.learning_rate")
+            raise ConfigError(f"must be > 0, got {lr!r}", field=where("learning_rate"))
         args["learning_rate"] = lr
     beta = args.get("beta")
-    if beta is not None and (not isinstance(beta, (int, float)) or beta < 0):
-        raise ConfigError(f"must be >= 0, got {beta!r}", field=f"{key}.beta")
+    if beta is not None and (isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta >= 0):
+        raise ConfigError(f"must be >= 0, got {beta!r}", field=where("beta"))
+    temperature = args.get("temperature")
+    if temperature is not None and (
+        isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0
+    ):
+        raise ConfigError(f"must be > 0, got {temperature!r}", field=where("temperature"))
     # GRPO's structure: the generation batch must hold whole groups of num_generations.
     per_device = args.get("per_device_train_batch_size", 8)
     num_gen = args.get("num_generations", 8)
@@ -461,11 +554,14 @@ def _check_training_args(args: dict[str, Any], key: str) -> None:
     steps_per_gen = args.get("steps_per_generation") or ga
     gen_batch = args.get("generation_batch_size") or per_device * _num_processes() * steps_per_gen
     if gen_batch % num_gen != 0:
+        involved = ("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
+                    "steps_per_generation", "generation_batch_size")
+        key = next((where(k) for k in involved if k in phase_args), "training.num_generations")
         raise ConfigError(
             f"the global generation batch ({per_device} per device x {_num_processes()} processes x "
             f"{steps_per_gen} steps per generation = {gen_batch}) is not divisible by num_generations "
             f"({num_gen}); change per_device_train_batch_size, gradient_accumulation_steps or num_generations",
-            field=f"{key}.num_generations",
+            field=key,
         )
 
 
@@ -528,6 +624,9 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(f"must be strict or crystal, got {r.answer_mode!r}", field="rewards.answer_mode")
     if r.batch_size < 1:
         raise ConfigError(f"must be >= 1, got {r.batch_size}", field="rewards.batch_size")
+    if r.max_cached_completions < 0:
+        raise ConfigError(f"must be >= 0, got {r.max_cached_completions}", field="rewards.max_cached_completions")
+    _check_guards(cfg.guards)
 
     if not cfg.phases:
         raise ConfigError("no phases to run", field="phases")
@@ -558,13 +657,20 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         merged["name"] = name
         phase = _build(PhaseConfig, merged, f"phase_settings.{name}")
         key = f"phase_settings.{name}"
-        get_reward_set(
-            phase.rewards,
-            phase.reward_weights,
-            phase.reward_params,
-            **_reward_shared(cfg.rewards),
-        )
-        CurriculumConfig.from_dict(phase.curriculum, prefix=f"{key}.curriculum")
+        try:
+            get_reward_set(
+                phase.rewards,
+                phase.reward_weights,
+                phase.reward_params,
+                **_reward_shared(cfg.rewards),
+            )
+        except ConfigError as e:
+            raise ConfigError(e.message, field=_reward_key(e.field, key, phase)) from None
+        try:
+            curriculum = CurriculumConfig.from_dict(phase.curriculum, prefix=f"{key}.curriculum")
+        except ConfigError as e:
+            field_ = e.field or "curriculum"
+            raise ConfigError(e.message, field=field_ if field_.startswith(key) else f"{key}.{field_}") from None
         if phase.select_metric not in ("accuracy", "match_f1"):
             raise ConfigError(f"must be accuracy or match_f1, got {phase.select_metric!r}", field=f"{key}.select_metric")
         if phase.init_adapter is not None:
@@ -575,8 +681,8 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
                 )
         resolved[name] = phase
         args = _deep_merge(cfg.training, phase.training)
-        _check_training_args(args, f"{key}.training" if phase.training else "training")
-        sched = CurriculumConfig.from_dict(phase.curriculum, prefix=f"{key}.curriculum").schedule
+        _check_training_args(args, key, phase.training)
+        sched = curriculum.schedule
         if sched != "none" and not (args.get("max_steps") or 0) > 0:
             raise ConfigError(
                 f"a {sched!r} curriculum needs max_steps > 0 (the schedule is a fraction of training)",
@@ -602,6 +708,49 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     return cfg
 
 
+def _reward_key(field_: str | None, key: str, phase: PhaseConfig) -> str:
+    """The dotted config key of an error raised by :func:`cpr.rewards.get_reward_set` for phase ``key``.
+
+    get_reward_set names its own arguments (``rewards``, ``reward_weights``, ``reward_params``,
+    ``rewards.<function>.<parameter>``); a parameter set in the phase's ``reward_params`` is named
+    there, one of the shared ``rewards`` section keeps its ``rewards.<key>`` name.
+    """
+    if not field_ or field_ in ("rewards", "reward_weights", "reward_params"):
+        return f"{key}.{field_ or 'rewards'}"
+    parts = field_.split(".")
+    if parts[0] == "rewards" and len(parts) == 3:  # rewards.<function>.<parameter>
+        return f"{key}.reward_params.{parts[1]}.{parts[2]}"
+    if parts[0] == "rewards" and len(parts) == 2:
+        owners = [f for f, params in phase.reward_params.items() if parts[1] in (params or {})]
+        if owners:
+            return f"{key}.reward_params.{owners[0]}.{parts[1]}"
+        if parts[1] in REWARD_SHARED_KEYS:
+            return field_
+        return f"{key}.reward_params.{parts[1]}"  # "invalid parameter for reward <name>"
+    return f"{key}.{field_}"
+
+
+#: Keys of the ``rewards`` section passed to every reward function.
+REWARD_SHARED_KEYS = ("encoder", "threshold", "matching", "alpha", "answer_mode", "batch_size", "device")
+
+
+def _check_guards(g: GuardsConfig) -> None:
+    for key, action in (
+        ("guards.action", g.action),
+        ("guards.nan.action", g.nan.action),
+        ("guards.kl.action", g.kl.action),
+        ("guards.zero_std.action", g.zero_std.action),
+    ):
+        if action is not None and action not in GUARD_ACTIONS:
+            raise ConfigError(f"unknown action {action!r}; expected one of {', '.join(GUARD_ACTIONS)}", field=key)
+    if not (math.isfinite(g.kl.limit) and g.kl.limit > 0):
+        raise ConfigError(f"must be a finite number > 0, got {g.kl.limit}", field="guards.kl.limit")
+    if g.kl.consecutive_steps < 1:
+        raise ConfigError(f"must be >= 1, got {g.kl.consecutive_steps}", field="guards.kl.consecutive_steps")
+    if g.zero_std.window < 1:
+        raise ConfigError(f"must be >= 1, got {g.zero_std.window}", field="guards.zero_std.window")
+
+
 def _reward_shared(r: RewardsConfig) -> dict[str, Any]:
     return {
         "encoder": r.encoder,
@@ -622,9 +771,9 @@ def config_from_dict(data: Mapping[str, Any], *, config_path: str | None = None)
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"expected a mapping at the top level, got {type(data).__name__}", path=config_path)
-    cfg = _build(ExperimentConfig, data, "")
-    cfg.config_path = config_path
     try:
+        cfg = _build(ExperimentConfig, data, "")
+        cfg.config_path = config_path
         return validate(cfg)
     except ConfigError as e:
         if config_path and e.path is None:
@@ -644,8 +793,8 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
     with open(path, encoding="utf-8") as f:
         try:
             data = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"invalid YAML: {e}", path=path) from None
+        except yaml.YAMLError as e:  # one line: the recipe prints the message as its only output
+            raise ConfigError("invalid YAML: " + " ".join(str(e).split()), path=path) from None
     if overrides:
         data = apply_overrides(data, overrides)
     return config_from_dict(data, config_path=str(path))

@@ -6,20 +6,26 @@
   one row per completion scored by the ``cpr`` or ``step_f1`` reward (step, reward, correct,
   Match F1, ...) and appends them to ``<phase>/scored_completions[.rank<N>].jsonl``. The
   ablation tables compute Discrimination and r(F1) from these rows (paper Table 6).
+* :func:`rollback_logs` cuts a phase's JSON lines logs back to a checkpoint's step when a killed
+  run resumes, so the resumed run's logs equal an uninterrupted run's (no rows of the lost
+  interval, no duplicates).
+
+Both writers append each batch of lines with one ``write`` and fsync it
+(:func:`cpr.io.append_jsonl_many`); a kill leaves at most a truncated last line, which the
+readers drop and the next append removes.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-from cpr.io import read_jsonl
+from cpr.io import append_jsonl, append_jsonl_many, read_jsonl, rewrite_jsonl
 
-__all__ = ["JsonlLogCallback", "ScoredCompletionLog", "read_log"]
+__all__ = ["JsonlLogCallback", "ScoredCompletionLog", "read_log", "rollback_logs"]
 
 
 def _finite(v: Any) -> Any:
@@ -33,7 +39,7 @@ class JsonlLogCallback(TrainerCallback):
 
     Each line: ``{"step": global_step, "epoch": ..., <logged keys>}``. NaN and infinite values
     are written as the strings ``"nan"`` / ``"inf"``. The file is appended to (a resumed run
-    continues it); each line is flushed as it is written.
+    continues it, after :func:`rollback_logs`); each line is written with one ``write`` and fsync'ed.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -43,9 +49,7 @@ class JsonlLogCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         row = {"step": state.global_step, **{k: _finite(v) for k, v in logs.items()}}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        append_jsonl(self.path, row)
 
 
 class ScoredCompletionLog:
@@ -65,8 +69,7 @@ class ScoredCompletionLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, rows: list[dict[str, Any]]) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps({k: _finite(v) for k, v in r.items()}) + "\n" for r in rows))
+        append_jsonl_many(self.path, ({k: _finite(v) for k, v in r.items()} for r in rows))
 
 
 def read_log(path: str | Path) -> list[dict[str, Any]]:
@@ -75,3 +78,44 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [row for _, row in read_jsonl(path, skip_truncated_tail=True)]
+
+
+#: Phase log files and how their rows relate to a checkpoint at optimizer step N: trainer logs,
+#: eval-hook scores and guard events of step <= N were written before the checkpoint; a scored
+#: completion row carries the global step *before* its optimizer step, so rows of step < N are.
+_ROLLBACK_RULES: tuple[tuple[str, bool], ...] = (
+    ("log.jsonl", True),
+    ("eval_history.jsonl", True),
+    ("guard_events.jsonl", True),
+    ("scored_completions*.jsonl", False),
+)
+
+
+def rollback_logs(phase_dir: str | Path, step: int) -> dict[str, tuple[int, int]]:
+    """Drop the rows a killed run wrote after the checkpoint at optimizer step ``step``.
+
+    Rewrites (atomically) ``log.jsonl``, ``eval_history.jsonl``, ``guard_events.jsonl`` (rows with
+    ``step <= step``) and ``scored_completions[.rankN].jsonl`` (rows with ``step < step``: their
+    ``step`` is the trainer's global step while the completion was scored, one less than the
+    optimizer step it belongs to) of a phase folder; a truncated last line goes too. ``step = 0``
+    empties them (a phase restarting from scratch). Rows without a numeric ``step`` are kept.
+
+    Returns:
+        ``{file name: (rows kept, rows dropped)}`` for the files that exist.
+
+    Raises:
+        InputError: a malformed line other than the last (from :func:`cpr.io.read_jsonl`).
+    """
+    phase_dir = Path(phase_dir)
+    out: dict[str, tuple[int, int]] = {}
+    for pattern, inclusive in _ROLLBACK_RULES:
+        for path in sorted(phase_dir.glob(pattern)):
+
+            def keep(row: Any, inclusive: bool = inclusive) -> bool:
+                s = row.get("step") if isinstance(row, dict) else None
+                if not isinstance(s, (int, float)) or isinstance(s, bool):
+                    return True
+                return s <= step if inclusive else s < step
+
+            out[path.name] = rewrite_jsonl(path, keep)
+    return out

