@@ -1,0 +1,141 @@
+"""Figures of runs and ablations (cpr.ablation.figures) from handwritten run folders."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from ablation_runs import SAMPLES, scored, train_row, write_run
+from PIL import Image
+
+from cpr.ablation import figures
+from cpr.ablation.run_folder import read_run
+from cpr.errors import InputError
+
+
+def _png_ok(path: Path, min_colours: int = 5) -> None:
+    assert path.is_file() and path.stat().st_size > 5_000, path
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.width >= 400 and im.height >= 300
+        colours = np.unique(np.asarray(im.convert("RGB")).reshape(-1, 3), axis=0)
+    assert len(colours) >= min_colours  # something is drawn, not a blank canvas
+
+
+def _two_phase_run(folder: Path, nan_at: int | None = 2) -> Path:
+    """answer_only: 4 steps (accuracy only); cpr: 3 steps with step F1; a NaN loss at cpr step ``nan_at``."""
+    ao = [train_row(s, **{"answer/accuracy": 0.25 * s, "rewards/accuracy/mean": 0.25 * s}) for s in (1, 2, 3, 4)]
+    cpr = [train_row(s, **{"answer/accuracy": 0.5, "steps/match_f1": 0.1 * s, "rewards/cpr/mean": 0.3 * s})
+           for s in (1, 2, 3)]
+    if nan_at is not None:
+        cpr[nan_at - 1]["loss"] = "nan"
+    return write_run(folder, phases={
+        "answer_only": {"steps": 4, "log": ao,
+                        "eval_history": [{"step": 2, "benchmark": "crystal", "accuracy": 50.0, "match_f1": 0.2}]},
+        "cpr": {"steps": 3, "log": cpr, "scored": [scored(0, 1.0, True, 1.0)]},
+    })
+
+
+def test_global_steps_follow_the_phases(tmp_path):
+    ao, cpr = read_run(_two_phase_run(tmp_path / "r")).phase_logs()
+    assert (ao.offset, cpr.offset) == (0, 4)
+    assert [r["global_step"] for r in cpr.train] == [5, 6, 7]
+    # a scored completion's step is the global step before the optimizer step it trains
+    assert ao.eval_history[0]["global_step"] == 2 and cpr.scored[0]["global_step"] == 5
+
+
+def test_training_dynamics_marks_the_first_nan(tmp_path):
+    run = read_run(_two_phase_run(tmp_path / "r"))
+    fig = figures.training_dynamics_figure([("CPR-Curriculum", run)])
+    ax_f1, ax_acc = fig.axes[:2]
+    nan_f1 = [ln for ln in ax_f1.lines if ln.get_marker() == "X"]
+    nan_acc = [ln for ln in ax_acc.lines if ln.get_marker() == "X"]
+    assert len(nan_f1) == len(nan_acc) == 1
+    # cpr step 2 = global step 6; height: the curve's last finite value at or before that step
+    assert list(nan_f1[0].get_xdata()) == [6] and list(nan_f1[0].get_ydata()) == [pytest.approx(0.2)]
+    assert list(nan_acc[0].get_xdata()) == [6] and list(nan_acc[0].get_ydata()) == [pytest.approx(50.0)]
+    f1_train = next(ln for ln in ax_f1.lines if ln.get_label() == "CPR-Curriculum (training batch)")
+    assert list(f1_train.get_xdata()) == [5, 6, 7]  # answer-only logs no step F1
+    acc_train = next(ln for ln in ax_acc.lines if ln.get_label() == "CPR-Curriculum (training batch)")
+    xs, ys = list(acc_train.get_xdata()), list(acc_train.get_ydata())
+    assert xs[:4] == [1, 2, 3, 4] and math.isnan(xs[4]) and xs[5:] == [5, 6, 7]  # the line breaks between phases
+    assert ys[:4] + ys[5:] == pytest.approx([25, 50, 75, 100, 50, 50, 50])
+    acc_eval = next(ln for ln in ax_acc.lines if ln.get_label() == "CPR-Curriculum (eval)")
+    assert list(acc_eval.get_xdata()) == [2] and list(acc_eval.get_ydata()) == [50.0]
+    # a NaN the guard stopped at (no NaN row in log.jsonl): marked from guard_events.jsonl
+    guarded = _two_phase_run(tmp_path / "g", nan_at=None)
+    (guarded / "cpr" / "guard_events.jsonl").write_text(json.dumps(
+        {"step": 3, "condition": "nan", "action": "stop", "reason": "non-finite grad_norm (nan)", "values": {}}) + "\n")
+    assert figures.divergence(read_run(guarded).phase_logs()) == {
+        "step": 7, "key": "guard nan", "value": "non-finite grad_norm (nan)"}
+    stable = read_run(_two_phase_run(tmp_path / "s", nan_at=None))
+    fig2 = figures.training_dynamics_figure([("stable", stable)])
+    assert not [ln for ax in fig2.axes for ln in ax.lines if ln.get_marker() == "X"]
+    _png_ok(figures.plot_training_dynamics([("a", run), ("b", stable)], tmp_path / "dyn.png"))
+
+
+def _run_with_data(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    from cpr.data import load_records
+
+    records = load_records("tabmwp", SAMPLES / "tabmwp", limit=12)
+    difficulty = {r.id: r.difficulty for r in records}
+    ids = [r.id for r in records]
+    rows = [scored(0, 1.0, True, 1.0, rid=ids[0]), scored(0, 0.0, False, 0.0, rid=ids[1]),
+            scored(0, 0.5, True, 0.5, rid=ids[1], fn="step_f1"),  # another function: not counted twice
+            scored(1, 0.2, False, 0.2, rid=ids[2]), scored(1, 0.4, False, 0.4, rid=ids[3]),
+            scored(1, 0.4, False, 0.4, rid=ids[4])]
+    folder = write_run(tmp_path / "run", phases={"cpr": {"steps": 2, "log": [train_row(1), train_row(2)], "scored": rows}})
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    config["model"] = {"name_or_path": "tiny:qwen2_5_vl"}
+    config["data"] = {"train": [{"source": "tabmwp", "path": str(SAMPLES / "tabmwp"), "limit": 12}],
+                      "validation_size": 2, "test_size": 2}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    return folder, difficulty
+
+
+def test_bucket_mix_from_scored_completion_ids(tmp_path):
+    folder, difficulty = _run_with_data(tmp_path)
+    run = read_run(folder)
+    assert figures.difficulty_by_id(run) == difficulty
+    ids = [json.loads(x)["id"] for x in (folder / "cpr" / "scored_completions.jsonl").read_text().splitlines()]
+    mix = figures.bucket_mix_from_completions(run, difficulty)
+    assert [m["global_step"] for m in mix] == [1, 2]
+    assert mix[0]["counts"] == dict(Counter(difficulty[i] for i in ids[:2]))
+    assert mix[1]["counts"] == dict(Counter(difficulty[i] for i in ids[3:]))
+    assert sum(mix[1]["shares"].values()) == pytest.approx(1.0)
+    with pytest.raises(InputError, match=r"scored completion of record '.*' \(step 0\): no such record") as e:
+        figures.bucket_mix_from_completions(run, {k: v for k, v in difficulty.items() if k != ids[0]})
+    assert e.value.record_id == ids[0]
+
+
+def test_bucket_mix_from_checkpoints(tmp_path):
+    folder = _two_phase_run(tmp_path / "r")
+    for step, mix in ((2, {"easy": 1.0, "medium": 0.0, "hard": 0.0}), (3, {"easy": 0.5, "medium": 0.5, "hard": 0.0})):
+        path = folder / "cpr" / f"checkpoint-{step}" / "curriculum_state.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"position": {"bucket_mix": mix}}))
+    mix = figures.bucket_mix_from_checkpoints(read_run(folder))
+    assert [(m["global_step"], m["shares"]["easy"]) for m in mix] == [(6, 1.0), (7, 0.5)]
+    _png_ok(figures.plot_bucket_mix(mix, tmp_path / "mix.png", source="checkpoints"))
+
+
+def test_run_figures_write_every_png(tmp_path):
+    folder, _ = _run_with_data(tmp_path)
+    paths = figures.run_figures(folder, tmp_path / "figs", kl_limit=2.0)
+    assert sorted(paths) == ["bucket_mix", "f1_vs_accuracy", "kl", "reward_components"]
+    for path in paths.values():
+        _png_ok(path)
+    assert figures.folder_kind(folder) == "run"
+    with pytest.raises(InputError, match="neither a run folder"):
+        figures.folder_kind(tmp_path / "figs")
+
+
+def test_plot_table_skips_missing_values(tmp_path):
+    table = {"name": "t", "split": "test",
+             "columns": [{"title": "Acc", "key": "accuracy", "decimals": 2}, {"title": "KL", "key": "kl_max", "decimals": 3}],
+             "rows": [{"label": "a", "accuracy": 50.0, "kl_max": None}, {"label": "b", "accuracy": 25.0, "kl_max": 0.3}]}
+    _png_ok(figures.plot_table(table, tmp_path / "t.png"))

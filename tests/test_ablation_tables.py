@@ -1,0 +1,245 @@
+"""Ablation tables from handwritten run folders: every column from the logs, computed by hand.
+
+The runs are written in the runner's layout (tests/ablation_runs.py); the expected Discrimination,
+r(F1), KL max and stability flag are worked out by hand below. Editing a log row and rebuilding
+changes the table accordingly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from ablation_runs import base_config, overall, scored, train_row, write_jsonl, write_run
+
+from cpr.ablation.plan import plan_ablation
+from cpr.ablation.run_folder import drop_superseded, read_run
+from cpr.ablation.spec import ablation_config_from_dict
+from cpr.ablation.tables import build_table, render_markdown, write_table
+from cpr.errors import InputError
+
+PAIRS = [[0.8, 0.2], [0.65, 0.35], [0.5, 0.5], [0.35, 0.65]]
+
+
+def _weights_plan(tmp_path: Path):
+    cfg = ablation_config_from_dict({
+        "kind": "weights",
+        "base_config": str(base_config(tmp_path)),
+        "output_dir": str(tmp_path / "abl"),
+        "set": {"phases": ["cpr"]},
+        "table": {"split": "validation", "kl_limit": 2.0},
+        "weights": PAIRS,
+    })
+    return plan_ablation(cfg)
+
+
+# Run 0.80/0.20: four cpr completions (rewards 1.0, 0.8 correct; 0.12, 0.0 wrong; F1 1.0, 0.6, 0.4, 0.0)
+# plus one step_f1 row that the table must ignore; KL 0.0, 0.35, 1.2, 0.5 over four steps.
+def _run_a(folder: Path) -> Path:
+    return write_run(
+        folder,
+        weights=(0.8, 0.2),
+        phases={"cpr": {
+            "steps": 4,
+            "log": [train_row(1, kl=0.0), train_row(2, kl=0.35),
+                    {"step": 2, "eval_crystal/accuracy": 0.0, "epoch": 1.0},
+                    train_row(3, kl=1.2), train_row(4, kl=0.5),
+                    {"step": 4, "train_runtime": 3.0, "train_loss": 0.1}],
+            "scored": [scored(0, 1.0, True, 1.0), scored(0, 0.8, True, 0.6), scored(1, 0.12, False, 0.4),
+                       scored(1, 0.0, False, 0.0), scored(1, 0.3, None, 0.3, fn="step_f1")],
+        }},
+        metrics={"validation": overall(75.0, 0.5, 0.6, 0.45), "test": overall(10.0, 0.1, 0.1, 0.1)},
+    )
+
+
+# Run 0.65/0.35: a NaN grad norm at step 3; both completions correct; not yet scored on validation.
+def _run_b(folder: Path) -> Path:
+    return write_run(
+        folder, weights=(0.65, 0.35),
+        phases={"cpr": {"steps": 3,
+                        "log": [train_row(1, kl=0.1), train_row(2, kl=0.2), train_row(3, grad_norm="nan", kl=0.3)],
+                        "scored": [scored(0, 1.0, True, 1.0), scored(1, 0.5, True, 0.2)]}},
+    )
+
+
+# Run 0.50/0.50: unfinished (no summary.json); its KL 2.5 at step 2 exceeds the limit.
+def _run_c(folder: Path) -> Path:
+    return write_run(
+        folder, weights=(0.5, 0.5), finished=False,
+        phases={"cpr": {"log": [train_row(1, kl=0.4), train_row(2, kl=2.5)],
+                        "scored": [scored(0, 0.9, True, 0.8), scored(0, 0.1, False, 0.3)]}},
+    )
+
+
+@pytest.fixture
+def weights_setup(tmp_path):
+    plan = _weights_plan(tmp_path)
+    out = Path(plan.config.output_dir)
+    _run_a(out / "aw0.80_sw0.20")
+    _run_b(out / "aw0.65_sw0.35")
+    _run_c(out / "aw0.50_sw0.50")
+    return plan
+
+
+def test_every_column_from_the_logs(weights_setup):
+    table = build_table(weights_setup)
+    a, b, c, d = table["rows"]
+    assert [r["name"] for r in table["rows"]] == ["aw0.80_sw0.20", "aw0.65_sw0.35", "aw0.50_sw0.50", "aw0.35_sw0.65"]
+
+    # finished, scored on validation (not test)
+    assert (a["status"], a["evaluated"], a["answer_weight"], a["step_weight"]) == ("finished", True, 0.8, 0.2)
+    assert (a["accuracy"], a["match_f1"], a["recall"], a["n_eval"]) == (75.0, 0.5, 0.45, 4)
+    # cpr rows only: (1.0 + 0.8) / 2 - (0.12 + 0.0) / 2
+    assert a["discrimination"] == pytest.approx(0.84) and a["n_scored"] == 4
+    # deviations from the means 0.48 / 0.5: products sum 0.568, squares 0.7328 and 0.52
+    assert a["r_f1"] == pytest.approx(0.568 / math.sqrt(0.7328 * 0.52), abs=1e-12)
+    assert (a["kl_max"], a["kl_max_step"], a["stable"]) == (1.2, 3, True)
+    assert a["n_logged_steps"] == 4  # the eval and closing rows are not training steps
+
+    assert (b["status"], b["evaluated"], b["accuracy"]) == ("finished", False, None)
+    assert b["discrimination"] is None
+    assert b["discrimination_detail"]["reason"] == "no completion with a wrong answer"
+    assert b["r_f1"] == pytest.approx(1.0)  # two points
+    assert b["stable"] is False and b["stability"]["reason"] == "grad_norm = nan at step 3"
+    assert b["kl_max"] == 0.3
+
+    assert (c["status"], c["accuracy"]) == ("unfinished", None)
+    assert c["discrimination"] == pytest.approx(0.8)
+    assert c["stable"] is False and c["stability"]["reason"] == "KL 2.5 > 2 at step 2"
+
+    assert d["status"] == "not started"
+    assert all(d[k] is None for k in ("accuracy", "discrimination", "r_f1", "kl_max", "stable"))
+
+    # the paper's rows are kept apart, labelled
+    assert [p["label"] for p in table["paper"]] == ["0.80/0.20", "0.65/0.35", "0.50/0.50", "0.35/0.65"]
+    assert table["paper"][1]["accuracy"] == 82.70
+
+
+def test_markdown_shows_status_and_paper_rows(weights_setup):
+    md = render_markdown(build_table(weights_setup))
+    lines = md.splitlines()
+    row_a = next(ln for ln in lines if ln.startswith("| 0.80/0.20 | this run"))
+    assert row_a == "| 0.80/0.20 | this run (finished) | 75.00 | 0.500 | 0.450 | 0.840 | 0.920 | 1.200 | yes | 4 | 4 |"
+    assert "| 0.65/0.35 | this run (not evaluated) | - | - | - | - | 1.000 | 0.300 | no (grad_norm = nan at step 3) | - | 2 |" in md
+    assert "| 0.50/0.50 | this run (unfinished) |" in md and "| 0.35/0.65 | this run (not started) |" in md
+    assert "| 0.80/0.20 | paper, Table 6 | 81.79 | 0.676 | 0.553 | 0.865 | 0.338 | 1.274 | - | - | - |" in md
+    assert "0.65/0.35: Discrim. undefined (no completion with a wrong answer)" in md
+    assert "validation split" in md
+
+
+def test_table_follows_the_logs(weights_setup):
+    before = build_table(weights_setup)["rows"][0]
+    folder = Path(weights_setup.config.output_dir) / "aw0.80_sw0.20" / "cpr"
+    rows = [json.loads(x) for x in (folder / "scored_completions.jsonl").read_text().splitlines()]
+    rows[2]["reward"] = 0.4  # the wrong completion with F1 0.4 now earns 0.4
+    write_jsonl(folder / "scored_completions.jsonl", rows)
+    log = [json.loads(x) for x in (folder / "log.jsonl").read_text().splitlines()]
+    log[4]["kl"] = 1.9  # step 4
+    write_jsonl(folder / "log.jsonl", log)
+    after = build_table(weights_setup)["rows"][0]
+    assert before["discrimination"] == pytest.approx(0.84)
+    assert after["discrimination"] == pytest.approx(0.9 - 0.2)
+    # means 0.55 / 0.5: products 0.54, squares 0.59 and 0.52
+    assert after["r_f1"] == pytest.approx(0.54 / math.sqrt(0.59 * 0.52), abs=1e-12)
+    assert (after["kl_max"], after["kl_max_step"]) == (1.9, 4)
+    log[3]["loss"] = "nan"  # step 3
+    write_jsonl(folder / "log.jsonl", log)
+    assert build_table(weights_setup)["rows"][0]["stability"]["reason"] == "loss = nan at step 3"
+
+
+def test_write_table_files(weights_setup, tmp_path):
+    table = build_table(weights_setup)
+    json_path, md_path = write_table(table, tmp_path / "t", "ablation_weights")
+    assert json.loads(json_path.read_text())["rows"][0]["discrimination"] == pytest.approx(0.84)
+    assert md_path.read_text() == render_markdown(table)
+
+
+def test_stale_run_folder_with_other_weights_is_an_error(tmp_path):
+    plan = _weights_plan(tmp_path)
+    write_run(Path(plan.config.output_dir) / "aw0.80_sw0.20", weights=(0.7, 0.3), phases={"cpr": {"log": []}})
+    with pytest.raises(InputError, match=r"trained with answer_weight 0.7, the ablation config asks 0.8") as e:
+        build_table(plan)
+    assert e.value.field == "phase_settings.cpr.reward_params.cpr.answer_weight"
+
+
+def test_malformed_log_line_is_located(tmp_path):
+    plan = _weights_plan(tmp_path)
+    folder = _run_a(Path(plan.config.output_dir) / "aw0.80_sw0.20")
+    path = folder / "cpr" / "log.jsonl"
+    lines = path.read_text().splitlines()
+    lines[1] = "{broken"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=r"log.jsonl:2: malformed JSON"):
+        build_table(plan)
+
+
+def test_resumed_logs_keep_the_latest_attempt(tmp_path):
+    # attempt 1 logged steps 1-3, was killed; attempt 2 resumed from checkpoint-1 and logged 2-4
+    log = [train_row(1, kl=0.1), train_row(2, kl=0.9), train_row(3, kl=5.0),
+           train_row(2, kl=0.2), train_row(3, kl=0.3), train_row(4, kl=0.4)]
+    kept = drop_superseded(log, kind_of=lambda r: "train")
+    assert [(r["step"], r["kl"]) for r in kept] == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
+    rows = [scored(0, 1.0, True, 1.0), scored(1, 0.0, False, 0.0), scored(2, 0.5, True, 0.5), scored(1, 0.7, True, 0.7)]
+    assert [r["reward"] for r in drop_superseded(rows, strict=True)] == [1.0, 0.7]
+    folder = write_run(tmp_path / "r", phases={"cpr": {"log": log, "scored": rows, "steps": 4}})
+    (logs,) = read_run(folder).phase_logs()
+    assert [r["kl"] for r in logs.train] == [0.1, 0.2, 0.3, 0.4]
+
+
+def _strategies_plan(tmp_path: Path):
+    cfg = ablation_config_from_dict({
+        "kind": "strategies",
+        "base_config": str(base_config(tmp_path)),
+        "output_dir": str(tmp_path / "abl"),
+        "runs": [
+            {"name": "base", "label": "Base", "type": "base"},
+            {"name": "composite", "label": "Composite", "set": {"phases": ["composite"]}},
+            {"name": "cpr_curriculum", "label": "CPR-Curriculum"},
+        ],
+    })
+    return plan_ablation(cfg)
+
+
+def test_strategies_table_on_the_test_split(tmp_path):
+    plan = _strategies_plan(tmp_path)
+    out = Path(plan.config.output_dir)
+    write_run(out / "base", phases={}, kind="base", metrics={"test": overall(25.0, 0.3, 0.4, 0.25, steps=1.5, lis=0.9,
+                                                                           ordered_f1=0.28)})
+    write_run(out / "composite", phases={"composite": {"steps": 3, "log": [train_row(1), train_row(2, loss="nan")]}},
+              metrics={"test": overall(12.5, 0.2, 0.3, 0.15), "validation": overall(99.0, 0.9, 0.9, 0.9)})
+    write_run(out / "cpr_curriculum", phases={"answer_only": {"steps": 2, "log": [train_row(1), train_row(2)]},
+                                              "cpr": {"steps": 2, "log": [train_row(1), train_row(2)]}},
+              metrics={"test": overall(50.0, 0.6, 0.7, 0.55, steps=3.0, lis=0.8, ordered_f1=0.56)})
+    table = build_table(plan)
+    base, comp, cur = table["rows"]
+    assert [c["title"] for c in table["columns"]] == ["Acc", "Match F1", "P", "R", "Steps", "LIS", "Ord. F1"]
+    assert (base["accuracy"], base["steps"], base["lis"], base["ordered_f1"], base["stable"]) == (25.0, 1.5, 0.9, 0.28, None)
+    assert comp["accuracy"] == 12.5  # the test split, not validation
+    assert comp["stable"] is False and comp["stability"]["reason"] == "loss = nan at step 2"
+    assert cur["stable"] is True and cur["phases"] == ["answer_only", "cpr"]
+    md = render_markdown(table)
+    assert "| CPR-Curriculum | this run (finished) | 50.00 | 0.600 | 0.700 | 0.550 | 3.00 | 0.800 | 0.560 | yes | 4 |" in md
+    assert "| Qwen2.5-VL-3B base | paper, Table 4 (CRYSTAL test) | 39.85 |" in md
+    assert "Discrim." not in md
+
+
+def test_a_run_stopped_by_a_divergence_guard(tmp_path):
+    """A guard with action stop ended the composite run at step 2: the NaN never reached log.jsonl,
+    but guard_events.jsonl and summary.json (status diverged) say so."""
+    plan = _strategies_plan(tmp_path)
+    out = Path(plan.config.output_dir)
+    event = {"step": 2, "condition": "nan", "action": "stop", "reason": "non-finite loss (nan)", "values": {"loss": "nan"}}
+    write_run(out / "composite", finished=False,
+              diverged={"phase": "composite", "step": 2, "condition": "nan", "reason": "non-finite loss (nan)",
+                        "checkpoint": str(out / "composite" / "composite" / "checkpoint-2")},
+              phases={"composite": {"log": [train_row(1)],
+                                    "guard_events": [{"step": 1, "condition": "zero_std", "action": "warn",
+                                                      "reason": "no signal", "values": {}}, event]}})
+    row = build_table(plan)["rows"][1]
+    assert row["status"] == "diverged" and row["evaluated"] is False and row["accuracy"] is None
+    assert row["stable"] is False
+    assert row["stability"]["reason"] == "guard nan (stop) at step 2: non-finite loss (nan)"  # zero_std is no instability
+    md = render_markdown(build_table(plan))
+    assert "| Composite | this run (diverged: composite step 2, nan) | - |" in md

