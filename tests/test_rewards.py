@@ -34,7 +34,7 @@ def js(steps, answer) -> str:
 def total_reward(funcs, weights, completions, **cols) -> list[float]:
     """TRL's sum_then_normalize aggregation before normalisation: sum_k w_k * r_k."""
     per = [f(prompts=None, completions=completions, **cols) for f in funcs]
-    return [sum(w * r[i] for w, r in zip(weights, per)) for i in range(len(completions))]
+    return [sum(w * r[i] for w, r in zip(weights, per, strict=True)) for i in range(len(completions))]
 
 
 # ------------------------------------------------------------------ arithmetic
@@ -191,14 +191,14 @@ def test_references_are_embedded_once_per_process_and_batch_in_one_call(monkeypa
         return real(texts)
 
     monkeypatch.setattr(enc, "_model_encode", counting)
-    refs = [["Reference step alpha %d about apples." % i, "Reference step beta %d about pears." % i] for i in range(3)]
-    preds1 = [js(["Completion step one %d." % i, "Completion step two %d." % i], "x") for i in range(3)]
+    refs = [[f"Reference step alpha {i} about apples.", f"Reference step beta {i} about pears."] for i in range(3)]
+    preds1 = [js([f"Completion step one {i}.", f"Completion step two {i}."], "x") for i in range(3)]
     cpr(prompts=None, completions=preds1, answer=["x"] * 3, reference_steps=refs)
     first = [t for c in calls for t in c]
     assert sum(t.startswith("Reference step") for t in first) == 6
     assert len(calls) == 1  # references (pinned) and all completion steps in one call
     calls.clear()
-    preds2 = [js(["Fresh step %d." % i], "x") for i in range(3)]
+    preds2 = [js([f"Fresh step {i}."], "x") for i in range(3)]
     cpr(prompts=None, completions=preds2, answer=["x"] * 3, reference_steps=refs)
     assert len(calls) == 1 and not any(t.startswith("Reference step") for t in calls[0])
 
@@ -219,7 +219,7 @@ def _exploits(rec):
     ans = rec.answer
     steps = list(rec.reference_steps)
     generic = ["Let me think.", "Looking at the image."] * 100
-    filler = ["Lorem ipsum filler text that says nothing about the table at all %d." % i for i in range(700)]
+    filler = [f"Lorem ipsum filler text that says nothing about the table at all {i}." for i in range(700)]
     letters = " ".join(chr(65 + i) for i in range(max(4, len(rec.options))))
     out = {
         "empty answer": js(steps, ""),
@@ -254,7 +254,7 @@ def test_every_exploit_earns_strictly_less_than_the_honest_completion(honest_rec
             question=[rec.question] * n,
         )
         assert rewards[0] == pytest.approx(2.0)  # format 1 + CPR (0.65 + 0.35 * 1)
-        for (name, _), r in zip(exploits.items(), rewards[1:]):
+        for (name, _), r in zip(exploits.items(), rewards[1:], strict=True):
             assert r < rewards[0], f"{rec.id}: exploit '{name}' earned {r} >= honest {rewards[0]}"
 
 

@@ -32,7 +32,6 @@ from cpr.training.sft import (
 )
 
 
-
 @pytest.fixture(scope="module")
 def records(samples_dir):
     return load_records("tabmwp", samples_dir / "tabmwp" / "problems_test1k_subset.json")
