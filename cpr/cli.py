@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from cpr.errors import CprError
 
@@ -22,6 +24,29 @@ COMMANDS: dict[str, str] = {
     "eval": "cpr.evaluation.cli",
     "ablate": "cpr.ablation",
 }
+
+
+#: Exit code of a :class:`~cpr.errors.CprError` that sets no ``exit_code`` of its own.
+ERROR_EXIT_CODE = 2
+
+
+def error_exit_code(error: CprError) -> int:
+    """The process exit code for ``error``: its class's ``exit_code`` attribute where it sets one
+    (:class:`cpr.training.guards.TrainingDivergedError`: 3), else :data:`ERROR_EXIT_CODE` (2)."""
+    return int(getattr(error, "exit_code", ERROR_EXIT_CODE))
+
+
+def run_command(prog: str, func: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
+    """Run a command's ``func(args)`` and return its exit code (``None`` counts as 0).
+
+    A :class:`~cpr.errors.CprError` is printed as one line ``"<prog>: error: <message>"`` on
+    standard error (no traceback) and gives :func:`error_exit_code`. Used by ``cpr`` and the recipes.
+    """
+    try:
+        return int(func(args) or 0)
+    except CprError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return error_exit_code(e)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -51,11 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    try:
-        return int(args.func(args) or 0)
-    except CprError as e:
-        print(f"cpr {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    return run_command(f"cpr {args.command}", args.func, args)
 
 
 if __name__ == "__main__":

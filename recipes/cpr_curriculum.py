@@ -8,7 +8,10 @@ validation split seeds phase 2, which trains on format + CPR with an easy-to-har
     accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml recipes/cpr_curriculum.py \\
         --config recipes/configs/qwen2_5_vl_3b_cpr_curriculum.yaml
     python recipes/cpr_curriculum.py --config X.yaml --resume          # continue a killed run
+    python recipes/cpr_curriculum.py --config X.yaml --overwrite       # delete a previous run, start over
     python recipes/cpr_curriculum.py --config X.yaml --phases cpr      # one phase only
+
+Exit code: 0 finished, 2 an error (one line on standard error), 3 a divergence guard stopped the run.
 """
 
 import argparse
@@ -21,23 +24,17 @@ DEMO = Path(__file__).resolve().parent / "configs" / "demo.yaml"
 
 def main() -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from cpr.errors import CprError
-    from cpr.training.cli import add_arguments, config_from_args
+    from cpr.cli import run_command
+    from cpr.training.cli import add_arguments, run
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser, default_config=str(DEMO))
     args = parser.parse_args()
     if Path(args.config).resolve() == DEMO:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demo never touches the hub
-    try:
-        cfg = config_from_args(args)  # validated before any model loads
-        from cpr.training.runner import run_experiment
-
-        summary = run_experiment(cfg, resume=args.resume)
-    except CprError as e:
-        print(f"cpr_curriculum: error: {e}", file=sys.stderr)
-        return 2
-    return 0 if summary.get("status") == "finished" else 1
+        # the demo is disposable: running it again replaces its previous output (unless resuming)
+        args.overwrite = args.overwrite or not args.resume
+    return run_command("cpr_curriculum", run, args)  # the config is validated before any model loads
 
 
 if __name__ == "__main__":

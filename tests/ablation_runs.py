@@ -60,7 +60,7 @@ def write_run(
         if finished and p.get("steps") is not None:
             (folder / name / "phase_done.json").write_text(json.dumps({"phase": name, "steps": p["steps"]}))
     for split, summary in (metrics or {}).items():
-        sub = "final_eval" if split == "test" else "ablation_eval/validation"
+        sub = "final_eval" if split == "test" else "final_eval/validation"
         path = folder / sub / "crystal" / "metrics.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"benchmark": "crystal", "overall": summary, "groups": {}}), encoding="utf-8")

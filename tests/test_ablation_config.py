@@ -88,7 +88,12 @@ def test_weights_demo_plan(tmp_path, monkeypatch):
     assert lines[1] == ("python recipes/reward_ablation.py --config recipes/configs/ablation_weights_demo.yaml "
                         "--only shared_start")
     assert sum(ln.startswith("python recipes/cpr_curriculum.py --config") for ln in lines) == 6
-    assert lines[-1].endswith("--evaluate-only")
+    # each run scores the validation split itself (demo.yaml's evaluation.final: false leaves out test)
+    assert all(exp.evaluation.final and exp.evaluation.final_splits == ["validation"]
+               for exp in (validate_run(plan, r) for r in plan.runs))
+    assert lines[-2:] == ["# when they have finished: the table (each run scores the validation split itself)",
+                          "python recipes/reward_ablation.py --config recipes/configs/ablation_weights_demo.yaml "
+                          "--table-only"]
 
 
 def test_strategy_runs_drop_settings_of_phases_they_do_not_train(tmp_path, monkeypatch):
@@ -178,11 +183,13 @@ def test_cli_list_and_unknown_only(tmp_path, capsys, monkeypatch):
         shlex.join(["python", "recipes/cpr_curriculum.py", "--config", str(tmp_path / "base.yaml"),
                     "--set", "phase_settings.cpr.reward_params.cpr.answer_weight=0.7",
                     "--set", "phase_settings.cpr.reward_params.cpr.step_weight=0.3",
+                    "--set", "evaluation.final=true", "--set", "evaluation.final_splits=[test, validation]",
                     "--set", f"output_dir={tmp_path / 'o' / 'aw0.70_sw0.30'}",
                     "--set", "run_name=ablation_weights-aw0.70_sw0.30"]),
         shlex.join(["python", "recipes/cpr_curriculum.py", "--config", str(tmp_path / "base.yaml"),
                     "--set", "phase_settings.cpr.reward_params.cpr.answer_weight=0.65",
                     "--set", "phase_settings.cpr.reward_params.cpr.step_weight=0.35",
+                    "--set", "evaluation.final=true", "--set", "evaluation.final_splits=[test, validation]",
                     "--set", f"output_dir={tmp_path / 'o' / 'aw0.65_sw0.35'}",
                     "--set", "run_name=ablation_weights-aw0.65_sw0.35"]),
     ]

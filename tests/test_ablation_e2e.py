@@ -1,5 +1,6 @@
 """The reward-weight ablation end to end on the tiny Qwen2.5-VL (CPU): a shared warm start, two
-weight pairs, two GRPO steps each, validation scores, the table from the real logs.
+weight pairs, two GRPO steps each, validation scores (each run's own final evaluation), the table
+from the real logs.
 
 The warm start (60 supervised steps on 4 records) makes the tiny model answer some of its
 training prompts right at temperature 1, so the scored completions hold both correct and wrong
@@ -10,6 +11,7 @@ the run folders' files with plain Python / numpy, independently of cpr.ablation.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -68,7 +70,7 @@ def _expected(folder: Path) -> dict:
     right = [r["reward"] for r in scored if r["correct"]]
     wrong = [r["reward"] for r in scored if not r["correct"]]
     log = [r for r in _rows(folder / "cpr" / "log.jsonl") if "reward" in r]
-    metrics = json.loads((folder / "ablation_eval" / "validation" / "crystal" / "metrics.json").read_text())["overall"]
+    metrics = json.loads((folder / "final_eval" / "validation" / "crystal" / "metrics.json").read_text())["overall"]
     return {
         "n_right": len(right), "n_wrong": len(wrong), "n": len(scored),
         "discrimination": sum(right) / len(right) - sum(wrong) / len(wrong) if right and wrong else None,
@@ -83,7 +85,7 @@ def test_weights_ablation_fills_every_column_from_the_logs(ablation):
     cfg, result, _ = ablation
     out = Path(cfg.output_dir)
     assert result["ran"] == ["shared_start", "aw0.80_sw0.20", "aw0.50_sw0.50"]
-    assert result["evaluated"] == ["aw0.80_sw0.20", "aw0.50_sw0.50"]
+    assert result["evaluated"] == []  # each run scored the validation split itself (evaluation.final_splits)
     table = json.loads((out / "ablation_weights.json").read_text())
     for (a, s), row in zip(PAIRS, table["rows"], strict=True):
         folder = out / row["name"]
@@ -103,6 +105,9 @@ def test_weights_ablation_fills_every_column_from_the_logs(ablation):
         # every run started from the shared warm start
         summary = json.loads((folder / "summary.json").read_text())
         assert summary["phases"][0]["init_adapter"] == str(out / "shared_adapter")
+        # the run's own final evaluation: validation only (the base config has evaluation.final: false)
+        assert summary["final_eval_validation"]["crystal"] == exp["metrics"] and "final_eval" not in summary
+        assert not (folder / "final_eval" / "crystal").exists()
     md = (out / "ablation_weights.md").read_text()
     assert "| 0.80/0.20 | this run (finished) |" in md and "| 0.80/0.20 | paper, Table 6 |" in md
     assert (out / "ablation_weights.png").stat().st_size > 5_000
@@ -127,4 +132,11 @@ def test_rebuilt_table_follows_an_edited_log_and_reruns_skip(ablation, capsys):
     result = run_ablation(cfg)
     assert result["ran"] == [] and result["evaluated"] == []
     assert result["skipped"] == ["shared_start", "aw0.80_sw0.20", "aw0.50_sw0.50"]
-    capsys.readouterr()
+    # --evaluate-only scores a finished run that lacks the validation score (e.g. one made before
+    # evaluation.final_splits), into the same folder: greedy decoding gives the same numbers again
+    scores = out / "aw0.50_sw0.50" / "final_eval" / "validation"
+    first = json.loads((scores / "crystal" / "metrics.json").read_text())["overall"]
+    shutil.rmtree(scores)
+    assert main(["--config", str(config), "--evaluate-only"]) == 0
+    assert json.loads((scores / "crystal" / "metrics.json").read_text())["overall"] == first
+    assert '"evaluated": [\n  "aw0.50_sw0.50"\n ]' in capsys.readouterr().out

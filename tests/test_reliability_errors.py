@@ -77,9 +77,9 @@ def no_model_load(monkeypatch):
     monkeypatch.setattr(cpr.models.tiny, "ensure_tiny_model", forbidden)
 
 
-def _run_recipe(monkeypatch, capsys, config: Path) -> tuple[int, list[str], str]:
+def _run_recipe(monkeypatch, capsys, config: Path, *extra: str) -> tuple[int, list[str], str]:
     main = runpy.run_path(str(REPO / "recipes" / "cpr_curriculum.py"), run_name="cpr_recipe")["main"]
-    monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", "--config", str(config)])
+    monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", "--config", str(config), *extra])
     rc = main()
     err = capsys.readouterr().err
     return rc, [line for line in err.splitlines() if line.startswith("cpr_curriculum: error:")], err
@@ -98,6 +98,37 @@ def test_offline_missing_model_is_one_line_before_anything_loads(tmp_path, monke
     ]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"].startswith("ModelNotAvailableError: model ")
+
+
+def test_existing_run_folder_is_refused_without_resume_or_overwrite(tmp_path, monkeypatch, capsys, no_model_load):
+    """A fresh run never mixes with an older run's logs, checkpoints or final completions."""
+    cfg = _config(tmp_path, model__name_or_path="nonexistent-org/nonexistent-model")
+    config = _write(tmp_path, cfg)
+    run = tmp_path / "run"
+    assert _run_recipe(monkeypatch, capsys, config)[0] == 2  # fails on the model, leaves summary.json
+    before = (run / "summary.json").read_text()
+    (run / "answer_only").mkdir()
+    (run / "answer_only" / "log.jsonl").write_text('{"step": 1}\n')
+
+    rc, errors, _ = _run_recipe(monkeypatch, capsys, config)
+    assert rc == 2
+    assert errors == [
+        f"cpr_curriculum: error: field 'output_dir': {run} already holds a run ({run / 'config.yaml'}): pass "
+        "--resume to continue it, --overwrite to delete it and start over, or choose another output_dir"
+    ]
+    assert (run / "summary.json").read_text() == before  # nothing of the previous run was touched
+    assert (run / "answer_only" / "log.jsonl").is_file()
+
+    rc, errors, _ = _run_recipe(monkeypatch, capsys, config, "--resume", "--overwrite")
+    assert rc == 2 and errors == [
+        "cpr_curriculum: error: field '--overwrite': --resume continues the run in output_dir, --overwrite deletes "
+        "it: pass one"
+    ]
+
+    rc, errors, _ = _run_recipe(monkeypatch, capsys, config, "--overwrite")
+    assert rc == 2 and errors[0].startswith("cpr_curriculum: error: model 'nonexistent-org/nonexistent-model'")
+    assert not (run / "answer_only").exists()  # the old run was deleted, the new one started
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
 
 
 def test_offline_unknown_encoder_is_one_line_before_anything_loads(tmp_path, monkeypatch, capsys, no_model_load):
@@ -182,7 +213,8 @@ def test_oom_in_generation_names_the_settings_to_lower(tmp_path, monkeypatch, on
     import trl
 
     from cpr.training.config import config_from_dict
-    from cpr.training.runner import TrainingOutOfMemoryError, run_experiment
+    from cpr.training.oom import TrainingOutOfMemoryError
+    from cpr.training.runner import run_experiment
 
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.15 GiB total)")
 
@@ -211,7 +243,8 @@ def test_oom_in_generation_names_the_settings_to_lower(tmp_path, monkeypatch, on
 def test_oom_in_the_step_encoder_names_its_batch_size(tmp_path, monkeypatch, one_thread):
     from cpr.matching import StepEncoder
     from cpr.training.config import config_from_dict
-    from cpr.training.runner import TrainingOutOfMemoryError, run_experiment
+    from cpr.training.oom import TrainingOutOfMemoryError
+    from cpr.training.runner import run_experiment
 
     def encode(self, texts):
         raise RuntimeError("CUDA error: out of memory")

@@ -309,7 +309,7 @@ def test_nan_reward_stops_through_the_recipe(tmp_path, monkeypatch, capsys, one_
     monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", "--config", str(cfg_file)])
     rc = _recipe_main()()
     err = capsys.readouterr().err
-    assert rc == 2
+    assert rc == 3  # TrainingDivergedError.exit_code: a diverged run, not a failed one (2)
     errors = [line for line in err.splitlines() if line.startswith("cpr_curriculum: error:")]
     assert len(errors) == 1 and "Traceback" not in err
     phase = tmp_path / "run" / "cpr"
@@ -331,7 +331,7 @@ def test_nan_reward_stops_through_the_recipe(tmp_path, monkeypatch, capsys, one_
     one, two = _adapter(phase / "checkpoint-1"), _adapter(phase / "checkpoint-2")
     assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in one.items())
     assert _same(one, two)
-    from cpr.training.runner import checkpoint_status, last_checkpoint
+    from cpr.training.checkpoints import checkpoint_status, last_checkpoint
 
     assert checkpoint_status(phase / "checkpoint-2") == "diverged"
     assert last_checkpoint(phase) == phase / "checkpoint-1"

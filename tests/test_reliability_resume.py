@@ -22,17 +22,16 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from cpr.training.logs import rollback_logs
-from cpr.training.runner import (
+from cpr.training.checkpoints import (
     COMPLETE_MARKER,
     DIVERGED_MARKER,
-    WARM_START_DONE,
-    _has_curriculum_state,
-    _prepare_resume,
-    _warm_start_finished,
     checkpoint_status,
+    has_curriculum_state,
     last_checkpoint,
+    prepare_resume,
 )
+from cpr.training.logs import rollback_logs
+from cpr.training.warm_start import WARM_START_DONE, warm_start_finished
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -106,12 +105,12 @@ def test_prepare_resume_moves_later_checkpoints_aside(tmp_path, caplog):
     _ckpt(tmp_path, 6, complete=False)
     _jsonl(tmp_path / "log.jsonl", [{"step": s} for s in range(1, 6)])
     state = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
-    assert _prepare_resume(tmp_path, True, state) == tmp_path / "checkpoint-2"
+    assert prepare_resume(tmp_path, True, state) == tmp_path / "checkpoint-2"
     names = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
     assert [n.rsplit("-", 1)[0] for n in names] == ["abandoned-checkpoint-4", "abandoned-checkpoint-6", "checkpoint"]
     assert names[-1] == "checkpoint-2"
     assert [json.loads(x)["step"] for x in (tmp_path / "log.jsonl").read_text().splitlines()] == [1, 2]
-    assert _prepare_resume(tmp_path, False, state) is None
+    assert prepare_resume(tmp_path, False, state) is None
 
 
 def test_checkpoints_from_before_the_none_sampler_are_recognised(tmp_path):
@@ -119,8 +118,8 @@ def test_checkpoints_from_before_the_none_sampler_are_recognised(tmp_path):
     and the runner resumes them with that sampler instead of refusing."""
     new = _ckpt(tmp_path, 2, state=json.dumps({"stateful_callbacks": {"CurriculumStateCallback": {}, "TrainerControl": {}}}))
     old = _ckpt(tmp_path, 4, state=json.dumps({"stateful_callbacks": {"TrainerControl": {}}}))
-    assert _has_curriculum_state(new) and not _has_curriculum_state(old)
-    assert not _has_curriculum_state(_ckpt(tmp_path, 6, state="{"))
+    assert has_curriculum_state(new) and not has_curriculum_state(old)
+    assert not has_curriculum_state(_ckpt(tmp_path, 6, state="{"))
 
 
 def test_a_warm_start_adapter_is_reused_only_when_whole(tmp_path):
@@ -128,16 +127,16 @@ def test_a_warm_start_adapter_is_reused_only_when_whole(tmp_path):
     from safetensors.torch import save_file
 
     adapter, done = tmp_path / "adapter", tmp_path / WARM_START_DONE
-    assert not _warm_start_finished(adapter, done)
+    assert not warm_start_finished(adapter, done)
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text("{}")
     save_file({"w": torch.arange(1000, dtype=torch.float32)}, str(adapter / "adapter_model.safetensors"))
-    assert _warm_start_finished(adapter, done)  # a run from before the marker: the weights read
+    assert warm_start_finished(adapter, done)  # a run from before the marker: the weights read
     data = (adapter / "adapter_model.safetensors").read_bytes()
     (adapter / "adapter_model.safetensors").write_bytes(data[:-100])  # killed while saving
-    assert not _warm_start_finished(adapter, done)
+    assert not warm_start_finished(adapter, done)
     done.write_text("{}")
-    assert _warm_start_finished(adapter, done)  # the marker is written only after the save returned
+    assert warm_start_finished(adapter, done)  # the marker is written only after the save returned
 
 
 # --------------------------------------------------------------------------------------

@@ -13,14 +13,10 @@ import yaml
 from ablation_runs import SAMPLES
 
 from cpr.ablation.cli import sft_main
-from cpr.ablation.sft_baseline import (
-    check_m3cot_ranges,
-    load_sft_baseline_config,
-    sft_baseline_from_dict,
-    warm_start_settings,
-)
+from cpr.ablation.sft_baseline import check_m3cot_ranges, load_sft_baseline_config, sft_baseline_from_dict
 from cpr.errors import ConfigError
 from cpr.training.sft import SFTSettings
+from cpr.training.warm_start import warm_start_settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,7 +115,8 @@ def test_sft_recipe_trains_scores_and_seeds_a_grpo_phase(tmp_path, capsys):
     try:
         path = tmp_path / "sft.yaml"
         path.write_text(yaml.safe_dump(_config(tmp_path)))
-        assert sft_main(["--config", str(path), "--set", "sft.max_steps=2"]) == 0
+        assert sft_main(["--config", str(path), "--set", "sft.max_steps=2",
+                         "--set", "evaluation.final_splits=[test, validation]"]) == 0
         out = tmp_path / "sft_run"
         summary = json.loads((out / "summary.json").read_text())
         adapter = out / "sft" / "adapter"
@@ -131,6 +128,10 @@ def test_sft_recipe_trains_scores_and_seeds_a_grpo_phase(tmp_path, capsys):
         assert list(metrics["overall"]) == ["n", "accuracy", "match_f1", "precision", "recall", "steps", "lis",
                                             "ordered_f1"]
         assert summary["final_eval"]["crystal"] == metrics["overall"]
+        # evaluation.final_splits lists validation too: scored into final_eval/validation/
+        val = json.loads((out / "final_eval" / "validation" / "crystal" / "metrics.json").read_text())
+        assert val["overall"]["n"] == 2 and val["split"] == "validation" and val["adapter"] == str(adapter)
+        assert summary["final_eval_validation"]["crystal"] == val["overall"]
         # a second run into the same folder needs --resume
         assert sft_main(["--config", str(path)]) == 2
         assert "already holds an SFT run: pass --resume" in capsys.readouterr().err
@@ -149,14 +150,6 @@ def test_sft_recipe_trains_scores_and_seeds_a_grpo_phase(tmp_path, capsys):
         torch.set_num_threads(threads)
     (phase,) = result["phases"]
     assert phase["init_adapter"] == str(adapter) and phase["steps"] == 1
-    # the baseline's model is the very network the GRPO run trained (tiny model built from the same data)
-    import cpr.training.runner as runner
-    from cpr.ablation.evaluate import resolve_model_path
-    from cpr.training.splits import load_splits
-
-    exp = config_from_dict(grpo)
-    splits = load_splits(exp.data)
-    assert resolve_model_path(exp, splits) == runner._resolve_model(exp, splits)
     assert summary["model"] == "tiny:qwen2_5_vl"
     trained = tmp_path / "grpo" / "cpr" / "adapter"
     assert json.loads((trained / "adapter_config.json").read_text())["r"] == 4

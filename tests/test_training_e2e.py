@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 import cpr.rewards as rewards_mod
+import cpr.training.policy as policy
 import cpr.training.runner as runner
 from cpr.training.config import config_from_dict
 
@@ -47,7 +48,7 @@ def with_test_reward(monkeypatch):
 def record_loads(monkeypatch):
     """Keep every model the runner loads, and every adapter it wraps a model with."""
     loaded, wrapped = [], []
-    real_load, real_wrap = runner._load_policy, runner._with_adapter
+    real_load, real_wrap = policy.load_policy, policy.with_adapter
 
     def load(cfg, path):
         model, processor = real_load(cfg, path)
@@ -62,8 +63,8 @@ def record_loads(monkeypatch):
             wrapped.append((Path(adapter), lora))
         return out
 
-    monkeypatch.setattr(runner, "_load_policy", load)
-    monkeypatch.setattr(runner, "_with_adapter", wrap)
+    monkeypatch.setattr(policy, "load_policy", load)
+    monkeypatch.setattr(policy, "with_adapter", wrap)
     return loaded, wrapped
 
 
@@ -116,7 +117,9 @@ def _check_base_unchanged(loaded):
 @pytest.mark.slow
 def test_two_phases_qwen(tmp_path, samples_dir, with_test_reward, record_loads, one_thread):
     loaded, wrapped = record_loads
-    cfg = config_from_dict(_config(tmp_path, samples_dir, "tiny:qwen2_5_vl"))
+    data = _config(tmp_path, samples_dir, "tiny:qwen2_5_vl")
+    data["evaluation"]["final_splits"] = ["test", "validation"]
+    cfg = config_from_dict(data)
     summary = runner.run_experiment(cfg)
     out = Path(cfg.output_dir)
     assert summary["status"] == "finished"
@@ -158,9 +161,13 @@ def test_two_phases_qwen(tmp_path, samples_dir, with_test_reward, record_loads, 
     # curriculum state saved with phase 2's checkpoints; final evaluation written
     assert (out / "cpr" / "checkpoint-2" / "curriculum_state.json").is_file()
     metrics = json.loads((out / "final_eval" / "crystal" / "metrics.json").read_text())
-    assert metrics["overall"]["n"] == 2
+    assert metrics["overall"]["n"] == 2 and metrics["split"] == "test"
     saved = json.loads((out / "summary.json").read_text())
-    assert saved["status"] == "finished" and saved["final_eval"]["crystal"]["n"] == 2
+    assert saved["status"] == "finished" and saved["final_eval"]["crystal"] == metrics["overall"]
+    # evaluation.final_splits also lists validation: the hand-over adapter scored there too
+    val = json.loads((out / "final_eval" / "validation" / "crystal" / "metrics.json").read_text())
+    assert (val["overall"]["n"], val["split"], val["adapter"]) == (2, "validation", str(out / "cpr" / "adapter"))
+    assert saved["final_eval_validation"]["crystal"] == val["overall"]
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -90,17 +89,12 @@ See cpr/ablation/sft_baseline.py for the config (an experiment config plus an sf
 
 def _entry(prog: str, build: Any, argv: Sequence[str] | None, description: str) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from cpr.errors import CprError
+    from cpr.cli import run_command
 
     parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     func = build(parser)
-    args = parser.parse_args(argv)
-    try:
-        return func(args)
-    except CprError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
+    return run_command(prog, func, parser.parse_args(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

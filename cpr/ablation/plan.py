@@ -9,8 +9,13 @@ exactly the config the ablation runs in-process. The overrides of a run, in orde
    and ``.step_weight``; for ``strategies``: the entry's ``set``);
 2. with a shared start, for ``grpo`` runs: ``warm_start.enabled=false`` and
    ``phase_settings.<first phase>.init_adapter=<output_dir>/shared_adapter``;
-3. for ``sft`` runs: ``sft=<the entry's SFTSettings fields>`` and ``sft_ranges=<error|warn>``;
-4. ``output_dir=<output_dir>/<run>`` and ``run_name=<ablation name>-<run>``.
+3. for ``grpo`` and ``sft`` runs whose final evaluation would not score the table's split:
+   ``evaluation.final=true`` and ``evaluation.final_splits=<the splits it scores, plus the table's>``
+   (only the table's split when ``evaluation.final`` was false), so every run scores the table's
+   split itself at its end (:func:`cpr.training.evaluate.final_evaluation`) and a run launched from
+   ``--list`` needs no scoring step afterwards;
+4. for ``sft`` runs: ``sft=<the entry's SFTSettings fields>`` and ``sft_ranges=<error|warn>``;
+5. ``output_dir=<output_dir>/<run>`` and ``run_name=<ablation name>-<run>``.
 
 When the resulting ``phases`` leave out a phase the base config has settings for (e.g. the
 composite strategy on a two-phase base config), an experiment config would reject the settings of a
@@ -30,7 +35,7 @@ import yaml
 
 from cpr.ablation.spec import AblationConfig, weight_run_name
 from cpr.errors import ConfigError
-from cpr.training.config import apply_overrides
+from cpr.training.config import apply_overrides, read_yaml
 
 __all__ = [
     "GRPO_RECIPE",
@@ -149,7 +154,8 @@ class AblationPlan:
 
     def commands(self, ablation_config: str | None = None) -> list[str]:
         """``--list``'s lines: comments, the shared start first, one command per run, then the
-        command that evaluates finished runs and builds the table."""
+        command that builds the table (every run scores the table's split itself; ``--evaluate-only``
+        would score finished runs that did not, e.g. ones launched before)."""
         config = ablation_config or self.config.config_path or "ABLATION.yaml"
         lines = []
         if self.shared_start is not None:
@@ -157,11 +163,8 @@ class AblationPlan:
             lines.append(self.command(self.shared_start, config))
         lines.append("# runs (independent of each other: any order, or in parallel)")
         lines += [self.command(r, config) for r in self.runs]
-        if self.config.split == "validation":
-            lines.append("# when they have finished: each run's validation score, then the table")
-        else:
-            lines.append("# when they have finished: the table (the runs score the test split themselves)")
-        lines.append(shlex.join(["python", ABLATION_RECIPE, "--config", config, "--evaluate-only"]))
+        lines.append(f"# when they have finished: the table (each run scores the {self.config.split} split itself)")
+        lines.append(shlex.join(["python", ABLATION_RECIPE, "--config", config, "--table-only"]))
         return lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -206,11 +209,7 @@ def _apply(base: dict[str, Any], overrides: list[str]) -> tuple[dict[str, Any], 
 
 
 def _read_base(path: str) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"invalid YAML: {e}", path=path) from None
+    data = read_yaml(path) or {}
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping at the top level", path=path)
     return data
@@ -218,6 +217,17 @@ def _read_base(path: str) -> dict[str, Any]:
 
 def _pairs(mapping: dict[str, Any]) -> list[str]:
     return [format_override(k, v) for k, v in mapping.items()]
+
+
+def _final_split_overrides(base: dict[str, Any], overrides: list[str], split: str) -> list[str]:
+    """The overrides that make a run's final evaluation score ``split`` (module docstring, item 3)."""
+    evaluation = apply_overrides(base, overrides).get("evaluation") or {}
+    final = evaluation.get("final", True) if isinstance(evaluation, dict) else True
+    scored = evaluation.get("final_splits", ["test"]) if isinstance(evaluation, dict) else ["test"]
+    scored = list(scored) if final is not False and isinstance(scored, list) else []
+    if split in scored:
+        return []
+    return [format_override("evaluation.final", True), format_override("evaluation.final_splits", scored + [split])]
 
 
 def plan_ablation(cfg: AblationConfig) -> AblationPlan:
@@ -257,6 +267,7 @@ def plan_ablation(cfg: AblationConfig) -> AblationPlan:
             ov = common + [format_override(f"{key}.answer_weight", a), format_override(f"{key}.step_weight", s)]
             if shared_adapter:
                 ov += shared_overrides(ov)
+            ov += _final_split_overrides(base, ov, cfg.split)
             data, ov2, dropped = _apply(base, finish(name, ov))
             runs.append(PlannedRun(name, f"{a:.2f}/{s:.2f}", "grpo", str(out / name), ov2, data, dropped,
                                    weights=(a, s), shared_adapter=shared_adapter))
@@ -268,6 +279,8 @@ def plan_ablation(cfg: AblationConfig) -> AblationPlan:
             if entry.type == "grpo" and shared_adapter and entry.shared_start:
                 ov += shared_overrides(ov)
                 uses_shared = shared_adapter
+            if entry.type in ("grpo", "sft"):
+                ov += _final_split_overrides(base, ov, cfg.split)
             if entry.type == "sft":
                 ov += [format_override("sft", entry.sft), format_override("sft_ranges", entry.ranges)]
             if entry.type == "base":

@@ -3,7 +3,10 @@
 A run folder is what :func:`cpr.training.runner.run_experiment` writes (see its module
 docstring), or what the ablation writes for its ``base`` and ``sft`` entries (the same
 ``config.yaml``, ``summary.json`` and ``final_eval/<benchmark>/metrics.json``, no phases).
-Reading never loads a model and never imports torch, so tables can be built anywhere.
+Evaluations are where the final evaluation writes them (:func:`cpr.training.evaluate.final_eval_dir`:
+``final_eval/<benchmark>`` for test, ``final_eval/validation/<benchmark>`` for validation); folders
+written before validation scores moved there keep them in ``ablation_eval/validation``, which is
+still read. Reading never loads a model and never imports torch, so tables can be built anywhere.
 
 Status of a run:
 
@@ -41,7 +44,6 @@ from cpr.io import read_jsonl
 
 __all__ = [
     "DIVERGED",
-    "EVAL_DIRS",
     "FINISHED",
     "NOT_STARTED",
     "UNFINISHED",
@@ -58,9 +60,8 @@ DIVERGED = "diverged"
 UNFINISHED = "unfinished"
 NOT_STARTED = "not started"
 
-#: Where a run folder keeps the evaluation of each split: ``test`` is the runner's final
-#: evaluation; ``validation`` is written by the ablation after the run (:mod:`cpr.ablation.evaluate`).
-EVAL_DIRS: dict[str, str] = {"test": "final_eval", "validation": "ablation_eval/validation"}
+#: Where run folders written before ``evaluation.final_splits`` kept their validation scores.
+_LEGACY_EVAL_DIRS: dict[str, str] = {"validation": "ablation_eval/validation"}
 
 
 def read_jsonl_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -242,12 +243,15 @@ class RunFolder:
         ``benchmark``, or ``None`` when that evaluation has not been written.
 
         Raises:
-            InputError: an unknown split, or a malformed ``metrics.json``.
+            InputError: an unknown split (a :class:`~cpr.errors.ConfigError`), or a malformed ``metrics.json``.
         """
-        if split not in EVAL_DIRS:
-            raise InputError(f"unknown split {split!r}; expected one of {sorted(EVAL_DIRS)}", field="split")
-        path = self.path / EVAL_DIRS[split] / benchmark / "metrics.json"
-        return _read_json(path) if path.is_file() else None
+        from cpr.training.evaluate import final_eval_dir
+
+        paths = [final_eval_dir(self.path, split) / benchmark / "metrics.json"]
+        if split in _LEGACY_EVAL_DIRS:
+            paths.append(self.path / _LEGACY_EVAL_DIRS[split] / benchmark / "metrics.json")
+        path = next((p for p in paths if p.is_file()), None)
+        return _read_json(path) if path is not None else None
 
     @property
     def diverged(self) -> dict[str, Any] | None:

@@ -8,16 +8,19 @@
     shared_start/               the shared start's run folder (when configured)
     shared_adapter/             a copy of its LoRA adapter: the first phase of every run starts here
     <run>/                      one ordinary run folder per run (run_experiment, or the base / sft entries)
-    <run>/ablation_eval/validation/<benchmark>/   the run's final adapter scored on the validation split
+    <run>/final_eval/validation/<benchmark>/   the run's final adapter scored on the validation split
     ablation_weights.{md,json}  or ablation_strategies.{md,json}: the table (cpr.ablation.tables)
     ablation_<kind>.png         bars of the table's columns
     training_dynamics.png       strategies: Match F1 and accuracy against training step (cpr.ablation.figures)
 
 What each run type does: ``grpo`` runs :func:`cpr.training.runner.run_experiment` on the planned
 config; ``base`` scores the model (with the configured adapter, if any) on the table's split into
-``<run>/final_eval`` (test) or ``<run>/ablation_eval/validation``; ``sft`` runs
-:func:`cpr.ablation.sft_baseline.run_sft_baseline`. With ``table.split: validation`` every
-finished trained run's final adapter is then scored on the validation split.
+``<run>/final_eval`` (test) or ``<run>/final_eval/validation``
+(:func:`cpr.training.evaluate.final_eval_dir`); ``sft`` runs
+:func:`cpr.ablation.sft_baseline.run_sft_baseline`. With ``table.split: validation`` the plan adds
+``validation`` to the trained runs' ``evaluation.final_splits`` (:mod:`cpr.ablation.plan`), so each
+run scores its final adapter on the validation split itself; :func:`evaluate_finished` scores
+the finished runs that did not (e.g. runs made before, or with ``--set evaluation.final=false``).
 
 Reruns: a run whose folder holds a finished (or diverged) run is skipped; a folder holding an
 unfinished one is an error unless ``resume`` is set (then the run continues: ``run_experiment(resume=True)``).
@@ -36,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from cpr.ablation.plan import SHARED_START, AblationPlan, PlannedRun, plan_ablation, validate_run
-from cpr.ablation.run_folder import DIVERGED, EVAL_DIRS, FINISHED, UNFINISHED, read_run
+from cpr.ablation.run_folder import DIVERGED, FINISHED, UNFINISHED, read_run
 from cpr.ablation.spec import AblationConfig
 from cpr.errors import ConfigError
 from cpr.io import atomic_write_json
@@ -73,12 +76,12 @@ def ensure_shared_start(plan: AblationPlan, *, resume: bool = False) -> Path | N
     kind = plan.config.shared_start.type
     t0 = time.time()
     if kind == "warm_start":
-        from cpr.ablation.sft_baseline import run_warm_start
+        from cpr.training.warm_start import run_warm_start
 
         if Path(run.output_dir).exists() and not resume:
             raise ConfigError(f"{run.output_dir} holds an unfinished shared start: pass --resume or delete it",
                               field="shared_start")
-        adapter = run_warm_start(exp, run.output_dir)
+        adapter = run_warm_start(exp, None, run.output_dir, resume=resume)
     else:
         from cpr.training.runner import run_experiment
 
@@ -102,7 +105,9 @@ def ensure_shared_start(plan: AblationPlan, *, resume: bool = False) -> Path | N
 
 
 def _split_dir(run: PlannedRun, split: str) -> Path:
-    return Path(run.output_dir) / EVAL_DIRS[split]
+    from cpr.training.evaluate import final_eval_dir
+
+    return final_eval_dir(run.output_dir, split)
 
 
 def execute_run(plan: AblationPlan, run: PlannedRun, *, resume: bool = False) -> str:
@@ -156,16 +161,16 @@ def _run_base(plan: AblationPlan, run: PlannedRun, cfg: Any) -> None:
     import yaml
     from accelerate import PartialState
 
-    from cpr.ablation.evaluate import evaluate_adapter
     from cpr.io import atomic_write_text
+    from cpr.training.evaluate import evaluate_adapter
 
     main = PartialState().is_main_process
     out = Path(run.output_dir)
     t0 = time.time()
     if main:
         atomic_write_text(out / "config.yaml", yaml.safe_dump({**cfg.to_dict(), "phases": []}, sort_keys=False))
-    results = evaluate_adapter(cfg, adapter=run.adapter, split=plan.config.split, out_dir=_split_dir(run, plan.config.split),
-                               label=run.label)
+    results = evaluate_adapter(cfg, None, adapter=run.adapter, split=plan.config.split,
+                               out_dir=_split_dir(run, plan.config.split), label=run.label)
     if not main:
         return
     atomic_write_json(out / "summary.json", {
@@ -177,12 +182,12 @@ def _run_base(plan: AblationPlan, run: PlannedRun, cfg: Any) -> None:
 
 def evaluate_finished(plan: AblationPlan, runs: Sequence[PlannedRun]) -> list[str]:
     """Score the final adapter of every finished trained run of ``runs`` on the validation split
-    when the table reads that split and the score is not written yet.
+    when the table reads that split and the run has not scored it itself (module docstring).
 
     Returns:
         The names of the runs scored now.
     """
-    from cpr.ablation.evaluate import evaluate_adapter
+    from cpr.training.evaluate import evaluate_adapter
 
     split = plan.config.split
     if split != "validation":
@@ -192,8 +197,7 @@ def evaluate_finished(plan: AblationPlan, runs: Sequence[PlannedRun]) -> list[st
         if run.type == "base":
             continue
         folder = read_run(run.output_dir)
-        metrics_path = _split_dir(run, split) / plan.config.table.benchmark / "metrics.json"
-        if folder.status != FINISHED or metrics_path.is_file():
+        if folder.status != FINISHED or folder.eval_metrics(split, plan.config.table.benchmark) is not None:
             continue
         adapter = folder.final_adapter
         if not adapter:
@@ -202,7 +206,7 @@ def evaluate_finished(plan: AblationPlan, runs: Sequence[PlannedRun]) -> list[st
         cfg = validate_run(plan, run)
         exp = cfg.experiment if run.type == "sft" else cfg
         logger.info("run %s: scoring %s on the validation split", run.name, adapter)
-        evaluate_adapter(exp, adapter=adapter, split=split, out_dir=_split_dir(run, split), label=run.label)
+        evaluate_adapter(exp, None, adapter=adapter, split=split, out_dir=_split_dir(run, split), label=run.label)
         done.append(run.name)
     return done
 
@@ -228,20 +232,6 @@ def build_outputs(plan: AblationPlan) -> dict[str, Path]:
             runs, out / cfg.figure.file, title=f"Training dynamics: {cfg.name} (Match F1 and accuracy)", dpi=cfg.figure.dpi
         )
     return paths
-
-
-def _setup_log(out: Path) -> logging.Handler:
-    root = logging.getLogger("cpr")
-    root.setLevel(logging.INFO)
-    if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in root.handlers):
-        console = logging.StreamHandler()
-        console.setFormatter(logging.Formatter("[cpr] %(message)s"))
-        root.addHandler(console)
-    out.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(out / "ablation.log", encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(handler)
-    return handler
 
 
 def run_ablation(
@@ -271,6 +261,8 @@ def run_ablation(
     """
     from accelerate import PartialState
 
+    from cpr.training.logs import close_run_log, open_run_log
+
     t0 = time.time()
     plan = plan_ablation(cfg)
     threads = None
@@ -282,7 +274,7 @@ def run_ablation(
     selected = [plan.get(n) for n in only] if only else ([plan.shared_start] if plan.shared_start else []) + plan.runs
     out = Path(cfg.output_dir)
     state = PartialState()
-    handler = _setup_log(out) if state.is_main_process else None
+    handler = open_run_log(out, "ablation.log", write=state.is_main_process)
     ran: list[str] = []
     skipped: list[str] = []
     diverged: list[str] = []
@@ -328,7 +320,5 @@ def run_ablation(
             import torch
 
             torch.set_num_threads(threads)
-        if handler is not None:
-            logging.getLogger("cpr").removeHandler(handler)
-            handler.close()
+        close_run_log(handler)
 

@@ -2,9 +2,9 @@
 
 **Baseline** (``recipes/sft_lora.py``): supervised LoRA fine-tuning with TRL's ``SFTTrainer``
 (:func:`cpr.training.sft.run_sft`) on the training split's reference steps and answers rendered
-in the output JSON format (SPEC section 1), then scored on the test split exactly as the GRPO runs
-are (:func:`cpr.ablation.evaluate.evaluate_adapter`: same model, decoding, scoring and columns), so
-it sits in the same table. The M3CoT paper's fine-tuning baseline (arXiv 2405.16473) uses a batch
+in the output JSON format (SPEC section 1), then scored exactly as the GRPO runs are
+(:func:`cpr.training.evaluate.final_evaluation`: same model, decoding, scoring and columns, on each
+split of ``evaluation.final_splits``, test by default), so it sits in the same table. The M3CoT paper's fine-tuning baseline (arXiv 2405.16473) uses a batch
 size from {2, 4, 8}, a learning rate in [1e-6, 8e-5] and a maximum length of 512 tokens;
 :func:`check_m3cot_ranges` compares the settings with these ranges (the batch size counted as
 ``per_device_train_batch_size x gradient_accumulation_steps x processes``) and, per
@@ -34,11 +34,11 @@ Output folder (``output_dir``)::
                          phase from it: phase_settings.<phase>.init_adapter: <output_dir>/sft/adapter)
     sft/trainer_state.json   SFTTrainer's log history (loss, mean_token_accuracy, learning rate)
     final_eval/<benchmark>/  completions.jsonl, metrics.json, metrics.md (test split)
-    summary.json         status, settings, range check, adapter, test metrics, wall time
+    final_eval/validation/<benchmark>/   the same on the validation split, when evaluation.final_splits lists it
+    summary.json         status, settings, range check, adapter, final metrics (final_eval: test,
+                         final_eval_validation), wall time
 
-**Shared warm start** (:func:`run_warm_start`): the supervised LoRA pass of an experiment
-config's ``warm_start`` section, with the settings the training runner gives it, run once so
-that every run of an ablation starts from the same adapter.
+The ablations' shared warm start is the training runner's own (:func:`cpr.training.warm_start.run_warm_start`).
 """
 
 from __future__ import annotations
@@ -66,10 +66,7 @@ __all__ = [
     "check_m3cot_ranges",
     "load_sft_baseline_config",
     "run_sft_baseline",
-    "run_warm_start",
     "sft_baseline_from_dict",
-    "train_adapter",
-    "warm_start_settings",
 ]
 
 logger = logging.getLogger("cpr.ablation")
@@ -159,16 +156,6 @@ def check_m3cot_ranges(settings: Any, *, mode: str = "error", world_size: int = 
     return [m for _, m in problems]
 
 
-def _world_size() -> int:
-    import os
-
-    for var in ("WORLD_SIZE", "ACCELERATE_NUM_PROCESSES"):
-        value = os.environ.get(var)
-        if value and value.isdigit():
-            return max(1, int(value))
-    return 1
-
-
 def sft_baseline_from_dict(data: Mapping[str, Any], *, config_path: str | None = None) -> SFTBaselineConfig:
     """Build and validate an SFT baseline config (module docstring).
 
@@ -177,7 +164,7 @@ def sft_baseline_from_dict(data: Mapping[str, Any], *, config_path: str | None =
             ``sft``), an invalid value (dotted key named), or settings outside the M3CoT ranges
             with ``sft_ranges: error``.
     """
-    from cpr.training.config import config_from_dict
+    from cpr.training.config import config_from_dict, num_processes
     from cpr.training.sft import SFTSettings
 
     if not isinstance(data, Mapping):
@@ -209,7 +196,7 @@ def sft_baseline_from_dict(data: Mapping[str, Any], *, config_path: str | None =
     settings = SFTSettings(**sft_kwargs)
     try:
         settings.validate(prefix="sft")
-        problems = check_m3cot_ranges(settings, mode=ranges, world_size=_world_size())
+        problems = check_m3cot_ranges(settings, mode=ranges, world_size=num_processes())
     except ConfigError as e:
         raise ConfigError(e.message, field=e.field, path=config_path) from None
     if ignored:
@@ -224,103 +211,13 @@ def load_sft_baseline_config(path: str | Path, overrides: Sequence[str] = ()) ->
         ConfigError: invalid YAML or an invalid value (file and dotted key named).
         FileNotFoundError: ``path`` does not exist.
     """
-    from cpr.training.config import apply_overrides
+    from cpr.training.config import apply_overrides, read_yaml
 
     path = Path(path)
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"invalid YAML: {e}", path=path) from None
+    data = read_yaml(path) or {}
     if overrides:
         data = apply_overrides(data, overrides)
     return sft_baseline_from_dict(data, config_path=str(path))
-
-
-def warm_start_settings(exp: Any) -> Any:
-    """The :class:`~cpr.training.sft.SFTSettings` the training runner gives an experiment's warm
-    start (``warm_start`` section: steps, learning rate, batch size, max length, warm-up, ``extra``;
-    the experiment's seed; logging every 1/20 of the steps; no intermediate checkpoints)."""
-    from cpr.training.sft import SFTSettings
-
-    ws = exp.warm_start
-    settings = SFTSettings(
-        max_steps=ws.max_steps,
-        learning_rate=ws.learning_rate,
-        per_device_train_batch_size=ws.per_device_train_batch_size,
-        max_length=ws.max_length,
-        warmup_ratio=ws.warmup_ratio,
-        seed=exp.seed,
-        logging_steps=max(1, ws.max_steps // 20),
-        save_strategy="no",
-        report_to="none",
-        **ws.extra,
-    )
-    settings.validate(prefix="warm_start")
-    return settings
-
-
-def train_adapter(
-    exp: Any,
-    settings: Any,
-    out_dir: str | Path,
-    *,
-    max_records: int | None = None,
-    splits: Any = None,
-    model_path: str | None = None,
-) -> Path:
-    """Train a new LoRA adapter (``exp.lora``) on ``exp``'s training split with :func:`run_sft`.
-
-    Args:
-        exp: the experiment config (model, LoRA, data).
-        settings: :class:`~cpr.training.sft.SFTSettings`.
-        out_dir: ``run_sft``'s output folder (the adapter goes to ``<out_dir>/adapter``).
-        max_records: train on a seeded subset of this many records (``None``: all).
-        splits, model_path: already loaded splits / resolved model (default: loaded here).
-
-    Returns:
-        The adapter folder.
-    """
-    from cpr.ablation.evaluate import load_policy, resolve_model_path
-    from cpr.data import load_templates
-    from cpr.evaluation import subset
-    from cpr.models.loading import build_lora_config, detect_family
-    from cpr.training.sft import run_sft
-    from cpr.training.splits import load_splits
-
-    splits = splits if splits is not None else load_splits(exp.data)
-    model_path = model_path or resolve_model_path(exp, splits)
-    records = subset(splits.train, max_records, exp.seed)
-    lora = build_lora_config(
-        detect_family(model_path), r=exp.lora.r, alpha=exp.lora.alpha, dropout=exp.lora.dropout,
-        include_vision=exp.lora.include_vision,
-    )
-    if exp.lora.target_modules is not None:
-        lora.target_modules = exp.lora.target_modules
-    model, processor = load_policy(exp, model_path)
-    logger.info("supervised LoRA on %d records for %s steps -> %s", len(records), settings.max_steps, out_dir)
-    path = run_sft(model, processor, records, load_templates(exp.data.prompts), settings, out_dir, peft_config=lora)
-    del model
-    return Path(path)
-
-
-def run_warm_start(exp: Any, out_dir: str | Path) -> Path:
-    """Run ``exp``'s warm start (its ``warm_start`` section, enabled or not) into ``out_dir``.
-
-    Returns:
-        ``<out_dir>/adapter``.
-    """
-    return train_adapter(exp, warm_start_settings(exp), out_dir, max_records=exp.warm_start.max_records)
-
-
-def _add_file_log(folder: Path) -> logging.Handler:
-    root = logging.getLogger("cpr")
-    root.setLevel(logging.INFO)
-    folder.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(folder / "run.log", encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(handler)
-    return handler
 
 
 def _loss_trend(state_path: Path) -> dict[str, Any]:
@@ -336,7 +233,7 @@ def _loss_trend(state_path: Path) -> dict[str, Any]:
 
 
 def run_sft_baseline(cfg: SFTBaselineConfig, *, resume: bool = False) -> dict[str, Any]:
-    """Train the LoRA baseline and score it on the test split (module docstring: the folder).
+    """Train the LoRA baseline and score it on ``evaluation.final_splits`` (module docstring: the folder).
 
     Args:
         cfg: the validated config.
@@ -350,8 +247,12 @@ def run_sft_baseline(cfg: SFTBaselineConfig, *, resume: bool = False) -> dict[st
     """
     from accelerate import PartialState
 
-    from cpr.ablation.evaluate import evaluate_adapter, resolve_model_path
+    from cpr.data import load_templates
+    from cpr.training.evaluate import final_evaluation, summary_entries
+    from cpr.training.logs import close_run_log, open_run_log
+    from cpr.training.policy import resolve_model_path
     from cpr.training.splits import load_splits
+    from cpr.training.warm_start import train_lora
 
     state = PartialState()
     exp = cfg.experiment
@@ -361,7 +262,7 @@ def run_sft_baseline(cfg: SFTBaselineConfig, *, resume: bool = False) -> dict[st
             f"{out} already holds an SFT run: pass --resume to continue it, or choose another output_dir",
             field="output_dir",
         )
-    handler = _add_file_log(out) if state.is_main_process else None
+    handler = open_run_log(out, write=state.is_main_process)
     t0 = time.time()
     try:
         if state.is_main_process:
@@ -370,15 +271,16 @@ def run_sft_baseline(cfg: SFTBaselineConfig, *, resume: bool = False) -> dict[st
         model_path = resolve_model_path(exp, splits)
         logger.info("SFT baseline %s: model %s, data %s", exp.run_name, model_path, splits.counts())
         adapter = out / "sft" / "adapter"
+        templates = load_templates(exp.data.prompts)
         if resume and (adapter / "adapter_config.json").is_file():
             logger.info("SFT baseline: reusing %s", adapter)
         else:
-            adapter = train_adapter(exp, cfg.sft, out / "sft", splits=splits, model_path=model_path)
+            adapter = train_lora(exp, cfg.sft, out / "sft", splits.train, templates=templates, model_path=model_path)
         final = {}
         if exp.evaluation.final:
-            final = evaluate_adapter(
-                exp, adapter=adapter, split="test", out_dir=out / "final_eval", label=exp.run_name,
-                splits=splits, model_path=model_path,
+            final = final_evaluation(
+                exp, splits, adapter=adapter, run_dir=out, label=exp.run_name, templates=templates,
+                model_path=model_path,
             )
         summary = {
             "run_name": exp.run_name,
@@ -393,7 +295,8 @@ def run_sft_baseline(cfg: SFTBaselineConfig, *, resume: bool = False) -> dict[st
             "training": _loss_trend(out / "sft" / "trainer_state.json"),
             "adapter": str(adapter),
             "final_adapter": str(adapter),
-            "final_eval": final,
+            "final_eval": {},
+            **summary_entries(final),
             "status": "finished",
             "wall_time_s": round(time.time() - t0, 1),
         }
@@ -401,6 +304,4 @@ def run_sft_baseline(cfg: SFTBaselineConfig, *, resume: bool = False) -> dict[st
             atomic_write_json(out / "summary.json", summary)
         return summary
     finally:
-        if handler is not None:
-            logging.getLogger("cpr").removeHandler(handler)
-            handler.close()
+        close_run_log(handler)

@@ -39,8 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cpr.errors import ConfigError
 
 __all__ = [
@@ -80,7 +78,7 @@ class SharedStartConfig:
 
     Attributes:
         type: ``none``; ``warm_start`` (the supervised LoRA warm start of the base config's
-            ``warm_start`` section, run once with :func:`cpr.ablation.sft_baseline.run_warm_start`);
+            ``warm_start`` section, run once with :func:`cpr.training.warm_start.run_warm_start`);
             or ``phases`` (an ordinary experiment, the base config with ``set`` applied, e.g.
             ``phases: [answer_only]``; its hand-over adapter, the best phase-1 checkpoint, is used).
         set: overrides of the shared start's experiment, applied after the ablation's ``set``.
@@ -95,9 +93,10 @@ class TableConfig:
     """What the table is built from.
 
     Attributes:
-        split: the evaluation scored in the table: ``validation`` (the ablation evaluates each
-            run's final adapter on the run's validation split; default for ``weights``, as the
-            paper's Table 6) or ``test`` (the runner's final evaluation; default for ``strategies``).
+        split: the evaluation scored in the table: ``validation`` (each run's final adapter on the
+            run's validation split: the plan adds it to the runs' ``evaluation.final_splits``;
+            default for ``weights``, as the paper's Table 6) or ``test`` (the runner's final
+            evaluation; default for ``strategies``).
         benchmark: the benchmark of that evaluation (``crystal``).
         kl_limit: a logged KL above it marks a run unstable (``None``: none).
         reward_function: whose scored completions give Discrimination and r(F1) (``cpr``).
@@ -432,10 +431,7 @@ def load_ablation_config(path: str | Path) -> AblationConfig:
         ConfigError: invalid YAML, an unknown key or an invalid value (file and dotted key named).
         FileNotFoundError: ``path`` does not exist.
     """
+    from cpr.training.config import read_yaml
+
     path = Path(path)
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = yaml.safe_load(f)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"invalid YAML: {e}", path=path) from None
-    return ablation_config_from_dict(data, config_path=str(path))
+    return ablation_config_from_dict(read_yaml(path), config_path=str(path))

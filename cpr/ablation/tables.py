@@ -4,9 +4,9 @@ comparison (paper Table 5), as JSON and markdown.
 Every number comes from files the runs wrote; nothing is re-estimated:
 
 * **Acc, Match F1, P, R, Steps, LIS, Ord. F1** from the run's evaluation on the table's split:
-  ``final_eval/<benchmark>/metrics.json`` (test) or ``ablation_eval/validation/<benchmark>/metrics.json``
-  (validation, written by the ablation after the run; :mod:`cpr.ablation.evaluate`). Accuracy in
-  percent, the rest in [0, 1].
+  ``final_eval/<benchmark>/metrics.json`` (test) or ``final_eval/validation/<benchmark>/metrics.json``
+  (validation; :mod:`cpr.training.evaluate`, :meth:`cpr.ablation.run_folder.RunFolder.eval_metrics`).
+  Accuracy in percent, the rest in [0, 1].
 * **Discrimination** and **r(F1)** from every completion scored by ``table.reward_function``
   (``cpr``) during training (``<phase>/scored_completions*.jsonl`` of ``table.phases``), **KL max**
   and **stability** from the training log rows of the same phases (:mod:`cpr.ablation.metrics`).

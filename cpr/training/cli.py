@@ -20,6 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_config: str | None
         help="continue the run in output_dir: skip finished phases, resume the current one from its last checkpoint",
     )
     parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete a previous run in output_dir and start over (without it, or --resume, such a folder is refused)",
+    )
+    parser.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -44,11 +49,19 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate the config, then run the experiment; exit code 0 on success."""
+    """Validate the config, then run the experiment; exit code 0 on success, 1 when the run did not finish.
+
+    Errors propagate: :func:`cpr.cli.run_command` prints them and exits 2, or 3 for
+    :class:`cpr.training.guards.TrainingDivergedError` (a divergence guard stopped the run).
+    """
     cfg = config_from_args(args)
     from cpr.training.runner import run_experiment
 
-    summary = run_experiment(cfg, resume=args.resume)
+    if args.resume and args.overwrite:
+        from cpr.errors import ConfigError
+
+        raise ConfigError("--resume continues the run in output_dir, --overwrite deletes it: pass one", field="--overwrite")
+    summary = run_experiment(cfg, resume=args.resume, overwrite=args.overwrite)
     return 0 if summary.get("status") == "finished" else 1
 
 

@@ -16,7 +16,7 @@ Layout of a config file (every key optional except ``model.name_or_path`` and ``
     phase_settings:
       answer_only: {rewards, reward_weights, reward_params, curriculum, select_best, training}
       cpr:         {...}
-    evaluation:   {benchmarks: [...], eval_steps, metric_for_best, max_new_tokens, ...}
+    evaluation:   {benchmarks: [...], eval_steps, metric_for_best, max_new_tokens, ..., final, final_splits}
     guards:       {enabled, action, nan: {action}, kl: {limit, consecutive_steps, action},
                    zero_std: {window, action}}                # divergence guards (cpr.training.guards)
 
@@ -58,6 +58,7 @@ __all__ = [
     "EvaluationConfig",
     "ExperimentConfig",
     "DEFAULT_GUARD_ACTIONS",
+    "EVAL_SPLITS",
     "GUARD_ACTIONS",
     "GuardsConfig",
     "KLGuardConfig",
@@ -71,6 +72,9 @@ __all__ = [
     "load_config",
     "config_from_dict",
     "apply_overrides",
+    "num_processes",
+    "phase_training_args",
+    "read_yaml",
 ]
 
 
@@ -210,8 +214,16 @@ class EvaluationConfig:
     batch_size: int = _help("Generation batch size.", 8)
     prompt_mode: str = _help("train (the training prompt) or eval (the CRYSTAL evaluation prompt).", "train")
     answer_mode: str = _help("crystal (paper protocol, comparable tables) or strict.", "crystal")
-    final: bool = _help("Score the final adapter on the test split after the last phase.", True)
+    final: bool = _help("Score the final adapter after the last phase, on each split of final_splits.", True)
+    final_splits: list[str] = _help(
+        "Splits the final evaluation scores (test, validation): test into final_eval/<benchmark>/, "
+        "validation into final_eval/validation/<benchmark>/ (cpr.training.evaluate).",
+        factory=lambda: ["test"],
+    )
 
+
+#: Splits an adapter can be scored on (``evaluation.final_splits``; cpr.training.evaluate).
+EVAL_SPLITS: tuple[str, ...] = ("test", "validation")
 
 #: What a divergence guard does when its condition holds (cpr.training.guards).
 GUARD_ACTIONS: tuple[str, ...] = ("warn", "skip_step", "stop")
@@ -474,7 +486,9 @@ def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None)
             raise ConfigError(f"limit must be >= 1, got {src.limit}", field=f"{k}.limit")
 
 
-def _num_processes() -> int:
+def num_processes() -> int:
+    """The number of training processes of this launch: ``WORLD_SIZE`` (torchrun, accelerate) or
+    ``ACCELERATE_NUM_PROCESSES``, else 1 (an unreadable value is passed over)."""
     for var in ("WORLD_SIZE", "ACCELERATE_NUM_PROCESSES"):
         if os.environ.get(var):
             try:
@@ -552,13 +566,13 @@ def _check_training_args(args: dict[str, Any], phase_key: str, phase_args: Mappi
     num_gen = args.get("num_generations", 8)
     ga = args.get("gradient_accumulation_steps", 1)
     steps_per_gen = args.get("steps_per_generation") or ga
-    gen_batch = args.get("generation_batch_size") or per_device * _num_processes() * steps_per_gen
+    gen_batch = args.get("generation_batch_size") or per_device * num_processes() * steps_per_gen
     if gen_batch % num_gen != 0:
         involved = ("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                     "steps_per_generation", "generation_batch_size")
         key = next((where(k) for k in involved if k in phase_args), "training.num_generations")
         raise ConfigError(
-            f"the global generation batch ({per_device} per device x {_num_processes()} processes x "
+            f"the global generation batch ({per_device} per device x {num_processes()} processes x "
             f"{steps_per_gen} steps per generation = {gen_batch}) is not divisible by num_generations "
             f"({num_gen}); change per_device_train_batch_size, gradient_accumulation_steps or num_generations",
             field=key,
@@ -705,6 +719,18 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(f"must be strict or crystal, got {ev.answer_mode!r}", field="evaluation.answer_mode")
     if ev.max_new_tokens < 1 or ev.batch_size < 1:
         raise ConfigError("must be >= 1", field="evaluation.max_new_tokens")
+    for i, split in enumerate(ev.final_splits):
+        if split not in EVAL_SPLITS:
+            raise ConfigError(
+                f"unknown split {split!r}; expected one of {', '.join(EVAL_SPLITS)}", field=f"evaluation.final_splits[{i}]"
+            )
+    if len(set(ev.final_splits)) != len(ev.final_splits):
+        raise ConfigError(f"a split is listed twice: {ev.final_splits}", field="evaluation.final_splits")
+    if ev.final and not ev.final_splits:
+        raise ConfigError(
+            "no split to score: list test and / or validation, or set evaluation.final: false",
+            field="evaluation.final_splits",
+        )
     return cfg
 
 
@@ -790,11 +816,22 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
         FileNotFoundError: ``path`` does not exist.
     """
     path = Path(path)
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:  # one line: the recipe prints the message as its only output
-            raise ConfigError("invalid YAML: " + " ".join(str(e).split()), path=path) from None
+    data = read_yaml(path) or {}
     if overrides:
         data = apply_overrides(data, overrides)
     return config_from_dict(data, config_path=str(path))
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The content of a YAML file (``None`` when it is empty).
+
+    Raises:
+        ConfigError: invalid YAML; the message is one line (a recipe prints it as its only output)
+            and names the file.
+        FileNotFoundError: ``path`` does not exist.
+    """
+    with open(path, encoding="utf-8") as f:
+        try:
+            return yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            raise ConfigError("invalid YAML: " + " ".join(str(e).split()), path=path) from None

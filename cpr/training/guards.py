@@ -42,7 +42,8 @@ Actions (per condition, or ``guards.action`` for all):
     DeepSpeed the engine has already stepped inside ``backward``, so they include it); the
     trainer saves ``checkpoint-N`` at once, with ``diverged.json`` (the reason) beside its files,
     and stops. The runner then writes ``summary.json`` with status ``"diverged"`` and raises
-    :class:`TrainingDivergedError` (the recipe prints its one-line message and exits 2).
+    :class:`TrainingDivergedError` (the recipe and ``cpr train`` print its one-line message and
+    exit with its :attr:`~TrainingDivergedError.exit_code`, 3).
     ``--resume`` never resumes from a diverged checkpoint. If the eval hook is on, it scores the
     policy once at the stop (as at any end of training).
 
@@ -54,7 +55,7 @@ of KL / zero-std steps) and to the phase's entry in ``summary.json``.
 every process has saved and every other callback has written its files: transformers 5.24's
 ``Trainer._save_checkpoint`` writes the folder in place (no temporary folder and rename), so a
 run killed while saving leaves an incomplete folder, which ``--resume`` skips
-(:func:`cpr.training.runner.last_checkpoint`).
+(:func:`cpr.training.checkpoints.last_checkpoint`).
 
 The hooks are small overrides of :class:`cpr.curriculum.CurriculumGRPOTrainer` (TRL's
 ``GRPOTrainer``): ``_calculate_rewards``, ``training_step`` and ``_get_grad_norm`` call the parent
@@ -80,8 +81,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from cpr.curriculum import CurriculumGRPOTrainer
 from cpr.errors import ConfigError, CprError
 from cpr.io import append_jsonl, atomic_write_json
+from cpr.training.checkpoints import COMPLETE_MARKER, DIVERGED_MARKER, GUARD_STATE_FILE
 from cpr.training.config import DEFAULT_GUARD_ACTIONS, GuardsConfig
-from cpr.training.runner import COMPLETE_MARKER, DIVERGED_MARKER, GUARD_STATE_FILE
 
 logger = logging.getLogger("cpr.training.guards")
 
@@ -108,7 +109,14 @@ class TrainingDivergedError(CprError):
         event: the :class:`GuardEvent` as a dict.
         checkpoint: the checkpoint folder marked ``diverged.json`` (``None`` if none was saved).
         summary: the run summary written to ``summary.json`` (status ``"diverged"``).
+
+    Attributes:
+        exit_code: the process exit code of the recipe and ``cpr train`` when this ends a run (3;
+            other :class:`~cpr.errors.CprError` exit with 2), so a scheduler can tell a diverged
+            run (a result) from a failed one.
     """
+
+    exit_code = 3
 
     def __init__(
         self,

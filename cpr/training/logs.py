@@ -1,5 +1,7 @@
-"""Run logs: the trainer's log records as JSON lines, and every scored completion.
+"""Run logs: the run's text log, the trainer's log records as JSON lines, and every scored completion.
 
+* :func:`open_run_log` sends the ``cpr`` loggers' records to the console and to a run folder's
+  text log (``run.log``; the ablation's ``ablation.log``); :func:`close_run_log` ends it.
 * :class:`JsonlLogCallback` appends each ``Trainer.log`` record (loss, reward, KL, the
   per-reward means, cpr's ``steps/*`` / ``answer/*`` metrics, ...) to ``<phase>/log.jsonl``.
 * :class:`ScoredCompletionLog` receives, through :func:`cpr.rewards.set_completion_recorder`,
@@ -17,7 +19,9 @@ readers drop and the next append removes.
 
 from __future__ import annotations
 
+import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,59 @@ from transformers import TrainerCallback
 
 from cpr.io import append_jsonl, append_jsonl_many, read_jsonl, rewrite_jsonl
 
-__all__ = ["JsonlLogCallback", "ScoredCompletionLog", "read_log", "rollback_logs"]
+__all__ = ["JsonlLogCallback", "ScoredCompletionLog", "close_run_log", "open_run_log", "read_log", "rollback_logs"]
+
+
+class _StderrHandler(logging.StreamHandler):
+    """A console handler writing to whatever ``sys.stderr`` is at the time (tests and notebooks
+    replace it; a handler holding the old, closed stream would print "Logging error" tracebacks)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def open_run_log(folder: str | Path, name: str = "run.log", *, write: bool = True) -> logging.Handler | None:
+    """Log the ``cpr`` loggers' INFO records to the console (standard error, ``[cpr] <message>``;
+    added once per process) and, when ``write``, to ``<folder>/<name>`` (time, level, logger,
+    message; the folder is created).
+
+    Args:
+        folder: the run folder.
+        name: the log file's name.
+        write: write the file (``False`` on processes other than the main one).
+
+    Returns:
+        The file handler, for :func:`close_run_log`; ``None`` when ``write`` is false.
+    """
+    root = logging.getLogger("cpr")
+    root.setLevel(logging.INFO)
+    if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in root.handlers):
+        console = _StderrHandler()
+        console.setFormatter(logging.Formatter("[cpr] %(message)s"))
+        root.addHandler(console)
+    if not write:
+        return None
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(folder / name, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    return handler
+
+
+def close_run_log(handler: logging.Handler | None) -> None:
+    """Stop writing the log file of :func:`open_run_log` (nothing for ``None``)."""
+    if handler is not None:
+        logging.getLogger("cpr").removeHandler(handler)
+        handler.close()
 
 
 def _finite(v: Any) -> Any:

