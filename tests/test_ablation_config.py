@@ -109,6 +109,10 @@ def test_strategy_runs_drop_settings_of_phases_they_do_not_train(tmp_path, monke
     cur = validate_run(plan, plan.get("cpr_curriculum"))
     assert cur.phases == ["answer_only", "cpr"]
     assert cur.phase("answer_only").init_adapter is not None and cur.phase("cpr").init_adapter is None
+    # Answer-Only phases score steps for the figure with weight 0: the training reward is unchanged
+    ans = validate_run(plan, plan.get("answer_only")).phase("answer_only")
+    for phase in (ans, cur.phase("answer_only")):
+        assert phase.rewards == ["format", "accuracy", "step_f1"] and phase.reward_weights == [1.0, 1.0, 0.0]
     sft = validate_run(plan, plan.get("sft"))
     assert sft.sft.learning_rate == 8e-5 and sft.sft.seed == 42 and sft.experiment.data.test_size == 8
     base = plan.get("base")
