@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from cpr.errors import ConfigError
-from cpr.training.config import GuardsConfig, load_config
+from cpr.training.config import GuardsConfig, load_config, phase_training_args
 
 REPO = Path(__file__).resolve().parents[1]
 TABMWP = REPO / "data" / "samples" / "tabmwp"
@@ -77,6 +77,11 @@ CASES = [
     (("rewards.max_cached_completions", -1), "rewards.max_cached_completions", "must be >= 0, got -1"),
     (("phase_settings.composite", {}), "phase_settings", "settings given for phases that are not run"),
     (("training.temperature", 0), "training.temperature", "must be > 0, got 0"),
+    (("phase_settings.cpr.training.learning_rate", "fast"), "phase_settings.cpr.training.learning_rate",
+     "expected a number, got 'fast'"),
+    (("training.max_grad_norm", [1.0]), "training.max_grad_norm", "expected a number, got [1.0]"),
+    (("training.seed", 1.5), "training.seed", "expected an integer, got 1.5"),
+    (("training.bf16", "yes"), "training.bf16", "expected true or false, got 'yes'"),
 ]
 
 
@@ -114,6 +119,21 @@ def test_load_config_names_the_key(tmp_path, change, key, message):
     assert message in e.value.message
     assert str(e.value).startswith(f"{path} field '{key}': ")
     assert "\n" not in str(e.value)
+
+
+def test_numbers_written_without_a_dot_become_floats(tmp_path):
+    """YAML 1.1 reads 5e-4 (no dot) as a string; a GRPOConfig float field takes it as 0.0005, in the
+    shared section, a phase's section and a --set override alike, and integers stay integers."""
+    data = copy.deepcopy(BASE)
+    data["training"]["max_grad_norm"] = "1e0"
+    data["training"]["save_steps"] = 10
+    data["phase_settings"]["cpr"]["training"]["learning_rate"] = "5e-6"
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = load_config(path, ["training.epsilon=2e-1"])
+    args = phase_training_args(cfg, "cpr")
+    assert args["learning_rate"] == 5e-6 and args["max_grad_norm"] == 1.0 and args["epsilon"] == 0.2
+    assert args["save_steps"] == 10 and isinstance(args["save_steps"], int)
 
 
 def test_invalid_yaml_is_one_line(tmp_path):

@@ -521,6 +521,47 @@ def _grpo_fields() -> set[str]:
     return _GRPO_FIELDS
 
 
+_GRPO_TYPES: dict[str, tuple[type, bool]] | None = None
+
+
+def _grpo_scalar_types() -> dict[str, tuple[type, bool]]:
+    """``{field: (bool | int | float, optional)}`` for the GRPOConfig fields of one scalar type."""
+    global _GRPO_TYPES
+    if _GRPO_TYPES is None:
+        from trl import GRPOConfig
+
+        _GRPO_TYPES = {}
+        for f in dataclasses.fields(GRPOConfig):
+            tp = f.type
+            members = set(typing.get_args(tp)) if typing.get_origin(tp) in (typing.Union, types.UnionType) else {tp}
+            optional = type(None) in members
+            members.discard(type(None))
+            if len(members) == 1 and next(iter(members)) in (bool, int, float):
+                _GRPO_TYPES[f.name] = (next(iter(members)), optional)
+    return _GRPO_TYPES
+
+
+def coerce_training_types(training: dict[str, Any], prefix: str) -> None:
+    """Check the scalar GRPOConfig values of a ``training`` section against trl's field types, in place.
+
+    A float field accepts an integer (kept as it is) or a number written as a string (YAML 1.1 reads ``5e-4``,
+    with no dot, as a string; it becomes ``0.0005``); an integer field accepts only integers; a
+    boolean field only ``true`` / ``false``. ``None`` is kept where the field is optional. Other
+    fields (strings, lists, dicts) are left to trl.
+
+    Raises:
+        ConfigError: a value of the wrong type, naming ``<prefix>.<key>``.
+    """
+    known = _grpo_scalar_types()
+    for k, v in list(training.items()):
+        if k not in known or (v is None and known[k][1]):
+            continue
+        tp, _ = known[k]
+        if tp is float and isinstance(v, (int, float)) and not isinstance(v, bool):
+            continue  # an integer stays an integer (save_steps: 10 is a step count, 0.1 a share)
+        training[k] = _convert(v, tp, f"{prefix}.{k}")
+
+
 def _check_training_args(args: dict[str, Any], phase_key: str, phase_args: Mapping[str, Any]) -> None:
     """Check GRPO arguments without building a GRPOConfig (which would initialise devices).
 
@@ -652,6 +693,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
             f"settings given for phases that are not run: {sorted(unknown)} (phases: {cfg.phases})",
             field="phase_settings",
         )
+    coerce_training_types(cfg.training, "training")
     resolved: dict[str, PhaseConfig] = {}
     for name in cfg.phases:
         given = cfg.phase_settings.get(name)
@@ -694,6 +736,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
                     f"no LoRA adapter (adapter_config.json) in {phase.init_adapter}", field=f"{key}.init_adapter"
                 )
         resolved[name] = phase
+        coerce_training_types(phase.training, f"{key}.training")
         args = _deep_merge(cfg.training, phase.training)
         _check_training_args(args, key, phase.training)
         sched = curriculum.schedule
