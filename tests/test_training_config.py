@@ -136,6 +136,19 @@ def test_numbers_written_without_a_dot_become_floats(tmp_path):
     assert args["save_steps"] == 10 and isinstance(args["save_steps"], int)
 
 
+@pytest.mark.parametrize("config", ["demo.yaml", "qwen2_5_vl_3b_cpr_curriculum.yaml", "internvl3_5_4b_cpr_curriculum.yaml"])
+def test_phases_override_runs_one_phase_of_a_two_phase_config(config, monkeypatch):
+    """``--phases cpr`` (README) on the shipped two-phase configs: phase 1's settings are left out,
+    phase 2's kept; a config file naming a phase it does not run is still refused (CASES)."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    path = Path("recipes/configs") / config
+    full = load_config(path)
+    cfg = load_config(path, ["phases=[cpr]"])
+    assert cfg.phases == ["cpr"] and list(cfg.phase_settings) == ["cpr"]
+    assert phase_training_args(cfg, "cpr")["learning_rate"] == phase_training_args(full, "cpr")["learning_rate"]
+    assert cfg.phase("cpr").curriculum == full.phase("cpr").curriculum
+
+
 def test_invalid_yaml_is_one_line(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("model: {name_or_path: tiny:qwen2_5_vl\ntraining: [\n")

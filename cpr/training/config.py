@@ -853,6 +853,9 @@ def config_from_dict(data: Mapping[str, Any], *, config_path: str | None = None)
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
     """Read a YAML experiment config, apply ``key=value`` overrides, validate it.
 
+    An override of ``phases`` (``--phases cpr``, ``--set phases=[cpr]``) also leaves out the
+    ``phase_settings`` of the phases it drops.
+
     Raises:
         ConfigError: unreadable YAML, an unknown key or an invalid value; the message
             names the file and the dotted key.
@@ -862,7 +865,24 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
     data = read_yaml(path) or {}
     if overrides:
         data = apply_overrides(data, overrides)
+        if any(item.partition("=")[0].strip() == "phases" for item in overrides):
+            _prune_phase_settings(data)
     return config_from_dict(data, config_path=str(path))
+
+
+def _prune_phase_settings(data: dict[str, Any]) -> None:
+    """Leave out the ``phase_settings`` of phases that an override of ``phases`` no longer runs
+    (``--phases cpr`` on a two-phase config), logging what was left out. A config file that sets a
+    phase it does not run is still an error (a misspelt phase name)."""
+    phases, settings = data.get("phases"), data.get("phase_settings")
+    if not isinstance(phases, list) or not isinstance(settings, dict):
+        return
+    dropped = sorted(str(k) for k in settings if k not in phases)
+    if dropped:
+        import logging
+
+        logging.getLogger("cpr.training").info("phases %s: leaving out phase_settings of %s", phases, dropped)
+        data["phase_settings"] = {k: v for k, v in settings.items() if k in phases}
 
 
 def read_yaml(path: str | Path) -> Any:
