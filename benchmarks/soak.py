@@ -188,7 +188,7 @@ def main() -> int:
             }
 
     t0 = time.time()
-    run_experiment(cfg, callbacks=[Probe()])
+    run_experiment(cfg, overwrite=True, callbacks=[Probe()])  # the soak's output is disposable
     wall = time.time() - t0
 
     print(f"\nsoak: {args.steps} steps of tiny:qwen2_5_vl, rewards format + cpr, staged curriculum, "

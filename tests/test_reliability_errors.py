@@ -131,6 +131,20 @@ def test_existing_run_folder_is_refused_without_resume_or_overwrite(tmp_path, mo
     assert json.loads((run / "summary.json").read_text())["status"] == "failed"
 
 
+def test_overwrite_never_deletes_the_working_directory(tmp_path, monkeypatch, capsys, no_model_load):
+    cfg = _config(tmp_path, model__name_or_path="nonexistent-org/nonexistent-model")
+    cfg["output_dir"] = str(tmp_path)
+    config = _write(tmp_path, cfg)
+    (tmp_path / "summary.json").write_text('{"status": "failed"}')
+    monkeypatch.chdir(tmp_path)
+    rc, errors, _ = _run_recipe(monkeypatch, capsys, config, "--overwrite")
+    assert rc == 2 and errors == [
+        f"cpr_curriculum: error: field 'output_dir': --overwrite would delete {tmp_path.resolve()}, which holds "
+        "the working directory: choose an output_dir of its own"
+    ]
+    assert config.is_file() and (tmp_path / "summary.json").is_file()
+
+
 def test_offline_unknown_encoder_is_one_line_before_anything_loads(tmp_path, monkeypatch, capsys, no_model_load):
     cfg = _config(tmp_path, rewards__encoder="not-a-real-encoder")
     rc, errors, err = _run_recipe(monkeypatch, capsys, _write(tmp_path, cfg))
@@ -261,3 +275,21 @@ def test_oom_in_the_step_encoder_names_its_batch_size(tmp_path, monkeypatch, one
         "out of memory in the step encoder (phase cpr): RuntimeError: CUDA error: out of memory; lower "
         "rewards.batch_size (now 256; the step encoder's batch), or move the encoder with rewards.device"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "overwrite"),
+    [([], True), (["--resume"], False), (["--output-dir", "outputs/mine"], False),
+     (["--set", "output_dir=outputs/abl/cpr"], False), (["--output-dir", "outputs/mine", "--overwrite"], True)],
+)
+def test_demo_overwrites_only_its_own_output(monkeypatch, argv, overwrite):
+    """No arguments: the demo replaces its own outputs/demo; a demo-based run given another folder
+    (the ablation demos' runs) is never deleted unasked."""
+    import cpr.training.cli
+
+    seen = {}
+    monkeypatch.setattr(cpr.training.cli, "run", lambda args: seen.setdefault("overwrite", args.overwrite) and 0)
+    main = runpy.run_path(str(REPO / "recipes" / "cpr_curriculum.py"), run_name="cpr_recipe")["main"]
+    monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", *argv])
+    main()
+    assert seen == {"overwrite": overwrite}

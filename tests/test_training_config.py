@@ -82,6 +82,7 @@ CASES = [
     (("training.max_grad_norm", [1.0]), "training.max_grad_norm", "expected a number, got [1.0]"),
     (("training.seed", 1.5), "training.seed", "expected an integer, got 1.5"),
     (("training.bf16", "yes"), "training.bf16", "expected true or false, got 'yes'"),
+    (("training.max_grad_norm", "nan"), "training.max_grad_norm", "expected a finite number, got 'nan'"),
 ]
 
 
@@ -147,6 +148,16 @@ def test_phases_override_runs_one_phase_of_a_two_phase_config(config, monkeypatc
     assert cfg.phases == ["cpr"] and list(cfg.phase_settings) == ["cpr"]
     assert phase_training_args(cfg, "cpr")["learning_rate"] == phase_training_args(full, "cpr")["learning_rate"]
     assert cfg.phase("cpr").curriculum == full.phase("cpr").curriculum
+
+
+def test_phases_override_keeps_refusing_a_misspelt_phase(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["phase_settings"]["answer_onyl"] = {"training": {"max_steps": 3}}
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ["phases=[cpr]"])
+    assert e.value.field == "phase_settings" and "['answer_onyl']" in e.value.message
 
 
 def test_invalid_yaml_is_one_line(tmp_path):

@@ -42,6 +42,7 @@ from typing import Any
 from cpr.ablation.metrics import as_number, first_nonfinite
 from cpr.ablation.run_folder import PhaseLogs, RunFolder, read_run
 from cpr.errors import InputError
+from cpr.training.checkpoints import checkpoint_step, checkpoints_of
 
 __all__ = [
     "ablation_figures",
@@ -299,10 +300,12 @@ def bucket_mix_from_checkpoints(run: RunFolder) -> list[dict[str, Any]]:
     out = []
     for p in run.phase_logs():
         folder = run.path / p.name
-        for state_path in sorted(folder.glob("checkpoint-*/curriculum_state.json"),
-                                 key=lambda q: int(q.parent.name.split("-")[1])):
+        for ckpt in checkpoints_of(folder):
+            state_path = ckpt / "curriculum_state.json"
+            if not state_path.is_file():
+                continue
             state = json.loads(state_path.read_text(encoding="utf-8"))
-            step = int(state_path.parent.name.split("-")[1])
+            step = checkpoint_step(ckpt)
             mix = (state.get("position") or {}).get("bucket_mix")
             if not isinstance(mix, dict):
                 raise InputError("no position.bucket_mix", path=state_path, field="position.bucket_mix")

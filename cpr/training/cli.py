@@ -49,7 +49,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate the config, then run the experiment; exit code 0 on success, 1 when the run did not finish.
+    """Validate the config, then run the experiment; exit code 0 when it finished.
 
     Errors propagate: :func:`cpr.cli.run_command` prints them and exits 2, or 3 for
     :class:`cpr.training.guards.TrainingDivergedError` (a divergence guard stopped the run).

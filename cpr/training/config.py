@@ -559,7 +559,10 @@ def coerce_training_types(training: dict[str, Any], prefix: str) -> None:
         tp, _ = known[k]
         if tp is float and isinstance(v, (int, float)) and not isinstance(v, bool):
             continue  # an integer stays an integer (save_steps: 10 is a step count, 0.1 a share)
-        training[k] = _convert(v, tp, f"{prefix}.{k}")
+        value = _convert(v, tp, f"{prefix}.{k}")
+        if isinstance(v, str) and not math.isfinite(value):
+            raise ConfigError(f"expected a finite number, got {v!r}", field=f"{prefix}.{k}")
+        training[k] = value
 
 
 def _check_training_args(args: dict[str, Any], phase_key: str, phase_args: Mapping[str, Any]) -> None:
@@ -864,25 +867,26 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
     path = Path(path)
     data = read_yaml(path) or {}
     if overrides:
+        file_phases = data.get("phases", ExperimentConfig().phases) if isinstance(data, dict) else None
         data = apply_overrides(data, overrides)
         if any(item.partition("=")[0].strip() == "phases" for item in overrides):
-            _prune_phase_settings(data)
+            _prune_phase_settings(data, file_phases)
     return config_from_dict(data, config_path=str(path))
 
 
-def _prune_phase_settings(data: dict[str, Any]) -> None:
-    """Leave out the ``phase_settings`` of phases that an override of ``phases`` no longer runs
-    (``--phases cpr`` on a two-phase config), logging what was left out. A config file that sets a
-    phase it does not run is still an error (a misspelt phase name)."""
+def _prune_phase_settings(data: dict[str, Any], file_phases: Any) -> None:
+    """Leave out the ``phase_settings`` of the file's phases that an override of ``phases`` no
+    longer runs (``--phases cpr`` on a two-phase config), with a warning. Settings of a phase the
+    file itself does not run (a misspelt phase name) are kept, so validation still refuses them."""
     phases, settings = data.get("phases"), data.get("phase_settings")
-    if not isinstance(phases, list) or not isinstance(settings, dict):
+    if not isinstance(phases, list) or not isinstance(settings, dict) or not isinstance(file_phases, list):
         return
-    dropped = sorted(str(k) for k in settings if k not in phases)
+    dropped = sorted(str(k) for k in settings if k not in phases and k in file_phases)
     if dropped:
-        import logging
+        import warnings
 
-        logging.getLogger("cpr.training").info("phases %s: leaving out phase_settings of %s", phases, dropped)
-        data["phase_settings"] = {k: v for k, v in settings.items() if k in phases}
+        warnings.warn(f"phases {phases}: leaving out phase_settings of {dropped}", stacklevel=3)
+        data["phase_settings"] = {k: v for k, v in settings.items() if str(k) not in dropped}
 
 
 def read_yaml(path: str | Path) -> Any:

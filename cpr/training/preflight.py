@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cpr.errors import ModelNotAvailableError
+from cpr.matching import _looks_like_path
 from cpr.training.config import ExperimentConfig
 
 logger = logging.getLogger("cpr.training")
@@ -154,11 +155,6 @@ def preflight(cfg: ExperimentConfig, device: str) -> None:
         except ModelNotAvailableError as e:  # name the config key in front of the encoder's own message
             raise ModelNotAvailableError(f"rewards.encoder: {e}") from None
         encoder.max_cached_completions = cfg.rewards.max_cached_completions
-
-
-def _looks_like_path(name: str) -> bool:
-    """Hub ids are ``name`` or ``org/name``; anything else is meant as a local path."""
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or Path(name).expanduser().exists()
 
 
 def _unavailable_message(key: str, name: str, why: str) -> str:

@@ -259,27 +259,39 @@ def previous_run(out: Path) -> str | None:
 def _claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) -> None:
     """Refuse, or with ``overwrite`` delete, a previous run in ``out`` before a fresh run starts.
 
-    Every rank checks (nothing has been written yet, so all see the same folder); the main process
-    deletes and the others wait for it.
+    Every rank looks before any rank writes (a barrier separates the look from the main process's
+    first write), so all ranks raise or none does; the main process deletes and the others wait.
+
+    Raises:
+        ConfigError: ``out`` holds a run and ``overwrite`` is not set; or ``overwrite`` would delete
+            the working directory or a folder above it.
     """
     if resume:
         return
-    found = previous_run(out)
-    if found and not overwrite:
-        from cpr.errors import ConfigError
+    from cpr.errors import ConfigError
 
+    found = previous_run(out)
+    state.wait_for_everyone()
+    if found and not overwrite:
         raise ConfigError(
             f"{out} already holds a run ({found}): pass --resume to continue it, --overwrite to delete it "
             "and start over, or choose another output_dir",
             field="output_dir",
         )
     if found:
+        here, target = Path.cwd().resolve(), out.resolve()
+        if target == here or target in here.parents:
+            raise ConfigError(
+                f"--overwrite would delete {target}, which holds the working directory: choose an output_dir "
+                "of its own",
+                field="output_dir",
+            )
         if state.is_main_process:
             logger.warning("overwrite: deleting the previous run in %s", out)
             import shutil
 
             shutil.rmtree(out)
-        state.wait_for_everyone()
+    state.wait_for_everyone()
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
