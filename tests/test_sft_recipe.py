@@ -132,9 +132,12 @@ def test_sft_recipe_trains_scores_and_seeds_a_grpo_phase(tmp_path, capsys):
         val = json.loads((out / "final_eval" / "validation" / "crystal" / "metrics.json").read_text())
         assert val["overall"]["n"] == 2 and val["split"] == "validation" and val["adapter"] == str(adapter)
         assert summary["final_eval_validation"]["crystal"] == val["overall"]
-        # a second run into the same folder needs --resume
+        # a second run into the same folder needs --resume (or --overwrite)
         assert sft_main(["--config", str(path)]) == 2
-        assert "already holds an SFT run: pass --resume" in capsys.readouterr().err
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"sft_lora: error: field 'output_dir': {out} already holds a run ({out / 'config.yaml'}): pass --resume "
+            "to continue it, --overwrite to delete it and start over, or choose another output_dir"
+        )
 
         # a GRPO phase starts from the SFT adapter: its LoRA rank is the adapter's (4), not lora.r (8)
         grpo = {**{k: v for k, v in _config(tmp_path).items() if k != "sft"},

@@ -110,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _sft_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="SFT baseline YAML (e.g. recipes/configs/sft_lora_demo.yaml)")
     parser.add_argument("--resume", action="store_true", help="reuse a trained adapter and a partial evaluation")
+    parser.add_argument("--overwrite", action="store_true", help="delete a previous run in output_dir and start over")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set sft.learning_rate=5e-5 (repeatable; YAML values)")
     parser.add_argument("--output-dir", help="shortcut for --set output_dir=...")
@@ -126,7 +127,7 @@ def _sft_run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    summary = run_sft_baseline(cfg, resume=args.resume)
+    summary = run_sft_baseline(cfg, resume=args.resume, overwrite=args.overwrite)
     print(json.dumps({k: summary[k] for k in ("run_name", "adapter", "final_eval", "training", "wall_time_s")}, indent=1))
     return 0 if summary.get("status") == "finished" else 1
 

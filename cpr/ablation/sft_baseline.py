@@ -232,18 +232,20 @@ def _loss_trend(state_path: Path) -> dict[str, Any]:
     return {"first_loss": losses[0][1], "last_loss": losses[-1][1], "logged": len(losses)}
 
 
-def run_sft_baseline(cfg: SFTBaselineConfig, *, resume: bool = False) -> dict[str, Any]:
+def run_sft_baseline(cfg: SFTBaselineConfig, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Train the LoRA baseline and score it on ``evaluation.final_splits`` (module docstring: the folder).
 
     Args:
         cfg: the validated config.
         resume: reuse a trained ``sft/adapter`` and a partial final evaluation of an earlier attempt.
+        overwrite: delete an earlier run in ``output_dir`` first.
 
     Returns:
         The summary (also written to ``summary.json``).
 
     Raises:
-        ConfigError: the folder already holds a run and ``resume`` is not set.
+        ConfigError: the folder already holds a run and neither ``resume`` nor ``overwrite`` is set
+            (:func:`cpr.training.runner.claim_output_dir`).
     """
     from accelerate import PartialState
 
@@ -251,17 +253,14 @@ def run_sft_baseline(cfg: SFTBaselineConfig, *, resume: bool = False) -> dict[st
     from cpr.training.evaluate import final_evaluation, summary_entries
     from cpr.training.logs import close_run_log, open_run_log
     from cpr.training.policy import resolve_model_path
+    from cpr.training.runner import claim_output_dir
     from cpr.training.splits import load_splits
     from cpr.training.warm_start import train_lora
 
     state = PartialState()
     exp = cfg.experiment
     out = cfg.output_dir
-    if not resume and ((out / "summary.json").is_file() or (out / "sft").exists() or (out / "final_eval").exists()):
-        raise ConfigError(
-            f"{out} already holds an SFT run: pass --resume to continue it, or choose another output_dir",
-            field="output_dir",
-        )
+    claim_output_dir(out, resume=resume, overwrite=overwrite, state=state)
     handler = open_run_log(out, write=state.is_main_process)
     t0 = time.time()
     try:

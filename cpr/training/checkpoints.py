@@ -121,16 +121,17 @@ def has_curriculum_state(ckpt: Path) -> bool:
     return "CurriculumStateCallback" in (saved.get("stateful_callbacks") or {})
 
 
-def adapter_folder(path: Path) -> Path:
+def adapter_folder(path: Path, *, field: str = "init_adapter") -> Path:
     """``path`` itself when it holds a LoRA adapter (a checkpoint holds it at its top level: TRL
     saves PEFT adapters there).
 
     Raises:
-        ConfigError: no ``adapter_config.json`` in ``path`` (field ``init_adapter``).
+        ConfigError: no ``adapter_config.json`` in ``path``, naming ``field`` (the setting or step
+            that gave the folder).
     """
-    if (path / "adapter_config.json").is_file():
-        return path
-    raise ConfigError(f"no LoRA adapter (adapter_config.json) in {path}", field="init_adapter")
+    if (Path(path) / "adapter_config.json").is_file():
+        return Path(path)
+    raise ConfigError(f"no LoRA adapter (adapter_config.json) in {path}", field=field)
 
 
 def prepare_resume(phase_dir: Path, resume: bool, state: Any) -> Path | None:

@@ -260,11 +260,12 @@ def _evaluate(
 
     from cpr.evaluation import evaluate_model, render_markdown
     from cpr.matching import zero3_disabled
+    from cpr.training.checkpoints import adapter_folder
     from cpr.training.oom import explain_oom
     from cpr.training.splits import load_splits
 
-    if adapter is not None and not Path(adapter, "adapter_config.json").is_file():
-        raise ConfigError(f"no LoRA adapter (adapter_config.json) in {adapter}", field="adapter")
+    if adapter is not None:
+        adapter_folder(Path(adapter), field="adapter")
     splits = splits if splits is not None else load_splits(cfg.data)
     specs = {split: benchmark_records(cfg, splits, split) for split, _ in outputs}
     for split, found in specs.items():

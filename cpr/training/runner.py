@@ -94,7 +94,7 @@ from cpr.training.splits import load_splits
 
 logger = logging.getLogger("cpr.training")
 
-__all__ = ["run_experiment"]
+__all__ = ["claim_output_dir", "previous_run", "run_experiment"]
 
 
 def run_experiment(
@@ -141,7 +141,7 @@ def run_experiment(
 
     state = PartialState()
     out = Path(cfg.output_dir)
-    _claim_output_dir(out, resume=resume, overwrite=overwrite, state=state)
+    claim_output_dir(out, resume=resume, overwrite=overwrite, state=state)
     handler = open_run_log(out, write=state.is_main_process)
     t_start = time.time()
     summary: dict[str, Any] = {
@@ -206,7 +206,7 @@ def run_experiment(
             if phase.select_best:
                 selection = select_best(cfg, phase, splits, templates, model_path)
                 result["selection"] = selection
-                handover = adapter_folder(Path(selection["picked"]))
+                handover = adapter_folder(Path(selection["picked"]), field=f"{name} selection.json picked")
             else:
                 handover = Path(result["adapter"])
             result["handover_adapter"] = str(handover)
@@ -256,8 +256,9 @@ def previous_run(out: Path) -> str | None:
     return None
 
 
-def _claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) -> None:
-    """Refuse, or with ``overwrite`` delete, a previous run in ``out`` before a fresh run starts.
+def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) -> None:
+    """Refuse, or with ``overwrite`` delete, a previous run in ``out`` before a fresh run starts
+    (used by :func:`run_experiment` and :func:`cpr.ablation.sft_baseline.run_sft_baseline`).
 
     Every rank looks before any rank writes (a barrier separates the look from the main process's
     first write), so all ranks raise or none does; the main process deletes and the others wait.
