@@ -90,9 +90,9 @@ def ensure_shared_start(plan: AblationPlan, *, resume: bool = False) -> Path | N
         if not summary.get("final_adapter"):
             raise ConfigError(f"the shared start in {run.output_dir} handed on no adapter", field="shared_start")
         adapter = Path(summary["final_adapter"])
-    from accelerate import PartialState
+    from cpr.distributed import process_state
 
-    state = PartialState()
+    state = process_state()
     if state.is_main_process:
         tmp = target.with_name(target.name + ".tmp")
         if tmp.exists():
@@ -159,12 +159,12 @@ def execute_run(plan: AblationPlan, run: PlannedRun, *, resume: bool = False) ->
 
 def _run_base(plan: AblationPlan, run: PlannedRun, cfg: Any) -> None:
     import yaml
-    from accelerate import PartialState
 
+    from cpr.distributed import process_state
     from cpr.io import atomic_write_text
     from cpr.training.evaluate import evaluate_adapter
 
-    main = PartialState().is_main_process
+    main = process_state().is_main_process
     out = Path(run.output_dir)
     t0 = time.time()
     if main:
@@ -259,8 +259,7 @@ def run_ablation(
         ConfigError: an unknown name in ``only``, an invalid run config (checked for every
             selected run before anything trains), or a folder state that needs ``resume``.
     """
-    from accelerate import PartialState
-
+    from cpr.distributed import process_state
     from cpr.training.logs import close_run_log, open_run_log
 
     t0 = time.time()
@@ -273,7 +272,7 @@ def run_ablation(
         torch.set_num_threads(cfg.torch_threads)
     selected = [plan.get(n) for n in only] if only else ([plan.shared_start] if plan.shared_start else []) + plan.runs
     out = Path(cfg.output_dir)
-    state = PartialState()
+    state = process_state()
     handler = open_run_log(out, "ablation.log", write=state.is_main_process)
     ran: list[str] = []
     skipped: list[str] = []

@@ -247,9 +247,8 @@ def run_sft_baseline(cfg: SFTBaselineConfig, *, resume: bool = False, overwrite:
         ConfigError: the folder already holds a run and neither ``resume`` nor ``overwrite`` is set
             (:func:`cpr.training.runner.claim_output_dir`).
     """
-    from accelerate import PartialState
-
     from cpr.data import load_templates
+    from cpr.distributed import process_state
     from cpr.training.evaluate import final_evaluation, summary_entries
     from cpr.training.logs import close_run_log, open_run_log
     from cpr.training.policy import resolve_model_path
@@ -257,7 +256,7 @@ def run_sft_baseline(cfg: SFTBaselineConfig, *, resume: bool = False, overwrite:
     from cpr.training.splits import load_splits
     from cpr.training.warm_start import train_lora
 
-    state = PartialState()
+    state = process_state()
     exp = cfg.experiment
     out = cfg.output_dir
     claim_output_dir(out, resume=resume, overwrite=overwrite, state=state)

@@ -256,8 +256,7 @@ def _evaluate(
     echo: bool,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Score the model (with ``adapter``) on each ``(split, out_dir)`` of ``outputs``, loading it once."""
-    from accelerate import PartialState
-
+    from cpr.distributed import process_state
     from cpr.evaluation import evaluate_model, render_markdown
     from cpr.matching import zero3_disabled
     from cpr.training.checkpoints import adapter_folder
@@ -273,7 +272,7 @@ def _evaluate(
             raise ConfigError(
                 f"no {split} records to score: give data.{split} or data.{split}_size", field=f"data.{split}_size"
             )
-    state = PartialState()
+    state = process_state()
     results: dict[str, dict[str, dict[str, Any]]] = {split: {} for split, _ in outputs}
     if state.is_main_process:
         from cpr.data import load_templates

@@ -56,13 +56,15 @@ def open_run_log(folder: str | Path, name: str = "run.log", *, write: bool = Tru
     Args:
         folder: the run folder.
         name: the log file's name.
-        write: write the file (``False`` on processes other than the main one).
+        write: write the file (``False`` on processes other than the main one, which then log
+            warnings and errors only, so the console shows each message once).
 
     Returns:
         The file handler, for :func:`close_run_log`; ``None`` when ``write`` is false.
     """
     root = logging.getLogger("cpr")
-    root.setLevel(logging.INFO)
+    # other processes of a distributed run log warnings and errors only (as transformers does)
+    root.setLevel(logging.INFO if write else logging.WARNING)
     if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in root.handlers):
         console = _StderrHandler()
         console.setFormatter(logging.Formatter("[cpr] %(message)s"))

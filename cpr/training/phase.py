@@ -153,10 +153,9 @@ def train_phase(
         ConfigError: an invalid ``training`` section (TRL's checks).
         TrainingOutOfMemoryError: out of memory in training or generation.
     """
-    from accelerate import PartialState
-
     from cpr.curriculum import CurriculumConfig
     from cpr.data import to_grpo_dataset
+    from cpr.distributed import process_state
     from cpr.rewards import get_reward_set, set_completion_recorder
     from cpr.training.evaluate import eval_hook
     from cpr.training.guards import EVENTS_FILE, CheckpointCompleteCallback, GuardedGRPOTrainer
@@ -165,7 +164,7 @@ def train_phase(
 
     phase_dir = Path(cfg.output_dir) / phase.name
     args = grpo_config(cfg, phase)
-    state = PartialState()
+    state = process_state()
     funcs, weights = get_reward_set(phase.rewards, phase.reward_weights, phase.reward_params, **_reward_shared(cfg.rewards))
     args.reward_weights = weights
     curriculum = CurriculumConfig.from_dict(phase.curriculum, prefix=f"phase_settings.{phase.name}.curriculum")

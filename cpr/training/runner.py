@@ -127,9 +127,8 @@ def run_experiment(
             (:mod:`cpr.training.guards`); it carries the summary.
         TrainingOutOfMemoryError: out of memory, naming the settings to lower.
     """
-    from accelerate import PartialState
-
     from cpr.data import load_templates
+    from cpr.distributed import process_state
     from cpr.training.evaluate import final_evaluation, summary_entries
     from cpr.training.guards import TrainingDivergedError
     from cpr.training.logs import close_run_log, open_run_log
@@ -139,7 +138,7 @@ def run_experiment(
     from cpr.training.selection import select_best
     from cpr.training.warm_start import run_warm_start
 
-    state = PartialState()
+    state = process_state()
     out = Path(cfg.output_dir)
     claim_output_dir(out, resume=resume, overwrite=overwrite, state=state)
     handler = open_run_log(out, write=state.is_main_process)

@@ -49,14 +49,13 @@ def select_best(
     Raises:
         TrainingOutOfMemoryError: out of memory while scoring.
     """
-    from accelerate import PartialState
-
+    from cpr.distributed import process_state
     from cpr.evaluation import evaluate_model
     from cpr.matching import zero3_disabled
     from cpr.training.evaluate import generation_settings, scoring_settings
     from cpr.training.oom import explain_oom
 
-    state = PartialState()
+    state = process_state()
     phase_dir = Path(cfg.output_dir) / phase.name
     out = phase_dir / "selection.json"
     if state.is_main_process:

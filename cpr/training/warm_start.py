@@ -158,9 +158,8 @@ def run_warm_start(
         ConfigError: invalid ``warm_start`` settings.
         TrainingOutOfMemoryError: out of memory, naming the ``warm_start`` settings to lower.
     """
-    from accelerate import PartialState
-
     from cpr.data import load_templates
+    from cpr.distributed import process_state
     from cpr.evaluation import subset
     from cpr.training.splits import load_splits
 
@@ -177,6 +176,6 @@ def run_warm_start(
     records = subset(splits.train, cfg.warm_start.max_records, cfg.seed)
     logger.info("warm start: %d records, %d steps", len(records), settings.max_steps)
     path = train_lora(cfg, settings, out, records, templates=templates, model_path=model_path, oom_stage="warm start")
-    if PartialState().is_main_process:
+    if process_state().is_main_process:
         atomic_write_json(done, {"adapter": str(path), "max_steps": settings.max_steps, "time": time.time()})
     return path
