@@ -9,6 +9,7 @@ for the command that runs, so ``cpr --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from collections.abc import Callable
@@ -47,6 +48,12 @@ def run_command(prog: str, func: Callable[[argparse.Namespace], Any], args: argp
     except CprError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return error_exit_code(e)
+    except BrokenPipeError:  # output piped into a command that stopped reading (`| head`): not an error
+        import os
+
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -293,3 +293,38 @@ def test_demo_overwrites_only_its_own_output(monkeypatch, argv, overwrite):
     monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", *argv])
     main()
     assert seen == {"overwrite": overwrite}
+
+
+def test_a_run_that_failed_before_training_does_not_block_the_retry(tmp_path, monkeypatch, capsys, no_model_load):
+    cfg = _config(tmp_path, model__name_or_path="nonexistent-org/nonexistent-model")
+    config = _write(tmp_path, cfg)
+    assert _run_recipe(monkeypatch, capsys, config)[0] == 2  # leaves config.yaml, run.log, summary.json (failed)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml", "run.log", "summary.json"]
+    rc, errors, _ = _run_recipe(monkeypatch, capsys, config)  # a retry: not refused, fails on the model again
+    assert rc == 2 and errors[0].startswith("cpr_curriculum: error: model 'nonexistent-org/nonexistent-model'")
+
+
+def test_resume_with_a_different_config_is_refused(tmp_path, monkeypatch, capsys, no_model_load):
+    cfg = _config(tmp_path, model__name_or_path="nonexistent-org/nonexistent-model")
+    config = _write(tmp_path, cfg)
+    assert _run_recipe(monkeypatch, capsys, config)[0] == 2
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    rc, errors, _ = _run_recipe(monkeypatch, capsys, config, "--resume", "--set", "rewards.threshold=0.5",
+                                "--set", "training.max_steps=4")
+    assert rc == 2 and errors == [
+        f"cpr_curriculum: error: field 'rewards.threshold': --resume with a config that differs from the run's "
+        f"{tmp_path / 'run' / 'config.yaml'}: rewards.threshold was 0.35, now 0.5 (and 1 more); resume with the "
+        "config the run started with, or start over (--overwrite or another output_dir)"
+    ]
+    assert (tmp_path / "run" / "config.yaml").read_text() == saved  # the run's record is untouched
+    rc, errors, _ = _run_recipe(monkeypatch, capsys, config, "--resume")  # the same config resumes
+    assert rc == 2 and errors[0].startswith("cpr_curriculum: error: model 'nonexistent-org/nonexistent-model'")
+
+
+def test_a_closed_pipe_is_not_an_error():
+    from cpr.cli import run_command
+
+    def pipe_closed(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    assert run_command("cpr data", pipe_closed, None) == 0

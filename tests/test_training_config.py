@@ -210,6 +210,21 @@ def test_the_recipe_rejects_a_bad_override(tmp_path, monkeypatch, capsys, nothin
     main = runpy.run_path(str(REPO / "recipes" / "cpr_curriculum.py"), run_name="cpr_recipe")["main"]
     monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", "--config", str(path), "--set", "guards.kl.limit=-3"])
     assert main() == 2
+    assert capsys.readouterr().err.strip() == (  # the override, not the file, is named as the source
+        f"cpr_curriculum: error: {path} (--set guards.kl.limit=-3) field 'guards.kl.limit': must be a finite "
+        "number > 0, got -3.0"
+    )
+    monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", "--config", str(path), "--set", "training.learnin_rate=1"])
+    assert main() == 2
     assert capsys.readouterr().err.strip() == (
-        f"cpr_curriculum: error: {path} field 'guards.kl.limit': must be a finite number > 0, got -3.0"
+        f"cpr_curriculum: error: {path} (--set training.learnin_rate=1) field 'training.learnin_rate': not a "
+        "trl.GRPOConfig field ('learnin_rate')"
+    )
+    # a local-only source with a path that is not there: the key is named before anything loads
+    monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", "--config", str(path),
+                                      "--set", "data.train=[{source: tabmwp, path: data/nope}]"])
+    assert main() == 2
+    assert capsys.readouterr().err.strip() == (
+        f"cpr_curriculum: error: {path} (--set data.train=[{{source: tabmwp, path: data/nope}}]) field "
+        "'data.train[0].path': dataset path does not exist: data/nope"
     )

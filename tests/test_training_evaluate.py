@@ -194,7 +194,8 @@ def test_cpr_train_exit_codes(tmp_path, monkeypatch, capsys):
     assert error_exit_code(ConfigError("bad", field="k")) == 2
     assert main(["train", "--config", str(path), "--set", "evaluation.final_splits=[train]"]) == 2
     assert capsys.readouterr().err == (
-        f"cpr train: error: {path} field 'evaluation.final_splits[0]': unknown split 'train'; "
+        f"cpr train: error: {path} (--set evaluation.final_splits=[train]) field 'evaluation.final_splits[0]': "
+        "unknown split 'train'; "
         "expected one of test, validation\n"
     )
     monkeypatch.setattr(cpr.training.runner, "run_experiment", lambda cfg, *, resume=False, overwrite=False: {"status": "finished"})

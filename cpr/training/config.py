@@ -466,6 +466,10 @@ def _resolve_path(path: str, base: Path | None) -> str:
     return str(p)
 
 
+#: Sources whose adapters also load a Hugging Face hub dataset by name (cpr.data.adapters.hf).
+_HUB_SOURCES = ("crystal", "m3cot")
+
+
 def _looks_like_hub_name(path: str) -> bool:
     return "/" in path and not path.startswith((".", "/", "~")) and path.count("/") == 1
 
@@ -480,7 +484,7 @@ def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None)
         if not src.path:
             raise ConfigError("missing dataset path", field=f"{k}.path")
         src.path = _resolve_path(src.path, base)
-        if not Path(src.path).exists() and not _looks_like_hub_name(src.path):
+        if not Path(src.path).exists() and not (src.source in _HUB_SOURCES and _looks_like_hub_name(src.path)):
             raise ConfigError(f"dataset path does not exist: {src.path}", field=f"{k}.path")
         if src.limit is not None and src.limit < 1:
             raise ConfigError(f"limit must be >= 1, got {src.limit}", field=f"{k}.limit")
@@ -871,7 +875,25 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
         data = apply_overrides(data, overrides)
         if any(item.partition("=")[0].strip() == "phases" for item in overrides):
             _prune_phase_settings(data, file_phases)
-    return config_from_dict(data, config_path=str(path))
+    try:
+        return config_from_dict(data, config_path=str(path))
+    except ConfigError as e:
+        given = _override_for(e.field, overrides)
+        if given is None or e.path != str(path):
+            raise
+        raise ConfigError(e.message, field=e.field, path=f"{path} (--set {given})") from None
+
+
+def _override_for(field_: str | None, overrides: Sequence[str]) -> str | None:
+    """The last override that set ``field_`` or a key above or below it (``None``: none did)."""
+    if not field_:
+        return None
+    key = field_.replace("[", ".").replace("]", "")
+    for item in reversed(overrides):
+        name = item.partition("=")[0].strip()
+        if key == name or key.startswith(name + ".") or name.startswith(key + "."):
+            return item
+    return None
 
 
 def _prune_phase_settings(data: dict[str, Any], file_phases: Any) -> None:
@@ -883,9 +905,10 @@ def _prune_phase_settings(data: dict[str, Any], file_phases: Any) -> None:
         return
     dropped = sorted(str(k) for k in settings if k not in phases and k in file_phases)
     if dropped:
-        import warnings
+        import logging
 
-        warnings.warn(f"phases {phases}: leaving out phase_settings of {dropped}", stacklevel=3)
+        # no handler is set up yet: logging's last-resort handler prints warnings to standard error
+        logging.getLogger("cpr.training").warning("phases %s: leaving out phase_settings of %s", phases, dropped)
         data["phase_settings"] = {k: v for k, v in settings.items() if str(k) not in dropped}
 
 

@@ -94,7 +94,7 @@ from cpr.training.splits import load_splits
 
 logger = logging.getLogger("cpr.training")
 
-__all__ = ["claim_output_dir", "previous_run", "run_experiment"]
+__all__ = ["check_resumed_config", "claim_output_dir", "previous_run", "run_experiment"]
 
 
 def run_experiment(
@@ -157,6 +157,8 @@ def run_experiment(
             atomic_write_json(out / "summary.json", summary)
 
     try:
+        if resume:
+            check_resumed_config(out, cfg)
         if state.is_main_process:
             out.mkdir(parents=True, exist_ok=True)
             atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True))
@@ -255,6 +257,54 @@ def previous_run(out: Path) -> str | None:
     return None
 
 
+def _differences(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[tuple[str, Any, Any]] = []
+        for k in list(old) + [k for k in new if k not in old]:
+            out += _differences(old.get(k), new.get(k), f"{key}.{k}" if key else str(k))
+        return out
+    return [] if old == new else [(key, old, new)]
+
+
+def check_resumed_config(out: Path, cfg: ExperimentConfig) -> None:
+    """Refuse to resume the run in ``out`` with a config that differs from the one it was started
+    with (its ``config.yaml``): the finished phases and checkpoints were made with the old values,
+    so mixing them would leave a run whose ``config.yaml`` describes neither.
+
+    Raises:
+        ConfigError: naming the first differing key, its old and new value, and how many more differ.
+    """
+    from cpr.errors import ConfigError
+
+    saved_path = out / "config.yaml"
+    if not saved_path.is_file():
+        return
+    saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
+    current = yaml.safe_load(yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True))
+    diffs = [d for d in _differences(saved, current) if d[0] != "config_path"]
+    if diffs:
+        key, old, new = diffs[0]
+        more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
+        raise ConfigError(
+            f"--resume with a config that differs from the run's {saved_path}: {key} was {old!r}, now {new!r}{more}; "
+            "resume with the config the run started with, or start over (--overwrite or another output_dir)",
+            field=key,
+        )
+
+
+def _failed_without_output(out: Path) -> bool:
+    """``out`` holds only what a run that failed before training wrote (config.yaml, run.log and a
+    summary.json with status failed or interrupted): nothing there is worth keeping."""
+    names = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    if "summary.json" not in names or not names <= set(_RUN_MARKERS):
+        return False
+    try:
+        status = json.loads((out / "summary.json").read_text(encoding="utf-8")).get("status")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return status in ("failed", "interrupted")
+
+
 def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) -> None:
     """Refuse, or with ``overwrite`` delete, a previous run in ``out`` before a fresh run starts
     (used by :func:`run_experiment` and :func:`cpr.ablation.sft_baseline.run_sft_baseline`).
@@ -271,6 +321,9 @@ def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) ->
     from cpr.errors import ConfigError
 
     found = previous_run(out)
+    if found and _failed_without_output(out):
+        logger.info("replacing %s: a run that failed before it trained anything", found)
+        overwrite = True
     state.wait_for_everyone()
     if found and not overwrite:
         raise ConfigError(
