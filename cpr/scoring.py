@@ -483,5 +483,9 @@ def run(args: argparse.Namespace) -> int:
     )
     atomic_write_json(args.output, report)
     print(markdown_table(report["summary"]))
+    missing = sum(1 for s in report["samples"] if s["format"] == MISSING_FORMAT)
+    if missing:
+        print(f"warning: {missing} reference id(s) have no prediction in {args.predictions}: scored as wrong answers "
+              f'with Match F1 0 ("format": "{MISSING_FORMAT}" in the report)', file=sys.stderr)
     print(f"{report['summary']['n']} samples -> {args.output}", file=sys.stderr)
     return 0

@@ -167,7 +167,12 @@ def test_score_report_hand_computed(files, offline_encoder_path, capsys):
     # the summary is the mean of the rows
     assert summarize(report["samples"]) == summary
 
-    stdout = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    stdout = captured.out.splitlines()
+    assert captured.err.splitlines()[0] == (  # r3 has no prediction: said, not only in the report
+        f"warning: 1 reference id(s) have no prediction in {preds}: scored as wrong answers with Match F1 0 "
+        '("format": "missing" in the report)'
+    )
     assert stdout[0] == "| Acc | Match F1 | P | R | Steps | LIS | Ord. F1 |"
     assert stdout[1] == "|---|---|---|---|---|---|---|"
     assert stdout[2] == "| 40.00 | 0.533 | 0.600 | 0.500 | 1.40 | 0.900 | 0.503 |"

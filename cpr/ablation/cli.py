@@ -75,7 +75,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "ablate",
         help="reward-weight ablation or strategy comparison: run the set of runs, build the table and figures",
-        description=__doc__,
+        description=__doc__.replace("``", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(p)
@@ -91,7 +91,7 @@ def _entry(prog: str, build: Any, argv: Sequence[str] | None, description: str) 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from cpr.cli import run_command
 
-    parser = argparse.ArgumentParser(prog=prog, description=description,
+    parser = argparse.ArgumentParser(prog=prog, description=description.replace("``", ""),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     func = build(parser)
     return run_command(prog, func, parser.parse_args(argv))

@@ -67,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``cpr train`` to the ``cpr`` command line."""
-    p = subparsers.add_parser("train", help="train a model with GRPO (CPR-Curriculum) from a YAML config")
+    p = subparsers.add_parser(
+        "train",
+        help="train a model with GRPO (CPR-Curriculum) from a YAML config",
+        description="Run an experiment from its YAML config, as recipes/cpr_curriculum.py does: the optional "
+        "supervised warm start, the GRPO phases (answer-only, then CPR with the curriculum), checkpoint "
+        "selection and the final evaluation. Exit code 0 finished, 2 an error, 3 a divergence guard stopped it.",
+    )
     add_arguments(p)
     p.set_defaults(func=run)
