@@ -466,16 +466,9 @@ def _resolve_path(path: str, base: Path | None) -> str:
     return str(p)
 
 
-#: Sources whose adapters also load a Hugging Face hub dataset by name (cpr.data.adapters.hf).
-_HUB_SOURCES = ("crystal", "m3cot")
-
-
-def _looks_like_hub_name(path: str) -> bool:
-    return "/" in path and not path.startswith((".", "/", "~")) and path.count("/") == 1
-
-
 def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None) -> None:
     from cpr.data import ADAPTERS
+    from cpr.data.adapters.hf import looks_like_hub_name
 
     for i, src in enumerate(sources):
         k = f"{key}[{i}]"
@@ -484,7 +477,8 @@ def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None)
         if not src.path:
             raise ConfigError("missing dataset path", field=f"{k}.path")
         src.path = _resolve_path(src.path, base)
-        if not Path(src.path).exists() and not (src.source in _HUB_SOURCES and _looks_like_hub_name(src.path)):
+        hub = ADAPTERS[src.source].loads_hub_datasets
+        if not Path(src.path).exists() and not (hub and looks_like_hub_name(src.path)):
             raise ConfigError(f"dataset path does not exist: {src.path}", field=f"{k}.path")
         if src.limit is not None and src.limit < 1:
             raise ConfigError(f"limit must be >= 1, got {src.limit}", field=f"{k}.limit")
@@ -592,15 +586,9 @@ def _check_training_args(args: dict[str, Any], phase_key: str, phase_args: Mappi
             continue  # transformers reads a float below 1 as a share of max_steps
         if isinstance(v, bool) or not isinstance(v, int) or (v < 1 and k != "max_steps"):
             raise ConfigError(f"must be a positive integer, got {v!r}", field=where(k))
-    lr = args.get("learning_rate")
-    if lr is not None:
-        try:
-            lr = float(lr)
-        except (TypeError, ValueError):
-            raise ConfigError(f"must be a number, got {lr!r}", field=where("learning_rate")) from None
-        if not (lr > 0 and math.isfinite(lr)):
-            raise ConfigError(f"must be > 0, got {lr!r}", field=where("learning_rate"))
-        args["learning_rate"] = lr
+    lr = args.get("learning_rate")  # a number already (coerce_training_types)
+    if lr is not None and not (lr > 0 and math.isfinite(lr)):
+        raise ConfigError(f"must be > 0, got {lr!r}", field=where("learning_rate"))
     beta = args.get("beta")
     if beta is not None and (isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta >= 0):
         raise ConfigError(f"must be >= 0, got {beta!r}", field=where("beta"))

@@ -99,12 +99,14 @@ class Adapter(ABC):
     """Reads one source's published layout.
 
     Subclasses set ``name`` (the registry key and ``Record.source``), may set
-    ``allows_empty_answer`` (sources without an answer field) and ``option_names`` (the
+    ``allows_empty_answer`` (sources without an answer field), ``loads_hub_datasets`` (``path``
+    may also be a Hugging Face hub dataset name, ``owner/name``) and ``option_names`` (the
     keyword options their constructor accepts, passed through ``load_records(options=...)``).
     """
 
     name: ClassVar[str]
     allows_empty_answer: ClassVar[bool] = False
+    loads_hub_datasets: ClassVar[bool] = False
     option_names: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **options: Any) -> None:

@@ -45,6 +45,7 @@ class CrystalAdapter(Adapter):
     """Reads CRYSTAL from the hub, a saved dataset, parquet, or JSON lines."""
 
     name = "crystal"
+    loads_hub_datasets = True
 
     def rows(self, path: str | Path, split: str | None) -> Iterator[RawRow]:
         text = str(path)

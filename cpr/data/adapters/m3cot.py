@@ -29,6 +29,7 @@ class M3CoTAdapter(Adapter):
     """Reads M3CoT from a saved dataset, the hub, or JSON lines."""
 
     name = "m3cot"
+    loads_hub_datasets = True
 
     def rows(self, path: str | Path, split: str | None) -> Iterator[RawRow]:
         text = str(path)
