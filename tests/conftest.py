@@ -20,33 +20,11 @@ import pytest  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_DIR = REPO_ROOT / "data" / "samples"
-_SHARED_CANDIDATES = [
-    os.environ.get("CPR_SHARED_DATA"),
-    str(REPO_ROOT.parent / "shared" / "data"),
-]
-
-
-def _find_shared() -> Path | None:
-    for cand in _SHARED_CANDIDATES:
-        if cand and Path(cand, "README.md").is_file():
-            return Path(cand)
-    return None
-
-
-SHARED_DATA = _find_shared()
-
-
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """Path of ``../shared/data`` (real dataset samples); skips the test when absent."""
-    if SHARED_DATA is None:
-        pytest.skip("../shared/data is not present (set CPR_SHARED_DATA to point at it)")
-    return SHARED_DATA
 
 
 @pytest.fixture(scope="session")
 def samples_dir() -> Path:
-    """The project's embedded samples (``data/samples``), always present."""
+    """The real dataset samples shipped in ``data/samples`` (see its README)."""
     return SAMPLES_DIR
 
 

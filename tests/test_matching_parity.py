@@ -22,8 +22,6 @@ from cpr.matching import StepEncoder, lis_ratio, match_pairs, score_batch
 
 reasoning = pytest.importorskip("crystal_metrics.reasoning")
 
-pytestmark = pytest.mark.shared_data
-
 TOL = 1e-6
 
 
@@ -52,10 +50,10 @@ def parity_encoder(offline_encoder_path: str) -> StepEncoder:
 
 
 @pytest.fixture(scope="session")
-def pairs(shared_data):
+def pairs(samples_dir):
     # 200 pairs over all three sources; every other MATH-V / TabMWP record and at most 8
     # steps a reference keep the oracle's per-sample encoding within the time budget.
-    return build_pairs(shared_data, n=200, seed=0, every=2, max_steps=8)
+    return build_pairs(samples_dir, n=200, seed=0, every=2, max_steps=8)
 
 
 def _assert_same(sid, ours, theirs):

@@ -70,7 +70,7 @@ def test_to_sft_dataset_holds_grpo_prompt_and_target_json(records, templates):
         assert row["prompt"][0]["content"][0]["text"] == templates.system
         assert row["prompt"][1]["content"][0] == {"type": "image"}
         assert row["prompt"][1]["content"][1]["text"] == user_text(record, templates, mode="train")
-        # One assistant message whose text is the target JSON of SPEC section 1.
+        # One assistant message whose text is the target JSON of docs/method.md section 1.
         assert len(row["completion"]) == 1 and row["completion"][0]["role"] == "assistant"
         text = row["completion"][0]["content"][0]["text"]
         assert text == render_target(record)

@@ -2,7 +2,7 @@
 
 **Baseline** (``recipes/sft_lora.py``): supervised LoRA fine-tuning with TRL's ``SFTTrainer``
 (:func:`cpr.training.sft.run_sft`) on the training split's reference steps and answers rendered
-in the output JSON format (SPEC section 1), then scored exactly as the GRPO runs are
+in the output JSON format (docs/method.md section 1), then scored exactly as the GRPO runs are
 (:func:`cpr.training.evaluate.final_evaluation`: same model, decoding, scoring and columns, on each
 split of ``evaluation.final_splits``, test by default), so it sits in the same table. The M3CoT paper's fine-tuning baseline (arXiv 2405.16473) uses a batch
 size from {2, 4, 8}, a learning rate in [1e-6, 8e-5] and a maximum length of 512 tokens;

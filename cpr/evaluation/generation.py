@@ -71,7 +71,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_NEW_TOKENS = 256
-"""Completion budget of the paper's scripts (SPEC section 6: max completion 256 tokens)."""
+"""Completion budget of the paper's scripts (docs/method.md section 6: max completion 256 tokens)."""
 
 BACKENDS: tuple[str, ...] = ("auto", "transformers", "vllm")
 

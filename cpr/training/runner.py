@@ -38,7 +38,7 @@ Every JSON file is written atomically (temporary file, fsync, rename) and every 
 is appended a batch of lines per ``write`` with fsync (:mod:`cpr.io`), so a kill leaves the
 previous version of a file, or at worst a truncated last line that readers drop.
 
-Phases (SPEC.md section 6): each phase trains a LoRA adapter with TRL's ``GRPOTrainer``
+Phases (docs/method.md section 6): each phase trains a LoRA adapter with TRL's ``GRPOTrainer``
 (:class:`cpr.curriculum.CurriculumGRPOTrainer`, which only replaces the sampler). A phase
 starts from ``init_adapter`` if given, else from the adapter the previous phase handed on
 (its best checkpoint on the validation split when ``select_best`` is set, else its final
