@@ -17,21 +17,11 @@ from cpr.cli import main
 from cpr.data import load_records
 from cpr.scoring import SUMMARY_KEYS, load_references
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 FILES = {"completions.jsonl", "references.jsonl", "samples.jsonl", "metrics.json", "metrics.md", "eval_config.json"}
 TABLE_HEADER = "| Model | Numbers | n | Acc | Match F1 | P | R | Steps | LIS | Ord. F1 |"
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: on the shared 2-core machine more threads make tiny-model steps much slower."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

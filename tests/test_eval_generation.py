@@ -22,17 +22,6 @@ from cpr.evaluation.generation import (
 )
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread: on the shared 2-core machine more threads make tiny-model steps much slower."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tiny():
     model, processor = load_model_for_eval("tiny:qwen2_5_vl", device="cpu")

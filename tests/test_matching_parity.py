@@ -24,17 +24,9 @@ reasoning = pytest.importorskip("crystal_metrics.reasoning")
 
 TOL = 1e-6
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    # Other users share the 2 cores: with 2 intra-op threads the oracle's many tiny encode
-    # calls stall on thread barriers (minutes instead of seconds); 1 thread is stable.
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# With 2 intra-op threads on the shared 2 cores the oracle's many tiny encode calls stall on
+# thread barriers (minutes instead of seconds); 1 thread is stable.
+pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
 @pytest.fixture(scope="session")

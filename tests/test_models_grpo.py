@@ -21,16 +21,6 @@ from cpr.models.loading import build_lora_config, load_model_and_processor
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread: on a shared 2-core machine more threads make tiny-model steps 10-100x slower."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture
 def no_network(monkeypatch):

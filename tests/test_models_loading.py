@@ -60,16 +60,6 @@ def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("tiny_cache")
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread: on a shared 2-core machine more threads make tiny-model steps 10-100x slower."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def _image_tokens(processor, image, token: str) -> int:
     messages = [

