@@ -1,14 +1,15 @@
 """Final-answer correctness: a hard-to-game ``strict`` checker and the paper's ``crystal`` protocol.
 
-SPEC section 5 asks for two modes (:data:`ANSWER_MODES`):
+SPEC section 5 asks for two modes (:data:`ANSWER_MODES`). In both, *non-answers are never
+correct*: after cleaning (below), an empty answer, one made only of punctuation / symbols, or
+one of ``"insufficient information"``, ``"none"``, ``"n/a"``, ``"unknown"``, ``"null"``,
+``"nil"`` gives ``match_type="invalid"``, whatever the reference (:func:`is_non_answer`):
+a missing or unparsable prediction counts as a wrong answer.
 
 ``"strict"`` (**choice**, default, used for rewards)
     Rules are tried in this order; the first that applies decides.
 
-    1. *Non-answers are never correct*: after cleaning (below), an empty answer, one made
-       only of punctuation / symbols, or one of ``"insufficient information"``, ``"none"``,
-       ``"n/a"``, ``"unknown"``, ``"null"``, ``"nil"`` gives ``match_type="invalid"``,
-       whatever the reference.
+    1. *Non-answers* (above).
     2. *Multiple choice* (``match_type="choice"``) when options are known (the ``options``
        argument, else ``A) ...`` / ``(A) ...`` lines of ``question`` lettered A, B, C, ...
        consecutively) or when the reference itself is a letter form (``"B"``, ``"(B)"``,
@@ -88,8 +89,10 @@ SPEC section 5 asks for two modes (:data:`ANSWER_MODES`):
     ``numeric_rounded``, ``numeric_mismatch``, ``yes_no``, ``choice``, ``exact``). When
     ``options`` are given and the question holds no line starting with ``A)``, the options
     are appended to the question as ``"A) text"`` lines (newlines inside an option replaced
-    by spaces) before the option mapping. This mode is lenient and gameable (an empty
-    prediction is a substring of every reference); use it only for evaluation tables.
+    by spaces) before the option mapping. The one departure from crystal-metrics is the
+    non-answer rule above: its substring fallback would accept an empty prediction against
+    every reference and "insufficient information" against most. The mode stays lenient
+    (``"A B C D"`` contains ``"B"``); use it only for evaluation tables.
 
 Source: SPEC section 5; CRYSTAL paper (arXiv 2603.13099) Eq. 2; crystal-metrics 0.2.0
 ``accuracy.py`` (behaviour reproduced and checked by ``tests/test_answers_parity.py``);
@@ -111,7 +114,7 @@ from math_verify import LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 from sympy import Basic, MatrixBase, S
 
-__all__ = ["ANSWER_MODES", "AnswerCheck", "check_answer", "is_correct"]
+__all__ = ["ANSWER_MODES", "AnswerCheck", "check_answer", "is_correct", "is_non_answer"]
 
 logger = logging.getLogger(__name__)
 
@@ -185,9 +188,15 @@ def check_answer(
             raise TypeError(f"option {i} must be str, got {type(opt).__name__}")
     if len(opts) > len(LETTERS):
         raise ValueError(f"at most {len(LETTERS)} options can be lettered, got {len(opts)}")
+    ref = _clean(reference)
+    if mode == "strict" and not ref:
+        raise ValueError(f"reference answer is empty: {reference!r}")
+    pred = _clean(prediction)
+    if _is_non_answer(pred):
+        return AnswerCheck(False, "invalid", _norm_text(pred), _norm_text(ref))
     if mode == "crystal":
         return _crystal_check(prediction, reference, _render_options(question, opts))
-    return _strict_check(prediction, reference, opts, question)
+    return _strict_check(pred, ref, opts, question)
 
 
 def is_correct(
@@ -200,6 +209,13 @@ def is_correct(
 ) -> bool:
     """``check_answer(...).correct``; same arguments and errors as :func:`check_answer`."""
     return check_answer(prediction, reference, options=options, question=question, mode=mode).correct
+
+
+def is_non_answer(prediction: str) -> bool:
+    """Whether ``prediction`` is no answer at all (empty, only punctuation / symbols, or a phrase
+    such as ``"insufficient information"``, ``"none"``, ``"n/a"``), after the cleaning described in
+    the module docstring. :func:`check_answer` judges such a prediction wrong in every mode."""
+    return _is_non_answer(_clean(prediction))
 
 
 # =================================================================================================
@@ -380,13 +396,8 @@ class _LetterForm:
     rest: str  # text after the letter (may be empty)
 
 
-def _strict_check(prediction: str, reference: str, options: list[str], question: str) -> AnswerCheck:
-    ref = _clean(reference)
-    if not ref:
-        raise ValueError(f"reference answer is empty: {reference!r}")
-    pred = _clean(prediction)
-    if _is_non_answer(pred):
-        return AnswerCheck(False, "invalid", _norm_text(pred), _norm_text(ref))
+def _strict_check(pred: str, ref: str, options: list[str], question: str) -> AnswerCheck:
+    """Rules 2-5 on the cleaned prediction and reference (rule 1 is applied by check_answer)."""
     if not options:
         options = _options_from_question(question)
 

@@ -308,3 +308,21 @@ if given is not None:
             f = get_reward_function(name, encoder=ENC)
             for r in f(prompts=None, completions=batch, **cols):
                 assert math.isfinite(r) and f.low <= r <= f.high
+
+
+# ------------------------------------------------------------------ non-answers in every mode
+
+
+@pytest.mark.parametrize("mode", ["strict", "crystal"])
+def test_non_answers_earn_no_answer_reward_in_either_mode(mode):
+    # crystal-metrics' substring fallback alone would judge "" (and "insufficient information"
+    # against this reference) correct: the accuracy reward would pay 1 and CPR its full value.
+    ref_answer = "There is insufficient information in the table"
+    answers = ["", "insufficient information", "  N/A ", "...", ref_answer]
+    comps = [js(REF, a) for a in answers]
+    cols = dict(answer=[ref_answer] * 5, reference_steps=[REF] * 5)
+    acc = get_reward_function("accuracy", answer_mode=mode)
+    cpr = get_reward_function("cpr", encoder=ENC, answer_mode=mode)
+    assert acc(prompts=None, completions=comps, **cols) == [0.0, 0.0, 0.0, 0.0, 1.0]
+    # wrong answer, F1 = 1: lambda * s_w * F = 0.3 * 0.35; right answer: a_w + s_w = 1
+    assert cpr(prompts=None, completions=comps, **cols) == pytest.approx([0.3 * 0.35] * 4 + [1.0])
