@@ -209,7 +209,7 @@ BAD_REFS = {
     ),
     "malformed json": (
         [REFS[0], '{"id": "r2", "answer": "90", "reference_steps": ["a"'],
-        "{refs}:2: malformed JSON (Expecting ',' delimiter at column 1)",
+        "{refs}:2: malformed JSON (Expecting ',' delimiter at column 53)",  # one past the cut-short line
     ),
     "duplicate id": (
         [REFS[0], REFS[1], REFS[0]],
