@@ -134,6 +134,18 @@ def test_run_figures_write_every_png(tmp_path):
         figures.folder_kind(tmp_path / "figs")
 
 
+def test_kl_limit_is_the_runs_guard_limit(tmp_path):
+    folder = _two_phase_run(tmp_path / "r")
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    assert figures.kl_guard_limit(read_run(folder)) == 10.0  # no guards section: the guard's default
+    for guards, limit in (({"kl": {"limit": 7.5}}, 7.5), ({"kl": {"enabled": False, "limit": 7.5}}, None),
+                          ({"enabled": False}, None)):
+        (folder / "config.yaml").write_text(yaml.safe_dump({**config, "guards": guards}))
+        assert figures.kl_guard_limit(read_run(folder)) == limit
+    (folder / "config.yaml").unlink()
+    assert figures.kl_guard_limit(read_run(folder)) is None
+
+
 def test_plot_table_skips_missing_values(tmp_path):
     table = {"name": "t", "split": "test",
              "columns": [{"title": "Acc", "key": "accuracy", "decimals": 2}, {"title": "KL", "key": "kl_max", "decimals": 3}],

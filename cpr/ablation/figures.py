@@ -51,6 +51,7 @@ __all__ = [
     "difficulty_by_id",
     "divergence",
     "folder_kind",
+    "kl_guard_limit",
     "plot_bucket_mix",
     "plot_f1_vs_accuracy",
     "plot_kl",
@@ -178,8 +179,22 @@ def plot_reward_components(run: RunFolder, path: str | Path, *, dpi: int = 120) 
     return _save(fig, path, dpi)
 
 
+def kl_guard_limit(run: RunFolder) -> float | None:
+    """The KL limit of the run's divergence guard: ``guards.kl.limit`` of its ``config.yaml`` (the
+    guard's default where the file leaves it out); ``None`` without a config or with the KL guard off."""
+    if run.config is None:
+        return None
+    from cpr.training.config import KLGuardConfig
+
+    guards = run.config.get("guards") or {}
+    kl = guards.get("kl") or {}
+    if not guards.get("enabled", True) or not kl.get("enabled", True):
+        return None
+    return float(kl.get("limit", KLGuardConfig().limit))
+
+
 def plot_kl(run: RunFolder, path: str | Path, *, kl_limit: float | None = None, dpi: int = 120) -> Path:
-    """Logged KL per training step, with the stability limit when given."""
+    """Logged KL per training step, with a limit line at ``kl_limit`` when given."""
     logs = run.phase_logs()
     fig, axes = _figure()
     ax = axes[0][0]
@@ -447,6 +462,7 @@ def run_figures(run_dir: str | Path, out_dir: str | Path, *, kl_limit: float | N
                 dpi: int = 120) -> dict[str, Path]:
     """Every per-run figure of a run folder, written to ``out_dir``.
 
+    The KL plot draws ``kl_limit``, by default the run's guard limit (:func:`kl_guard_limit`).
     The bucket mix is drawn from the scored completions when the run has any, else from the
     checkpoints' curriculum state, else left out (module docstring).
 
@@ -457,7 +473,7 @@ def run_figures(run_dir: str | Path, out_dir: str | Path, *, kl_limit: float | N
     out_dir = Path(out_dir)
     figs = {
         "reward_components": plot_reward_components(run, out_dir / "reward_components.png", dpi=dpi),
-        "kl": plot_kl(run, out_dir / "kl.png", kl_limit=kl_limit, dpi=dpi),
+        "kl": plot_kl(run, out_dir / "kl.png", kl_limit=kl_guard_limit(run) if kl_limit is None else kl_limit, dpi=dpi),
         "f1_vs_accuracy": plot_f1_vs_accuracy(run, out_dir / "f1_vs_accuracy.png", dpi=dpi),
     }
     logs = run.phase_logs()
