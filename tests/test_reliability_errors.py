@@ -382,3 +382,23 @@ def test_a_closed_pipe_is_not_an_error():
         raise BrokenPipeError(32, "Broken pipe")
 
     assert run_command("cpr data", pipe_closed, None) == 0
+
+
+def test_init_adapter_of_another_base_is_refused_before_anything_trains(tmp_path, monkeypatch, capsys):
+    import cpr.training.phase
+
+    monkeypatch.setattr(cpr.training.phase, "train_phase", lambda *a: pytest.fail("training started"))
+    adapter = tmp_path / "other_adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/elsewhere/qwen2_5_vl-0"}))
+    cfg = _config(tmp_path)
+    cfg["phase_settings"] = {"cpr": {"init_adapter": str(adapter)}}
+    before = _previous_run(tmp_path / "run")
+    rc, errors, _ = _run_recipe(monkeypatch, capsys, _write(tmp_path, cfg), "--overwrite")
+    assert rc == 2 and len(errors) == 1 and errors[0].startswith(
+        f"cpr_curriculum: error: field 'phase_settings.cpr.init_adapter': LoRA adapter {adapter} was trained on "
+        "base model '/elsewhere/qwen2_5_vl-0', not on '")
+    assert errors[0].endswith(
+        "(the names differ and the recorded base is not here to compare); load it on its own base, or set "
+        "model.allow_base_mismatch if both are the same model (e.g. hub ids that differ only in revision)")
+    assert _files(tmp_path / "run") == before  # refused before the previous run was touched

@@ -98,6 +98,10 @@ class ModelSettings:
     tiny_vocab_from_data: bool = _help(
         "tiny:* models only: train their tokenizer on the training records' texts too.", True
     )
+    allow_base_mismatch: bool = _help(
+        "Put an adapter (init_adapter, hand-over, evaluation) on this model even if it was trained on another base.",
+        False,
+    )
 
 
 @dataclass

@@ -190,8 +190,9 @@ def evaluate_adapter(
         process evaluates; the others wait and return ``{}``.
 
     Raises:
-        ConfigError: an unknown split, no records to score on it, or an adapter folder without
-            ``adapter_config.json``.
+        ConfigError: an unknown split, no records to score on it, an adapter folder without
+            ``adapter_config.json``, or an adapter trained on another base model
+            (:func:`cpr.training.policy.check_base`).
         TrainingOutOfMemoryError: out of memory (:mod:`cpr.training.oom`).
     """
     return _evaluate(
@@ -286,6 +287,7 @@ def _evaluate(
             if adapter is not None:
                 from peft import PeftModel
 
+                policy.check_base(adapter, model.name_or_path, cfg, field="adapter")
                 model = PeftModel.from_pretrained(model, str(adapter))
             for split, out_dir in outputs:
                 tables = []

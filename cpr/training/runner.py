@@ -369,7 +369,8 @@ def delete_previous_run(out: Path, state: Any) -> None:
 def check_before_training(cfg: ExperimentConfig, state: Any) -> tuple[Any, Any, str]:
     """Everything about a run that can be checked before anything trains: the model and the step
     encoder can be had (:func:`cpr.training.preflight.preflight`, which loads the encoder), the data
-    load and validate, the prompt templates load, the model resolves (a ``tiny:`` model is built).
+    load and validate, the prompt templates load, the model resolves (a ``tiny:`` model is built), and
+    each phase's ``init_adapter`` was trained on that model (:func:`cpr.training.policy.check_base`).
 
     Returns:
         ``(splits, templates, model_path)``.
@@ -378,13 +379,17 @@ def check_before_training(cfg: ExperimentConfig, state: Any) -> tuple[Any, Any, 
         ModelNotAvailableError, InputError, ConfigError: as the checks raise them.
     """
     from cpr.data import load_templates
-    from cpr.training.policy import resolve_model_path
+    from cpr.training.policy import check_base, resolve_model_path
     from cpr.training.preflight import preflight
 
     preflight(cfg, str(state.device))
     splits = load_splits(cfg.data)
     templates = load_templates(cfg.data.prompts)
-    return splits, templates, resolve_model_path(cfg, splits)
+    model_path = resolve_model_path(cfg, splits)
+    for name in cfg.phases:
+        if cfg.phase(name).init_adapter:
+            check_base(cfg.phase(name).init_adapter, model_path, cfg, field=f"phase_settings.{name}.init_adapter")
+    return splits, templates, model_path
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
