@@ -133,7 +133,7 @@ def train_phase(
     Args:
         cfg: the run's config.
         phase: the phase's resolved settings.
-        splits: the run's data splits (training records; the eval hook's test records).
+        splits: the run's data splits (training records; the eval hook's validation records).
         templates: prompt templates.
         model_path: the resolved model (:func:`cpr.training.policy.resolve_model_path`).
         init_adapter: the LoRA adapter the phase starts from (trainable), or ``None`` for a new one.

@@ -23,7 +23,8 @@ Output folder of a run (``output_dir``)::
     <phase>/adapter/            the phase's final LoRA adapter
     <phase>/log.jsonl           every trainer log record (reward, KL, per-reward means, step metrics)
     <phase>/scored_completions.jsonl   one row per completion scored by cpr / step_f1
-    <phase>/eval_history.jsonl  the eval hook's scores (when evaluation.eval_steps is set)
+    <phase>/eval_history.jsonl  the eval hook's validation scores (when evaluation.eval_steps is set)
+    <phase>/best_checkpoint.json the eval hook's best step on the validation split (evaluation.metric_for_best)
     <phase>/guard_events.jsonl  divergence-guard events (cpr.training.guards), when any
     <phase>/selection.json      validation scores of each checkpoint and the one picked (select_best)
     <phase>/phase_done.json     written when the phase finished (a resumed run skips it)
