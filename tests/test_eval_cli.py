@@ -224,7 +224,7 @@ def test_adapter_base_and_the_runs_image_size(samples_dir, tmp_path, encoder, ca
     run = tmp_path / "run"
     adapter = run / "cpr" / "adapter"
     get_peft_model(model, build_lora_config("qwen2_5_vl", r=2, alpha=4)).save_pretrained(str(adapter))
-    (run / "config.yaml").write_text(yaml.safe_dump({"model": {"min_pixels": 3136, "max_pixels": 12544}}))
+    (run / "config.yaml").write_text(yaml.safe_dump({"model": {"min_pixels": 6272, "max_pixels": 25088}}))
     data = samples_dir / "mathvision" / "test_subset.jsonl"
     args = ("--source", "mathvision", "--limit", "1", "--adapter", str(adapter))
 
@@ -239,13 +239,13 @@ def test_adapter_base_and_the_runs_image_size(samples_dir, tmp_path, encoder, ca
     monkeypatch.setattr(cpr.evaluation.runner, "evaluate_model", lambda m, processor, *a, **k: sizes.append(
         dict(processor.image_processor.size)) or original(m, processor, *a, **k))
     assert _eval(tmp_path / "own", "crystal", data, encoder, *args, "--model", base) == 0
-    assert sizes == [{"shortest_edge": 3136, "longest_edge": 12544}]
+    assert sizes == [{"shortest_edge": 6272, "longest_edge": 25088}]  # the tiny model's own: 3136, 12544
     saved = json.loads((tmp_path / "own" / "eval_config.json").read_text())
-    assert (saved["min_pixels"], saved["max_pixels"]) == (3136, 12544)
+    assert (saved["min_pixels"], saved["max_pixels"]) == (6272, 25088)
     capsys.readouterr()
     assert _eval(tmp_path / "flag", "crystal", data, encoder, *args, "--model", base, "--max-pixels", "50176") == 0
-    assert sizes[-1] == {"shortest_edge": 3136, "longest_edge": 50176}
-    assert ("cpr eval: warning: --max-pixels 50176 differs from the run's model.max_pixels 12544, the resolution "
+    assert sizes[-1] == {"shortest_edge": 6272, "longest_edge": 50176}
+    assert ("cpr eval: warning: --max-pixels 50176 differs from the run's model.max_pixels 25088, the resolution "
             "the adapter was trained at") in capsys.readouterr().err
     # another base on purpose
     assert _eval(tmp_path / "forced", "crystal", data, encoder, *args, "--allow-base-mismatch") == 0

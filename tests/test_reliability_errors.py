@@ -148,10 +148,10 @@ def _files(run: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("bad", ["data", "model"])
+@pytest.mark.parametrize("bad", ["data", "model", "trl"])
 def test_overwrite_keeps_the_previous_run_until_every_check_passed(tmp_path, monkeypatch, capsys, no_model_load, bad):
-    """--overwrite with a malformed data file or a model that cannot be had: one error line, and the
-    previous run's files are byte-identical (nothing written, nothing deleted)."""
+    """--overwrite with a malformed data file, a model that cannot be had or settings TRL refuses:
+    one error line, and the previous run's files are byte-identical (nothing written or deleted)."""
     data = tmp_path / "tabmwp"
     shutil.copytree(TABMWP, data)
     cfg = _config(tmp_path)
@@ -159,9 +159,13 @@ def test_overwrite_keeps_the_previous_run_until_every_check_passed(tmp_path, mon
     if bad == "data":
         (data / "problems_test1k_subset.json").write_text('{"1": {"question": \n')
         expected = f"cpr_curriculum: error: {data / 'problems_test1k_subset.json'}:2: malformed JSON (Expecting value)"
-    else:
+    elif bad == "model":
         cfg["model"]["name_or_path"] = "nonexistent-org/nonexistent-model"
         expected = "cpr_curriculum: error: model 'nonexistent-org/nonexistent-model' (model.name_or_path) is not available"
+    else:
+        cfg["training"].update(generation_batch_size=8, steps_per_generation=2)
+        expected = ("cpr_curriculum: error: field 'phase_settings.cpr.training': 'generation_batch_size' and "
+                    "'steps_per_generation' can not be both configured at the same time")
     before = _previous_run(tmp_path / "run")
     rc, errors, err = _run_recipe(monkeypatch, capsys, _write(tmp_path, cfg), "--overwrite")
     assert rc == 2 and len(errors) == 1 and errors[0].startswith(expected) and "Traceback" not in err

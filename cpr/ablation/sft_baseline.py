@@ -259,14 +259,14 @@ def run_sft_baseline(cfg: SFTBaselineConfig, *, resume: bool = False, overwrite:
     out = cfg.output_dir
     checked = None
     if claim_output_dir(out, resume=resume, overwrite=overwrite, state=state):
-        checked = check_before_training(exp, state)  # the previous run stays until every check passed
+        checked = check_before_training(exp, state, grpo=False)  # the previous run stays until every check passed
         delete_previous_run(out, state)
     handler = open_run_log(out, write=state.is_main_process)
     t0 = time.time()
     try:
         if state.is_main_process:
             atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True))
-        splits, templates, model_path = checked or check_before_training(exp, state)
+        splits, templates, model_path = checked or check_before_training(exp, state, grpo=False)
         logger.info("SFT baseline %s: model %s, data %s", exp.run_name, model_path, splits.counts())
         adapter = out / "sft" / "adapter"
         if resume and (adapter / "adapter_config.json").is_file():

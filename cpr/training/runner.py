@@ -367,11 +367,13 @@ def delete_previous_run(out: Path, state: Any) -> None:
     state.wait_for_everyone()
 
 
-def check_before_training(cfg: ExperimentConfig, state: Any) -> tuple[Any, Any, str]:
+def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = True) -> tuple[Any, Any, str]:
     """Everything about a run that can be checked before anything trains: the model and the step
     encoder can be had (:func:`cpr.training.preflight.preflight`, which loads the encoder), the data
-    load and validate, the prompt templates load, the model resolves (a ``tiny:`` model is built), and
-    each phase's ``init_adapter`` was trained on that model (:func:`cpr.training.policy.check_base`).
+    load and validate, the prompt templates load, the model resolves (a ``tiny:`` model is built),
+    each phase's ``init_adapter`` was trained on that model (:func:`cpr.training.policy.check_base`)
+    and, with ``grpo`` (not for the SFT baseline), the warm start's settings and each phase's
+    ``trl.GRPOConfig`` pass their own checks.
 
     Returns:
         ``(splits, templates, model_path)``.
@@ -380,9 +382,16 @@ def check_before_training(cfg: ExperimentConfig, state: Any) -> tuple[Any, Any, 
         ModelNotAvailableError, InputError, ConfigError: as the checks raise them.
     """
     from cpr.data import load_templates
+    from cpr.training.phase import grpo_config
     from cpr.training.policy import check_base, resolve_model_path
     from cpr.training.preflight import preflight
+    from cpr.training.warm_start import warm_start_settings
 
+    if grpo:
+        for name in cfg.phases:
+            grpo_config(cfg, cfg.phase(name))
+        if cfg.warm_start.enabled:
+            warm_start_settings(cfg)
     preflight(cfg, str(state.device))
     splits = load_splits(cfg.data)
     templates = load_templates(cfg.data.prompts)
