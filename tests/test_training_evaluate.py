@@ -253,3 +253,29 @@ def test_a_config_that_would_select_on_test_is_refused(evaluation, data, key, me
         config_from_dict(raw)
     assert e.value.field == key and message in e.value.message
 
+
+
+def _foreign_adapter(folder: Path, base: str) -> Path:
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": base}))
+    return folder
+
+
+def test_hand_over_and_final_evaluation_refuse_an_adapter_of_another_base(tmp_path):
+    """The runner's adapter loads (a phase's init_adapter or hand-over, the final evaluation) go
+    through the base check before any model loads."""
+    from types import SimpleNamespace
+
+    from cpr.training.evaluate import evaluate_adapter
+    from cpr.training.policy import with_adapter
+
+    adapter = _foreign_adapter(tmp_path / "adapter", "org/base-a")
+    with pytest.raises(ConfigError) as e:
+        with_adapter(SimpleNamespace(name_or_path="org/base-b"), adapter, _cfg(), field="phase_settings.cpr.init_adapter")
+    assert str(e.value).startswith(f"field 'phase_settings.cpr.init_adapter': LoRA adapter {adapter} was trained on "
+                                   "base model 'org/base-a', not on 'org/base-b' (the names differ")
+    with pytest.raises(ConfigError) as e:
+        evaluate_adapter(_cfg(), None, adapter=adapter, split="validation", out_dir=tmp_path / "ev", label="x",
+                         model_path="org/base-b")
+    assert e.value.field == "adapter" and "model.allow_base_mismatch" in e.value.message
+    assert not (tmp_path / "ev").exists()

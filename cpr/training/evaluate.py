@@ -296,6 +296,8 @@ def _evaluate(
 
         templates = templates if templates is not None else load_templates(cfg.data.prompts)
         model_path = model_path or policy.resolve_model_path(cfg, splits)
+        if adapter is not None:  # before the model loads
+            policy.check_base(adapter, model_path, cfg, field="adapter")
         generation = generation_settings(cfg, progress=True)
         scoring = scoring_settings(cfg, cfg.evaluation.answer_mode)
         with zero3_disabled(), explain_oom(cfg, "evaluation"):
@@ -303,7 +305,6 @@ def _evaluate(
             if adapter is not None:
                 from peft import PeftModel
 
-                policy.check_base(adapter, model.name_or_path, cfg, field="adapter")
                 model = PeftModel.from_pretrained(model, str(adapter))
             for split, out_dir in outputs:
                 tables = []
