@@ -59,17 +59,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--model", required=True, help="base model or merged checkpoint: folder, hub id or tiny:<kind>")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder (PEFT) applied to --model")
-    p.add_argument(
-        "--allow-base-mismatch",
-        action="store_true",
-        help="apply --adapter even if it was trained on another base model (e.g. hub ids that differ only in revision)",
-    )
-    p.add_argument(
-        "--min-pixels", type=int, default=None, help="image size lower bound (default: the adapter's run config.yaml)"
-    )
-    p.add_argument(
-        "--max-pixels", type=int, default=None, help="image size upper bound (default: the adapter's run config.yaml)"
-    )
+    p.add_argument("--allow-base-mismatch", action="store_true",
+                   help="apply --adapter even if trained on another base model (e.g. a hub id at another revision)")
+    for flag in ("--min-pixels", "--max-pixels"):
+        p.add_argument(flag, type=int, default=None, help="image size limit (default: the adapter's run config.yaml)")
     p.add_argument("--benchmark", required=True, choices=sorted(BENCHMARKS), help="benchmark to score")
     p.add_argument("--data", required=True, help="dataset path (or hub name) read by the source adapter")
     p.add_argument(
