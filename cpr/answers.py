@@ -1,23 +1,23 @@
 """Final-answer correctness: a hard-to-game ``strict`` checker and the paper's ``crystal`` protocol.
 
-Two modes (:data:`ANSWER_MODES`; docs/method.md section 5 gives every rule with examples):
+Two modes (:data:`ANSWER_MODES`; docs/method.md section 5 gives every rule with examples). Both
+sides are first *cleaned*: surrounding whitespace, one ``Answer:`` / ``Final answer:`` / ``The
+answer is`` prefix, then a surrounding ``$..$``, ``\\(..\\)``, ``\\[..\\]`` or ``\\boxed{..}``
+(repeatedly). In both modes *non-answers are never correct*: an empty answer, one of only
+punctuation / symbols, or ``insufficient information``, ``none``, ``n/a``, ``unknown``,
+``null``, ``nil`` gives ``match_type="invalid"`` whatever the reference (:func:`is_non_answer`).
 
-``"strict"`` (**choice**, default, used for rewards). Both sides are first *cleaned*: surrounding
-whitespace, one ``Answer:`` / ``Final answer:`` / ``The answer is`` prefix, then a surrounding
-``$..$``, ``\\(..\\)``, ``\\[..\\]`` or ``\\boxed{..}`` (repeatedly). Then the first rule that
-applies decides:
+``"strict"`` (**choice**, default, used for rewards). The first rule that applies decides:
 
-1. *Non-answers* (``"invalid"``): empty, only punctuation / symbols, or ``insufficient
-   information``, ``none``, ``n/a``, ``unknown``, ``null``, ``nil`` are never correct.
-2. *Multiple choice* (``"choice"``) when options are known (``options``, else consecutive
+1. *Multiple choice* (``"choice"``) when options are known (``options``, else consecutive
    ``A) ..`` / ``(A) ..`` lines of ``question``) or the reference is a letter form (``"B"``,
    ``"B (60°)"``, ``"A) Yes"``). The prediction names one letter by a letter form (``B``,
    ``(B)``, ``B)``, ``B.``, ``[B]``, ``B) Paris``, ``option B``; text after the letter must be
    equivalent to that option) or by text equivalent to exactly one option; a letter beyond
    the options is read as text. ``"A or B"``, ``"AB"``, ``"A, B"``, ``"A B C D"`` never match.
-3. *Yes / no* (``"yes_no"``) when the reference is exactly yes / true / no / false: the
+2. *Yes / no* (``"yes_no"``) when the reference is exactly yes / true / no / false: the
    prediction must be exactly a token of the same polarity.
-4. *Numbers and LaTeX* (``"numeric"`` when both sides show as plain numbers, else
+3. *Numbers and LaTeX* (``"numeric"`` when both sides show as plain numbers, else
    ``"math"``): each side is read as *one* value by ``math_verify.parse`` (wrapped in
    ``$..$``; a value read from a part of the answer does not count) with math-verify's own
    normalisation (``units``, ``malformed_operators``, ``nits``, ``boxed="all"``: ``$`` signs,
@@ -30,15 +30,15 @@ applies decides:
    commands from ``\\frac \\sqrt \\pi \\cdot \\times \\div \\infty \\circ`` or the reference's, letters
    and words and ``!`` only if the reference has them, a list / set / interval or a relation
    only if the reference is one (an assignment ``x = ..`` aside). Either side is *not* math
-   (rule 5 decides) beyond 160 characters, with other characters, an abbreviation
+   (rule 4 decides) beyond 160 characters, with other characters, an abbreviation
    (``P.M.``), two numbers separated by a space, a nested or over-4-digit exponent, an
    undefined value (``1/0``), a letter the normalisation dropped (``"3 a b"``), or (the
    reference) a word that is not a function name.
-5. *Normalised exact match* (``"exact"``): NFKC, case-folded, ASCII quotes, collapsed spaces,
+4. *Normalised exact match* (``"exact"``): NFKC, case-folded, ASCII quotes, collapsed spaces,
    outer punctuation and a leading article dropped. No substring matching.
 
 math-verify's timeouts use ``signal.alarm`` (main thread only): 5 s there, none in other
-threads (TRL may call reward functions from worker threads), where the limits of rule 4 keep
+threads (TRL may call reward functions from worker threads), where the limits of rule 3 keep
 SymPy's work small. A math-verify ``TimeoutException`` counts as "not math" (parse) or "not
 equivalent" (compare) and is logged; any other exception propagates.
 
@@ -50,8 +50,9 @@ or, with at most 2 decimals shown, relative error ``< 15 %`` or equality after r
 then yes/no (substrings), multiple choice (letters, or option text from ``X) text`` lines),
 normalised exact match, single-word mismatch, substring fallback; crystal-metrics'
 ``match_type`` labels. Options passed as ``options`` are appended to a question without an
-``A)`` line as ``"A) text"`` lines. Lenient and gameable (an empty prediction is a substring
-of every reference): use it only for evaluation tables.
+``A)`` line as ``"A) text"`` lines. The one departure from crystal-metrics is the non-answer
+rule above (its substring fallback would accept an empty prediction against every reference).
+The mode stays lenient (``"A B C D"`` contains ``"B"``): use it only for evaluation tables.
 
 Source: docs/method.md section 5; CRYSTAL paper (arXiv 2603.13099) Eq. 2; crystal-metrics 0.2.0
 ``accuracy.py`` (parity checked by ``tests/test_answers_parity.py``); math-verify 0.9.
@@ -75,7 +76,7 @@ from math_verify.errors import TimeoutException
 from math_verify.grader import is_assignment_relation, is_relation, take_last_relation
 from sympy import Basic, MatrixBase, S, Set, Tuple
 
-__all__ = ["ANSWER_MODES", "AnswerCheck", "check_answer", "is_correct"]
+__all__ = ["ANSWER_MODES", "AnswerCheck", "check_answer", "is_correct", "is_non_answer"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,12 +92,12 @@ class AnswerCheck:
 
     Attributes:
         correct: whether the prediction counts as correct.
-        match_type: the rule that decided: strict mode ``"invalid" | "choice" | "yes_no" |
-            "numeric" | "math" | "exact"``; crystal mode crystal-metrics' labels
-            ``"numeric_exact" | "numeric_rounded" | "numeric_mismatch" | "yes_no" | "choice" |
-            "exact"``.
+        match_type: the rule that decided: ``"invalid"`` (a non-answer, both modes); strict mode
+            ``"choice" | "yes_no" | "numeric" | "math" | "exact"``; crystal mode crystal-metrics'
+            labels ``"numeric_exact" | "numeric_rounded" | "numeric_mismatch" | "yes_no" |
+            "choice" | "exact"``.
         normalized_prediction: the prediction as that rule compared it (letter, yes/no token,
-            math core, normalised text).
+            math-verify's normalised LaTeX, normalised text).
         normalized_reference: the reference as that rule compared it.
     """
 
@@ -149,9 +150,15 @@ def check_answer(
             raise TypeError(f"option {i} must be str, got {type(opt).__name__}")
     if len(opts) > len(LETTERS):
         raise ValueError(f"at most {len(LETTERS)} options can be lettered, got {len(opts)}")
+    ref = _clean(reference)
+    if mode == "strict" and not ref:
+        raise ValueError(f"reference answer is empty: {reference!r}")
+    pred = _clean(prediction)
+    if _is_non_answer(pred):
+        return AnswerCheck(False, "invalid", _norm_text(pred), _norm_text(ref))
     if mode == "crystal":
         return _crystal_check(prediction, reference, _render_options(question, opts))
-    return _strict_check(prediction, reference, opts, question)
+    return _strict_check(pred, ref, opts, question)
 
 
 def is_correct(
@@ -164,6 +171,13 @@ def is_correct(
 ) -> bool:
     """``check_answer(...).correct``; same arguments and errors as :func:`check_answer`."""
     return check_answer(prediction, reference, options=options, question=question, mode=mode).correct
+
+
+def is_non_answer(prediction: str) -> bool:
+    """Whether ``prediction`` is no answer at all (empty, only punctuation / symbols, or a phrase
+    such as ``"insufficient information"``, ``"none"``, ``"n/a"``), after the cleaning described in
+    the module docstring. :func:`check_answer` judges such a prediction wrong in every mode."""
+    return _is_non_answer(_clean(prediction))
 
 
 # =================================================================================================
@@ -344,13 +358,8 @@ class _LetterForm:
     rest: str  # text after the letter (may be empty)
 
 
-def _strict_check(prediction: str, reference: str, options: list[str], question: str) -> AnswerCheck:
-    ref = _clean(reference)
-    if not ref:
-        raise ValueError(f"reference answer is empty: {reference!r}")
-    pred = _clean(prediction)
-    if _is_non_answer(pred):
-        return AnswerCheck(False, "invalid", _norm_text(pred), _norm_text(ref))
+def _strict_check(pred: str, ref: str, options: list[str], question: str) -> AnswerCheck:
+    """Strict rules 1-4 on the cleaned answers (check_answer has refused non-answers already)."""
     if not options:
         options = _options_from_question(question)
 
@@ -494,7 +503,7 @@ def _check_choice(pred: str, ref_letter: str, ref_text: str | None, options: lis
 
 
 def _values_equal(pred: str, ref: str) -> AnswerCheck:
-    """Rules 3-5 (yes/no, numbers and LaTeX, normalised exact text) on cleaned answers."""
+    """Strict rules 2-4 (yes/no, numbers and LaTeX, normalised exact text) on cleaned answers."""
     pred, ref = _clean(pred), _clean(ref)
     pred_norm, ref_norm = _norm_text(pred), _norm_text(ref)
     if ref_norm in _YES_TOKENS or ref_norm in _NO_TOKENS:
@@ -589,7 +598,7 @@ class _MathValue:
 
 
 def _math_value(text: str, reference: _MathValue | None) -> _MathValue | None:
-    """An answer read as one math value (rule 4), or None if it is not one.
+    """An answer read as one math value (strict rule 3), or None if it is not one.
 
     ``reference`` is None when reading the reference itself (trusted, but a word must be a
     function name). A prediction is held to its reference's vocabulary (see the module docstring).

@@ -168,8 +168,22 @@ def read_jsonl(path: str | Path, *, skip_truncated_tail: bool = False) -> Iterat
         if not raw.strip():
             continue
         try:
-            yield i, json.loads(raw)
-        except json.JSONDecodeError as e:
+            obj = parse_jsonl_line(raw, path, i)
+        except InputError:
             if skip_truncated_tail and i == len(lines) and not raw.endswith("\n"):
                 return
-            raise InputError(f"malformed JSON ({e.msg} at column {e.colno})", path=path, line=i) from None
+            raise
+        yield i, obj
+
+
+def parse_jsonl_line(raw: str, path: str | Path, line: int) -> Any:
+    """Decode one line of a JSON lines file (its newline, if any, is not part of the value).
+
+    Raises:
+        InputError: the line is not valid JSON; names the file, the 1-based line and the 1-based
+            column where decoding failed (one past the last character when the value is cut short).
+    """
+    try:
+        return json.loads(raw.rstrip("\n"))
+    except json.JSONDecodeError as e:
+        raise InputError(f"malformed JSON ({e.msg} at column {e.colno})", path=path, line=line) from None

@@ -2,14 +2,21 @@
 
 Every function has TRL's reward signature::
 
-    f(prompts, completions, **columns) -> list[float]
+    f(prompts, completions, **columns) -> list[float | None]
 
 ``completions`` are conversational (``[{"role": "assistant", "content": str}]``) or plain
 strings. The dataset columns ``answer``, ``reference_steps``, ``options`` (and ``question``)
 arrive as lists aligned with the completions. Unknown keyword arguments (TRL passes
 ``trainer_state``, ``log_metric``, ``log_extra``, ``completion_ids``, ...) are accepted and
 ignored, except ``log_metric``, which receives the batch statistics listed in
-:data:`LOGGED_METRICS`.
+:data:`LOGGED_METRICS` and, from every function, ``rewards/<name>/none_frac``.
+
+``None`` for a completion means "no reward" (TRL's convention: ``GRPOTrainer`` turns it into NaN,
+leaves it out of the weighted ``nansum`` and of the per-function means, and gives a completion
+that every function left unscored a zero advantage). The built-in functions always return a
+number; a user's :class:`RewardFunction` may return ``None``, which the range check passes, the
+divergence guard does not count as a NaN reward, and ``rewards/<name>/none_frac`` (share of the
+batch) counts.
 
 Rewards (docs/method.md section 4; c = 1 if the answer is correct else 0, F = step Match F1):
 
@@ -271,10 +278,15 @@ def _record(
     )
 
 
-def _check_range(name: str, rewards: list[float], low: float, high: float) -> list[float]:
+def _check_range(
+    name: str, rewards: list[float | None], low: float, high: float, kwargs: Mapping[str, Any]
+) -> list[float | None]:
+    """Every reward finite and in ``[low, high]``; ``None`` (no reward) passes and is counted."""
     for i, r in enumerate(rewards):
-        if not (math.isfinite(r) and low - 1e-9 <= r <= high + 1e-9):
+        if r is not None and not (math.isfinite(r) and low - 1e-9 <= r <= high + 1e-9):
             raise CprError(f"reward '{name}' produced {r!r} for completion {i}, outside [{low}, {high}]")
+    if rewards:
+        _log(kwargs, {f"rewards/{name}/none_frac": sum(r is None for r in rewards) / len(rewards)})
     return rewards
 
 
@@ -288,22 +300,29 @@ class RewardFunction:
 
     Subclasses implement :meth:`score`. ``__name__`` is the registry name, which TRL uses
     for its ``rewards/<name>/mean`` log keys. ``low`` / ``high`` give the documented range;
-    every returned value is checked to be finite and inside it.
+    every returned value is checked to be finite and inside it, except ``None`` (no reward
+    for that completion, TRL's convention). ``none_count`` is the number of ``None`` in the
+    last call's output (the divergence guard reads it, so a ``None`` is not taken for a NaN).
     """
 
     name: str = ""
     low: float = 0.0
     high: float = 1.0
+    none_count: int = 0
 
     @property
     def __name__(self) -> str:  # TRL's get_callable_name reads __name__
         return self.name
 
-    def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (), **kwargs: Any) -> list[float]:
+    def __call__(
+        self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (), **kwargs: Any
+    ) -> list[float | None]:
         rewards = self.score(list(completions), kwargs)
-        return _check_range(self.name, rewards, self.low, self.high)
+        self.none_count = sum(r is None for r in rewards)
+        return _check_range(self.name, rewards, self.low, self.high, kwargs)
 
-    def score(self, completions: list[Any], kwargs: Mapping[str, Any]) -> list[float]:
+    def score(self, completions: list[Any], kwargs: Mapping[str, Any]) -> list[float | None]:
+        """One reward per completion (``None``: no reward for it), in ``[low, high]``."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

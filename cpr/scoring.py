@@ -342,10 +342,9 @@ def score_records(
         pc = parsed.get(ref["id"])
         if pc is None:
             correct, fmt = False, MISSING_FORMAT
-        elif pc.format == "none" or not pc.answer.strip():
-            # docs/method.md section 2: an unparsable prediction is a wrong answer. The paper's checker
-            # (crystal mode) would otherwise accept "insufficient information" or an empty
-            # answer by its substring fallback (e.g. "" against "4").
+        elif pc.format == "none":
+            # an unparsable prediction is a wrong answer (docs/method.md section 2; an empty or
+            # non-answer is judged wrong by check_answer itself, in every mode).
             correct, fmt = False, pc.format
         else:
             check = check_answer(

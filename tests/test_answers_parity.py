@@ -4,7 +4,9 @@ The oracle is ``crystal_metrics.AccuracyCalculator().evaluate_single(question, p
 with the LLM judge off. When options are passed to ``check_answer`` and the question has no
 ``A)`` line, the oracle gets the question with the options appended as ``"A) text"`` lines
 (the rendering rule documented in cpr.answers). Besides ``is_correct`` the match type and the
-normalised strings must agree too.
+normalised strings must agree too. The one departure: a non-answer (empty, only punctuation,
+"insufficient information", ...) is wrong in crystal mode too (``match_type="invalid"``), where
+the oracle's substring fallback may accept it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpr.answers import check_answer
+from cpr.answers import check_answer, is_non_answer
 
 crystal_accuracy = pytest.importorskip("crystal_metrics.accuracy")
 ORACLE = crystal_accuracy.AccuracyCalculator(use_llm_grader=False)
@@ -32,6 +34,9 @@ def oracle_question(question: str, options: list[str]) -> str:
 
 def assert_parity(pred: str, ref: str, options: list[str], question: str) -> None:
     ours = check_answer(pred, ref, options=options, question=question, mode="crystal")
+    if is_non_answer(pred):  # the documented departure: a non-answer is wrong whatever the oracle says
+        assert (ours.correct, ours.match_type) == (False, "invalid"), (pred, ref)
+        return
     theirs = ORACLE.evaluate_single(oracle_question(question, options), pred, ref)
     assert (ours.correct, ours.match_type, ours.normalized_prediction, ours.normalized_reference) == (
         theirs.is_correct,
@@ -205,7 +210,7 @@ def test_crystal_parity_on_samples(samples_dir: Path) -> None:
     assert len(cases) >= 100
     # the real answers cover every branch of the protocol
     kinds = {check_answer(p, r, options=o, question=q, mode="crystal").match_type for p, r, o, q in cases}
-    assert kinds == {"numeric_exact", "numeric_rounded", "numeric_mismatch", "yes_no", "choice", "exact"}
+    assert kinds == {"numeric_exact", "numeric_rounded", "numeric_mismatch", "yes_no", "choice", "exact", "invalid"}
     assert mismatches(cases) == []
 
 

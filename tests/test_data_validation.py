@@ -221,6 +221,25 @@ def test_malformed_json_line(tmp_path, image_dir):
         load_records("jsonl", path)
 
 
+def test_malformed_json_lines_name_the_real_column_and_are_skipped_on_request(tmp_path, image_dir):
+    good = json.dumps(_good("a"))
+    cut = json.dumps(_good("b"))[:-1]  # a line cut short: the error is one past its last character
+    lines = [good, '{"id": "c", "question": "q",, "answer": "1"}', cut, "[1, 2]", json.dumps(_good("d"))]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(InputError) as e:
+        load_records("jsonl", path)
+    assert str(e.value) == f"{path}:2: malformed JSON (Expecting property name enclosed in double quotes at column 29)"
+    path.write_text("\n".join([good, cut, good.replace('"a"', '"e"')]) + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match=rf"^{path}:2: malformed JSON \(Expecting ',' delimiter at column {len(cut) + 1}\)$"):
+        load_records("jsonl", path)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    records, report = load_records_with_report("jsonl", path, on_invalid="skip")
+    assert [r.id for r in records] == ["a", "d"]
+    assert (report.rows, dict(report.skipped)) == (5, {"malformed JSON": 2, "bad value": 1})
+    assert report.first_errors["bad value"] == f"{path}:4: expected a JSON object, got list"
+
+
 def test_limit_counts_valid_records(tmp_path, image_dir):
     path = _write(tmp_path, [_good("a"), _good("b", answer=None), _good("c"), _good("d")])
     records = load_records("jsonl", path, on_invalid="skip", limit=2)

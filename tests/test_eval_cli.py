@@ -191,3 +191,45 @@ def test_rerun_resumes_and_refuses_other_settings(samples_dir, tmp_path, encoder
     rc = _eval(out, "crystal", data, encoder, "--source", "mathvision", "--limit", "1")
     assert rc == 2
     assert "field 'id': 1 completion(s) belong to records outside this evaluation" in capsys.readouterr().err
+
+
+def test_adapter_base_and_the_runs_image_size(samples_dir, tmp_path, encoder, capsys, monkeypatch):
+    """An adapter on another base model is refused with one line naming both; on its own base it is
+    evaluated with the processor's pixel limits of its run (config.yaml), which flags can override."""
+    import yaml
+    from peft import get_peft_model
+
+    import cpr.evaluation.runner
+    from cpr.models import build_lora_config, load_model_and_processor, resolve_model_path
+    from cpr.models.tiny import default_corpus, ensure_tiny_model
+
+    base = str(ensure_tiny_model("qwen2_5_vl", texts=default_corpus() + ["a run's own vocabulary"]))
+    model, _ = load_model_and_processor(base, dtype="float32", device="cpu")
+    run = tmp_path / "run"
+    adapter = run / "cpr" / "adapter"
+    get_peft_model(model, build_lora_config("qwen2_5_vl", r=2, alpha=4)).save_pretrained(str(adapter))
+    (run / "config.yaml").write_text(yaml.safe_dump({"model": {"min_pixels": 6272, "max_pixels": 25088}}))
+    data = samples_dir / "mathvision" / "test_subset.jsonl"
+    args = ("--source", "mathvision", "--limit", "1", "--adapter", str(adapter))
+
+    assert _eval(tmp_path / "other", "crystal", data, encoder, *args) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and err[0].startswith(
+        f"cpr eval: error: field '--adapter': LoRA adapter {adapter} was trained on base model {base!r}, not on "
+        f"{resolve_model_path('tiny:qwen2_5_vl')!r} (config, tokenizer or weights differ: fingerprint ")
+
+    sizes = []
+    original = cpr.evaluation.runner.evaluate_model
+    monkeypatch.setattr(cpr.evaluation.runner, "evaluate_model", lambda m, processor, *a, **k: sizes.append(
+        dict(processor.image_processor.size)) or original(m, processor, *a, **k))
+    assert _eval(tmp_path / "own", "crystal", data, encoder, *args, "--model", base) == 0
+    assert sizes == [{"shortest_edge": 6272, "longest_edge": 25088}]  # the tiny model's own: 3136, 12544
+    saved = json.loads((tmp_path / "own" / "eval_config.json").read_text())
+    assert (saved["min_pixels"], saved["max_pixels"]) == (6272, 25088)
+    capsys.readouterr()
+    assert _eval(tmp_path / "flag", "crystal", data, encoder, *args, "--model", base, "--max-pixels", "50176") == 0
+    assert sizes[-1] == {"shortest_edge": 6272, "longest_edge": 50176}
+    assert ("cpr eval: warning: --max-pixels 50176 differs from the run's model.max_pixels 25088, the resolution "
+            "the adapter was trained at") in capsys.readouterr().err
+    # another base on purpose
+    assert _eval(tmp_path / "forced", "crystal", data, encoder, *args, "--allow-base-mismatch") == 0

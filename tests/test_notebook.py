@@ -59,6 +59,7 @@ def strategies(tmp_path_factory, one_thread_module):
         phase_settings={"cpr": {"curriculum": {"schedule": "staged", "stage_fractions": [0.5, 0.75]},
                                 "training": {"max_steps": 2}}},
         evaluation={"eval_steps": 1, "max_new_tokens": 16, "batch_size": 2},
+        guards={"kl": {"limit": 7.5}},  # the notebook draws this limit, read from the run's config.yaml
     )))
     cfg = ablation_config_from_dict({
         "kind": "strategies", "name": "nb", "base_config": str(base), "output_dir": str(tmp / "abl"),
@@ -73,7 +74,7 @@ def _execute(kernel: str, run_dir: Path, fig_dir: Path) -> nbformat.NotebookNode
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
     params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    params.source = f"RUN_DIR = {str(run_dir)!r}\nFIG_DIR = {str(fig_dir)!r}\nKL_LIMIT = 2.0"
+    params.source = f"RUN_DIR = {str(run_dir)!r}\nFIG_DIR = {str(fig_dir)!r}\nKL_LIMIT = None"
     NotebookClient(nb, kernel_name=kernel, timeout=240, resources={"metadata": {"path": str(REPO)}}).execute()
     return nb
 
@@ -99,6 +100,7 @@ def test_notebook_on_an_ablation_folder(kernel, strategies, tmp_path):
     for name in made:
         _check_png(tmp_path / "figs" / name)
     assert "ablation folder" in _stdout(nb) and "6 figures in" in _stdout(nb)
+    assert "cpr: KL limit 7.5 (the run's guards.kl.limit)" in _stdout(nb)
     tables = [o for c in nb.cells for o in c.get("outputs", []) if "text/markdown" in o.get("data", {})]
     assert any("# Strategy comparison: nb" in o["data"]["text/markdown"] for o in tables)
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
@@ -113,3 +115,4 @@ def test_notebook_on_a_run_folder(kernel, strategies, tmp_path):
     for path in (tmp_path / "figs").rglob("*.png"):
         _check_png(path)
     assert "run folder" in _stdout(nb) and "a run folder: no ablation table" in _stdout(nb)
+    assert "cpr: KL limit 7.5 (the run's guards.kl.limit)" in _stdout(nb)

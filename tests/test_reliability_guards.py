@@ -185,6 +185,18 @@ def test_nan_stop_marks_the_checkpoint_and_the_state_round_trips(tmp_path):
     assert g2.counts["nan"] == {"steps": 1, "skipped": 0}
 
 
+def test_a_none_reward_is_not_a_nan(tmp_path):
+    # TRL turns a reward function's None into NaN; the function's none_count says how many of a
+    # column's NaNs are such "no reward" values, and only the rest are non-finite rewards.
+    g, tr, p, opt, state, args = _guard(GuardsConfig(), tmp_path)
+    control = TrainerControl()
+    g.on_step_begin(args, state, control)
+    g.observe_rewards(torch.tensor([[0.1, math.nan], [0.2, math.nan], [0.3, 0.4]]), ["r0", "r1"], [0, 2])
+    assert g._nonfinite_reasons()[0] == []
+    g.observe_rewards(torch.tensor([[0.1, math.nan], [0.2, math.nan]]), ["r0", "r1"], [0, 1])
+    assert g._nonfinite_reasons()[0] == ["reward r1 (1 of the batch)"]
+
+
 def test_skip_step_is_refused_where_it_cannot_drop_an_update():
     g = DivergenceGuard(GuardsConfig(nan=NanGuardConfig(action="skip_step")))
     with pytest.raises(ConfigError) as e:
@@ -237,6 +249,14 @@ def _register(monkeypatch):
             bad = kwargs["trainer_state"].global_step == 1
             return [math.nan if bad else 0.0 for _ in completions]
 
+    class LengthOrNone(LengthReward):
+        """LengthReward for completions at even positions of the batch, no reward (None) for the others."""
+
+        name = "length_or_none"
+
+        def score(self, completions, kwargs):
+            return [r if i % 2 == 0 else None for i, r in enumerate(super().score(completions, kwargs))]
+
     class Constant(R.RewardFunction):
         name = "constant"
 
@@ -246,7 +266,7 @@ def _register(monkeypatch):
         def score(self, completions, kwargs):
             return [0.5 for _ in completions]
 
-    for cls in (LengthReward, NanAtStep2, Constant):
+    for cls in (LengthReward, NanAtStep2, LengthOrNone, Constant):
         monkeypatch.setitem(R.REWARD_FUNCTIONS, cls.name, cls)
 
 
@@ -412,6 +432,22 @@ def test_kl_above_limit_for_consecutive_steps_stops(tmp_path, monkeypatch, one_t
     assert e.value.checkpoint == str(phase / "checkpoint-3")
     assert json.loads((phase / "checkpoint-3" / "diverged.json").read_text())["condition"] == "kl"
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "diverged"
+
+
+@pytest.mark.slow
+def test_a_reward_returning_none_trains_and_logs_its_share(tmp_path, monkeypatch, one_thread):
+    from cpr.training.logs import read_log
+    from cpr.training.runner import run_experiment
+
+    _register(monkeypatch)
+    summary = run_experiment(config_from_dict(_config(tmp_path, ["length", "length_or_none"], steps=2, save_steps=10)))
+    assert summary["status"] == "finished"  # no TypeError, and the nan guard (action stop) did not fire
+    assert summary["phases"][0]["guards"]["counts"]["nan"] == {"steps": 0, "skipped": 0}
+    rows = [r for r in read_log(tmp_path / "run" / "cpr" / "log.jsonl") if "reward" in r]
+    assert len(rows) == 2
+    for r in rows:
+        assert r["rewards/length_or_none/none_frac"] == 0.5 and r["rewards/length/none_frac"] == 0.0
+        assert math.isfinite(r["rewards/length_or_none/mean"]) and math.isfinite(r["reward"])
 
 
 @pytest.mark.slow

@@ -134,7 +134,8 @@ def test_log_metric_receives_batch_statistics():
         reference_steps=[REF] * 4,
         log_metric=lambda n, v: logged.setdefault(n, []).append(v),
     )
-    assert set(logged) <= set(LOGGED_METRICS)
+    assert set(logged) <= {*LOGGED_METRICS, "rewards/cpr/none_frac"}
+    assert logged["rewards/cpr/none_frac"] == [0.0]
     assert logged["format/valid_rate"] == [0.75]
     assert logged["answer/accuracy"] == [0.5]
     assert logged["steps/match_f1"][0] == pytest.approx((1 + 2 / 3 + 0 + 2 / 3) / 4)
@@ -308,3 +309,59 @@ if given is not None:
             f = get_reward_function(name, encoder=ENC)
             for r in f(prompts=None, completions=batch, **cols):
                 assert math.isfinite(r) and f.low <= r <= f.high
+
+
+# ------------------------------------------------------------------ non-answers in every mode
+
+
+@pytest.mark.parametrize("mode", ["strict", "crystal"])
+def test_non_answers_earn_no_answer_reward_in_either_mode(mode):
+    # crystal-metrics' substring fallback alone would judge "" (and "insufficient information"
+    # against this reference) correct: the accuracy reward would pay 1 and CPR its full value.
+    ref_answer = "There is insufficient information in the table"
+    answers = ["", "insufficient information", "  N/A ", "...", ref_answer]
+    comps = [js(REF, a) for a in answers]
+    cols = dict(answer=[ref_answer] * 5, reference_steps=[REF] * 5)
+    acc = get_reward_function("accuracy", answer_mode=mode)
+    cpr = get_reward_function("cpr", encoder=ENC, answer_mode=mode)
+    assert acc(prompts=None, completions=comps, **cols) == [0.0, 0.0, 0.0, 0.0, 1.0]
+    # wrong answer, F1 = 1: lambda * s_w * F = 0.3 * 0.35; right answer: a_w + s_w = 1
+    assert cpr(prompts=None, completions=comps, **cols) == pytest.approx([0.3 * 0.35] * 4 + [1.0])
+
+
+# ------------------------------------------------------------------ None: no reward (TRL's convention)
+
+
+def test_none_means_no_reward_for_that_completion(monkeypatch):
+    from cpr import rewards as R
+
+    class EveryOther(R.RewardFunction):
+        """1 for completions at even positions, no reward (None) for the others."""
+
+        name = "every_other"
+
+        def __init__(self, **_):
+            pass
+
+        def score(self, completions, kwargs):
+            return [1.0 if i % 2 == 0 else None for i in range(len(completions))]
+
+    class OutOfRange(EveryOther):
+        name = "out_of_range"
+
+        def score(self, completions, kwargs):
+            return [None, 2.0]
+
+    for cls in (EveryOther, OutOfRange):
+        monkeypatch.setitem(R.REWARD_FUNCTIONS, cls.name, cls)
+    funcs, _ = get_reward_set(["format", "every_other"])
+    logged: dict[str, list[float]] = {}
+    comps = [js(REF, "318"), "garbage", "garbage", js(REF, "318")]
+    cols = dict(answer=["318"] * 4, reference_steps=[REF] * 4, log_metric=lambda n, v: logged.setdefault(n, []).append(v))
+    per = [f(prompts=None, completions=comps, **cols) for f in funcs]
+    assert per == [[1.0, 0.0, 0.0, 1.0], [1.0, None, 1.0, None]]
+    assert [f.none_count for f in funcs] == [0, 2]
+    assert logged["rewards/every_other/none_frac"] == [0.5] and logged["rewards/format/none_frac"] == [0.0]
+    # the range check still holds for the values that are given
+    with pytest.raises(CprError, match=r"reward 'out_of_range' produced 2.0 for completion 1, outside \[0.0, 1.0\]"):
+        get_reward_function("out_of_range")(prompts=None, completions=comps[:2])

@@ -209,7 +209,7 @@ BAD_REFS = {
     ),
     "malformed json": (
         [REFS[0], '{"id": "r2", "answer": "90", "reference_steps": ["a"'],
-        "{refs}:2: malformed JSON (Expecting ',' delimiter at column 1)",
+        "{refs}:2: malformed JSON (Expecting ',' delimiter at column 53)",  # one past the cut-short line
     ),
     "duplicate id": (
         [REFS[0], REFS[1], REFS[0]],
@@ -313,3 +313,23 @@ def test_unparsable_or_empty_answers_are_wrong_even_in_crystal_mode(offline_enco
     )
     assert [s["correct"] for s in report["samples"]] == [False, False]
     assert report["summary"]["accuracy"] == 0.0
+
+
+def test_the_readme_example_runs_offline(tmp_path, monkeypatch, capsys):
+    # The `cpr score` line of the README, as written, on the files it describes (HF_HUB_OFFLINE=1 here).
+    import shlex
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    line = next(x for x in readme.splitlines() if x.startswith("cpr score "))
+    _write_jsonl(tmp_path / "refs.jsonl", [{
+        "id": "q1", "question": "How many more calls on Thursday than on Friday?", "answer": "318",
+        "reference_steps": ["Thursday: 825 calls.", "Friday: 507 calls.", "825 - 507 = 318."],
+    }])
+    _write_jsonl(tmp_path / "preds.jsonl", [
+        {"id": "q1", "completion": _json(["Thursday: 825 calls.", "Friday: 507 calls.", "825 - 507 = 318."], "318")}
+    ])
+    monkeypatch.chdir(tmp_path)
+    assert main(shlex.split(line)[1:]) == 0
+    summary = json.loads((tmp_path / "report.json").read_text())["summary"]
+    assert (summary["n"], summary["accuracy"], summary["match_f1"]) == (1, 100.0, 1.0)
+    assert "1 samples -> report.json" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import tiny_run_config
+from conftest import SAMPLES_DIR, tiny_run_config
 
 from cpr.ablation.cli import sft_main
 from cpr.ablation.sft_baseline import check_m3cot_ranges, load_sft_baseline_config, sft_baseline_from_dict
@@ -149,3 +149,30 @@ def test_sft_recipe_trains_scores_and_seeds_a_grpo_phase(tmp_path, capsys, one_t
 
     start, end = load_file(str(adapter / "adapter_model.safetensors")), load_file(str(trained / "adapter_model.safetensors"))
     assert set(start) == set(end)
+
+
+def test_sft_overwrite_with_bad_data_keeps_the_previous_run(tmp_path, capsys, monkeypatch):
+    """The baseline claims its folder like the runner: a malformed data file under --overwrite is
+    one error line, and the previous run's files stay byte-identical."""
+    import shutil
+
+    import cpr.models.tiny
+
+    monkeypatch.setattr(cpr.models.tiny, "ensure_tiny_model", lambda *a, **k: pytest.fail("a model was built"))
+    data = tmp_path / "tabmwp"
+    shutil.copytree(SAMPLES_DIR / "tabmwp", data)
+    (data / "problems_test1k_subset.json").write_text('{"1": \n')
+    cfg = _config(tmp_path)
+    cfg["data"]["train"][0]["path"] = str(data)
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    run = tmp_path / "sft_run"
+    for name, content in (("config.yaml", b"old"), ("summary.json", b'{"status": "finished"}'),
+                          ("sft/adapter/adapter_model.safetensors", b"\x00w"), ("final_eval/metrics.md", b"| Acc |")):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_bytes(content)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert sft_main(["--config", str(path), "--overwrite"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"sft_lora: error: {data / 'problems_test1k_subset.json'}:2: malformed JSON (Expecting value)")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

@@ -50,8 +50,8 @@ def record_loads(monkeypatch):
         loaded.append((model, base))
         return model, processor
 
-    def wrap(model, adapter):
-        out = real_wrap(model, adapter)
+    def wrap(model, adapter, *args, **kwargs):
+        out = real_wrap(model, adapter, *args, **kwargs)
         if adapter is not None:
             lora = {k: v.detach().clone() for k, v in out.state_dict().items() if "lora_" in k}
             wrapped.append((Path(adapter), lora))

@@ -15,7 +15,7 @@ What the curves are:
   ``cpr`` / ``step_f1`` reward functions; the answer-only phase logs none) and ``answer/accuracy``
   (logged by ``accuracy`` and ``cpr``; strict answer checking, shown in percent);
 * evaluation values come from the eval hook's ``<phase>/eval_history.jsonl`` when present
-  (greedy decoding on the evaluation subset; accuracy in percent, ``evaluation.answer_mode``);
+  (greedy decoding on the validation split; accuracy in percent, ``evaluation.answer_mode``);
 * a run's **divergence** is the first training log row with a NaN / infinite loss, grad norm,
   KL or reward (:func:`cpr.ablation.metrics.first_nonfinite`), or the divergence guards' first
   ``nan`` event if earlier (:func:`divergence`); it is marked with a red ``X`` at that step, at the
@@ -51,6 +51,7 @@ __all__ = [
     "difficulty_by_id",
     "divergence",
     "folder_kind",
+    "kl_guard_limit",
     "plot_bucket_mix",
     "plot_f1_vs_accuracy",
     "plot_kl",
@@ -178,8 +179,22 @@ def plot_reward_components(run: RunFolder, path: str | Path, *, dpi: int = 120) 
     return _save(fig, path, dpi)
 
 
+def kl_guard_limit(run: RunFolder) -> float | None:
+    """The KL limit of the run's divergence guard: ``guards.kl.limit`` of its ``config.yaml`` (the
+    guard's default where the file leaves it out); ``None`` without a config or with the KL guard off."""
+    if run.config is None:
+        return None
+    from cpr.training.config import KLGuardConfig
+
+    guards = run.config.get("guards") or {}
+    kl = guards.get("kl") or {}
+    if not guards.get("enabled", True) or not kl.get("enabled", True):
+        return None
+    return float(kl.get("limit", KLGuardConfig().limit))
+
+
 def plot_kl(run: RunFolder, path: str | Path, *, kl_limit: float | None = None, dpi: int = 120) -> Path:
-    """Logged KL per training step, with the stability limit when given."""
+    """Logged KL per training step, with a limit line at ``kl_limit`` when given."""
     logs = run.phase_logs()
     fig, axes = _figure()
     ax = axes[0][0]
@@ -219,7 +234,7 @@ def plot_f1_vs_accuracy(run: RunFolder, path: str | Path, *, dpi: int = 120) -> 
     evals = [e for e in evals if isinstance(e[1], (int, float)) and isinstance(e[2], (int, float))]
     if evals:
         ax.scatter([e[1] for e in evals], [e[2] for e in evals], marker="s", s=45, facecolor="none",
-                   edgecolor="black", label="evaluation (eval hook)")
+                   edgecolor="black", label="validation (eval hook)")
     if pts or evals:
         ax.legend(fontsize=8)
     else:
@@ -372,7 +387,7 @@ def training_dynamics_figure(runs: Sequence[tuple[str, RunFolder]], *, title: st
             hx, hy = _series(history, hkey, hscale)
             if hx:
                 ax.plot(*_broken(hx, hy, logs), color=color, linestyle="--", linewidth=width, marker=marker,
-                        markersize=3 + width, markerfacecolor="white", label=f"{label} (eval)")
+                        markersize=3 + width, markerfacecolor="white", label=f"{label} (validation)")
                 drawn = True
             curves[ax] = (xs, ys) if xs else (hx, hy)
             _phase_lines(ax, logs, color)
@@ -447,6 +462,7 @@ def run_figures(run_dir: str | Path, out_dir: str | Path, *, kl_limit: float | N
                 dpi: int = 120) -> dict[str, Path]:
     """Every per-run figure of a run folder, written to ``out_dir``.
 
+    The KL plot draws ``kl_limit``, by default the run's guard limit (:func:`kl_guard_limit`).
     The bucket mix is drawn from the scored completions when the run has any, else from the
     checkpoints' curriculum state, else left out (module docstring).
 
@@ -457,7 +473,7 @@ def run_figures(run_dir: str | Path, out_dir: str | Path, *, kl_limit: float | N
     out_dir = Path(out_dir)
     figs = {
         "reward_components": plot_reward_components(run, out_dir / "reward_components.png", dpi=dpi),
-        "kl": plot_kl(run, out_dir / "kl.png", kl_limit=kl_limit, dpi=dpi),
+        "kl": plot_kl(run, out_dir / "kl.png", kl_limit=kl_guard_limit(run) if kl_limit is None else kl_limit, dpi=dpi),
         "f1_vs_accuracy": plot_f1_vs_accuracy(run, out_dir / "f1_vs_accuracy.png", dpi=dpi),
     }
     logs = run.phase_logs()

@@ -73,7 +73,7 @@ def load_records(
             ``split`` field, or ``<split>.jsonl`` in a folder); an error for single files
             without splits.
         on_invalid: ``"error"`` raises the first :class:`RecordError`; ``"skip"`` drops invalid
-            records and logs (logger ``cpr.data``) how many and why.
+            records (malformed JSON lines included) and logs (logger ``cpr.data``) how many and why.
         buckets: difficulty bucket config (default :class:`BucketConfig()`); records that
             already carry a difficulty (generic JSON lines) keep it.
         limit: stop after this many valid records.
@@ -126,6 +126,8 @@ def load_records_with_report(
             break
         report.rows += 1
         try:
+            if row.problem is not None:
+                raise row.problem
             if not isinstance(row.data, Mapping):
                 raise row.error(f"expected an object, got {type(row.data).__name__}", reason=BAD_VALUE)
             record = adapter.convert(row)

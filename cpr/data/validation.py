@@ -32,6 +32,7 @@ EMPTY_STEPS = "empty reference_steps"
 MISSING_ANSWER = "missing answer"
 ANSWER_NOT_OPTION = "answer not an option letter"
 DUPLICATE_ID = "duplicate id"
+MALFORMED_JSON = "malformed JSON"
 
 ON_INVALID_CHOICES: tuple[str, ...] = ("error", "skip")
 

@@ -3,9 +3,9 @@
 :class:`EvalCallback` is a ``transformers.TrainerCallback`` (works with TRL's ``GRPOTrainer``
 and any ``Trainer``). Usage::
 
-    callback = EvalCallback(
-        [BenchmarkSpec("crystal", crystal_records, max_samples=200),
-         BenchmarkSpec("m3cot", m3cot_records, max_samples=100)],
+    callback = EvalCallback(                  # validation records: the hook picks the best checkpoint
+        [BenchmarkSpec("crystal", crystal_validation, max_samples=200),
+         BenchmarkSpec("m3cot", m3cot_validation, max_samples=100)],
         eval_steps=100,
         generation=GenerationSettings(max_new_tokens=256, batch_size=16, prompt_mode="train"),
         scoring=ScoringSettings(encoder="sentence-transformers/all-distilroberta-v1"),

@@ -9,9 +9,11 @@ accumulated and clipped, before ``optimizer.step()``):
 
 ``nan``
     a NaN or Inf in any reward of the step's generation batch (every reward function's output,
-    gathered over processes; a custom reward function's ``None``, which TRL turns into NaN, counts
-    too: cpr's own rewards never return ``None``), in the loss of any micro-step, or in the
-    gradient norm (``Trainer._get_grad_norm``, the value logged as ``grad_norm``).
+    gathered over processes), in the loss of any micro-step, or in the gradient norm
+    (``Trainer._get_grad_norm``, the value logged as ``grad_norm``). A reward function's ``None``
+    (no reward for that completion, which TRL turns into NaN) is not counted: the NaNs of a
+    column are reduced by the ``None`` the function returned (:attr:`cpr.rewards.RewardFunction.none_count`,
+    summed over processes).
 ``kl``
     the step's mean KL to the reference model (TRL's ``kl`` metric, computed when ``beta > 0``)
     above ``guards.kl.limit`` for ``guards.kl.consecutive_steps`` steps in a row.
@@ -250,20 +252,22 @@ class DivergenceGuard(TrainerCallback):
         self._bad_loss: float | None = None
         self._grad_norm: float | None = None
 
-    def observe_rewards(self, rewards_per_func: torch.Tensor, names: Sequence[str]) -> None:
+    def observe_rewards(
+        self, rewards_per_func: torch.Tensor, names: Sequence[str], none_counts: Sequence[int] | None = None
+    ) -> None:
         """Record non-finite rewards of a generation batch.
 
         Args:
             rewards_per_func: ``(n_completions, n_reward_functions)``, as TRL's ``_calculate_rewards``
                 returns it (gathered over processes).
             names: the reward functions' names, one per column.
+            none_counts: per column, how many of its NaNs are a ``None`` the function returned
+                (no reward, not a fault); default none.
         """
-        bad = ~torch.isfinite(rewards_per_func)
-        if not bool(bad.any()):
-            return
-        for name, n in zip(names, bad.sum(dim=0).tolist(), strict=True):
-            if n:
-                self._bad_rewards[name] = self._bad_rewards.get(name, 0) + int(n)
+        bad = (~torch.isfinite(rewards_per_func)).sum(dim=0).tolist()
+        for name, n, k in zip(names, bad, none_counts or [0] * len(names), strict=True):
+            if n > k:
+                self._bad_rewards[name] = self._bad_rewards.get(name, 0) + int(n - k)
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         """Record a micro-step's loss if it is NaN or Inf (the first such value of the step is kept)."""
@@ -531,7 +535,12 @@ class GuardedGRPOTrainer(CurriculumGRPOTrainer):
     def _calculate_rewards(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         rewards_per_func = super()._calculate_rewards(*args, **kwargs)
         if self.guard is not None and self.model.training:
-            self.guard.observe_rewards(rewards_per_func, self.reward_func_names)
+            nones = torch.tensor(
+                [float(getattr(f, "none_count", 0)) for f in self.reward_funcs], device=rewards_per_func.device
+            )
+            if self.accelerator.num_processes > 1:  # rewards_per_func is gathered: so are the counts
+                nones = self.accelerator.reduce(nones, reduction="sum")
+            self.guard.observe_rewards(rewards_per_func, self.reward_func_names, [int(k) for k in nones.tolist()])
         return rewards_per_func
 
     def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:

@@ -133,7 +133,7 @@ def train_phase(
     Args:
         cfg: the run's config.
         phase: the phase's resolved settings.
-        splits: the run's data splits (training records; the eval hook's test records).
+        splits: the run's data splits (training records; the eval hook's validation records).
         templates: prompt templates.
         model_path: the resolved model (:func:`cpr.training.policy.resolve_model_path`).
         init_adapter: the LoRA adapter the phase starts from (trainable), or ``None`` for a new one.
@@ -172,7 +172,7 @@ def train_phase(
     ckpt = prepare_resume(phase_dir, resume, state)
 
     model, processor = policy.load_policy(cfg, model_path)
-    model = policy.with_adapter(model, init_adapter)
+    model = policy.with_adapter(model, init_adapter, cfg, field=f"phase_settings.{phase.name}.init_adapter")
     peft_config = None if init_adapter is not None else policy.lora_config(cfg, model_path)
     dataset = to_grpo_dataset(splits.train, templates, mode="train")
 

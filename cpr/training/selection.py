@@ -74,6 +74,7 @@ def select_best(
                 peft_model = None
                 for i, (step, path) in enumerate(candidates):
                     name = f"c{i}"
+                    policy.check_base(path, base.name_or_path, cfg, field=f"{phase.name} checkpoint")
                     if peft_model is None:
                         peft_model = PeftModel.from_pretrained(base, str(path), adapter_name=name)
                     else:

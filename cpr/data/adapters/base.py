@@ -20,9 +20,16 @@ from typing import Any, ClassVar
 from PIL import Image
 
 from cpr.data.records import OPTION_LETTERS, DatasetImageRef, ImageRef, Record
-from cpr.data.validation import ANSWER_NOT_OPTION, BAD_VALUE, MISSING_FIELD, MISSING_IMAGE, RecordError
+from cpr.data.validation import (
+    ANSWER_NOT_OPTION,
+    BAD_VALUE,
+    MALFORMED_JSON,
+    MISSING_FIELD,
+    MISSING_IMAGE,
+    RecordError,
+)
 from cpr.errors import ConfigError, InputError
-from cpr.io import read_jsonl
+from cpr.io import parse_jsonl_line
 
 
 @dataclass
@@ -38,6 +45,8 @@ class RawRow:
         base_dir: folder that relative image paths resolve against.
         index: 0-based position of the row in its file / dataset.
         split: the split the row belongs to, when the layout says (Hugging Face splits).
+        problem: why the row could not be read (a malformed JSON line, a line that is not an
+            object); ``data`` is then empty and the loader raises or skips it (``on_invalid``).
     """
 
     data: Mapping[str, Any]
@@ -47,6 +56,7 @@ class RawRow:
     base_dir: Path | None = None
     index: int = 0
     split: str | None = None
+    problem: RecordError | None = None
 
     def error(self, message: str, *, reason: str, field: str | None = None) -> RecordError:
         """A :class:`RecordError` located at this row."""
@@ -164,19 +174,26 @@ def pick_file(folder: Path, candidates: Sequence[str], source: str) -> Path:
 
 
 def jsonl_rows(path: Path, *, id_key: str | None = "id", base_dir: Path | None = None) -> Iterator[RawRow]:
-    """Rows of a JSON-lines file (each line must be a JSON object)."""
-    for line, obj in read_jsonl(path):
-        if not isinstance(obj, Mapping):
-            raise InputError(f"expected a JSON object, got {type(obj).__name__}", path=path, line=line)
-        rid = obj.get(id_key) if id_key else None
-        yield RawRow(
-            data=obj,
-            path=path,
-            line=line,
-            record_id=str(rid) if rid is not None else None,
-            base_dir=base_dir or path.parent,
-            index=line - 1,
-        )
+    """Rows of a JSON-lines file, one per non-blank line. A line that is not valid JSON or not a
+    JSON object gives a row with :attr:`RawRow.problem` set (reason ``malformed JSON`` /
+    ``bad value``), so that ``on_invalid: skip`` skips it like any invalid record."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    for line, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        row = RawRow(data={}, path=path, line=line, base_dir=base_dir or path.parent, index=line - 1)
+        try:
+            obj = parse_jsonl_line(raw, path, line)
+        except InputError as e:
+            row.problem = row.error(e.message, reason=MALFORMED_JSON)
+        else:
+            if isinstance(obj, Mapping):
+                rid = obj.get(id_key) if id_key else None
+                row.data, row.record_id = obj, (str(rid) if rid is not None else None)
+            else:
+                row.problem = row.error(f"expected a JSON object, got {type(obj).__name__}", reason=BAD_VALUE)
+        yield row
 
 
 def json_object(path: Path) -> dict[str, Any]:
