@@ -60,6 +60,7 @@ __all__ = [
     "load_model_and_processor",
     "lora_target_modules",
     "build_lora_config",
+    "check_adapter_base",
 ]
 
 #: Model families cpr knows how to configure (pixel limits, LoRA targets).
@@ -389,3 +390,39 @@ def build_lora_config(
         bias="none",
         task_type="CAUSAL_LM",
     )
+
+
+def check_adapter_base(adapter_dir: str | Path, base_name_or_path: str | Path | None = None) -> str:
+    """The base model a LoRA adapter was trained on (``base_model_name_or_path`` of its
+    ``adapter_config.json``), checked against ``base_name_or_path`` when one is given.
+
+    The two name the same model when they are equal strings, existing folders that resolve to the
+    same path, or a folder inside the Hugging Face cache of the recorded hub id
+    (``.../models--Org--Name/snapshots/...``).
+
+    Raises:
+        InputError: no ``adapter_config.json`` in ``adapter_dir``, or it records no base model.
+        ConfigError: ``base_name_or_path`` is another model (field ``base``; both are named).
+    """
+    config = Path(adapter_dir) / "adapter_config.json"
+    if not config.is_file():
+        raise InputError("not a LoRA adapter folder (no adapter_config.json)", path=adapter_dir)
+    recorded = json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    if not recorded:
+        raise InputError("the adapter records no base model", path=config, field="base_model_name_or_path")
+    if base_name_or_path is None:
+        return str(recorded)
+    given = str(base_name_or_path)
+    same = given == recorded
+    if not same and Path(given).expanduser().is_dir():
+        resolved = Path(given).expanduser().resolve()
+        same = (Path(recorded).is_dir() and Path(recorded).resolve() == resolved) or (
+            "models--" + str(recorded).replace("/", "--") in resolved.parts
+        )
+    if not same:
+        raise ConfigError(
+            f"the adapter in {adapter_dir} was trained on {recorded!r}, not on {given!r}: merging it into another "
+            "model gives a model nobody trained; pass the recorded base (or leave the base out)",
+            field="base",
+        )
+    return str(recorded)
