@@ -208,3 +208,8 @@ def test_launcher_from_the_shipped_accelerate_configs(tmp_path):
     bad.write_text("distributed_type: DEEPSPEED\ndeepspeed_config: {zero_stage: 1}\n")
     with pytest.raises(ConfigError, match="zero_stage 1: the estimate knows ZeRO-2 and ZeRO-3"):
         launcher_from_accelerate_config(bad)
+
+
+def test_check_options_without_check_are_refused(capsys):
+    assert main(["train", "--config", DEMO_YAML, "--num-processes", "4"]) == 2
+    assert "field '--num-processes': --num-processes belongs to --check" in capsys.readouterr().err

@@ -61,6 +61,11 @@ def run(args: argparse.Namespace) -> int:
         from cpr.training.check import run_check
 
         return run_check(args)
+    given = [f"--{k.replace('_', '-')}" for k in ("num_processes", "gpu_memory", "accelerate_config") if getattr(args, k)]
+    if given:
+        from cpr.errors import ConfigError
+
+        raise ConfigError(f"{given[0]} belongs to --check (the launcher sets the processes of a training run)", field=given[0])
     cfg = config_from_args(args)
     from cpr.training.runner import run_experiment
 
