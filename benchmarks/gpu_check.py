@@ -128,9 +128,9 @@ class StepTimer:
             if torch.is_grad_enabled():
                 if timer.fb_start is None:
                     timer.fb_start = now
-                    if timer.cuda:  # generation (and scoring) ends before the first training forward
-                        timer.gen_peak = max(timer.gen_peak, torch.cuda.max_memory_allocated())
-                        torch.cuda.reset_peak_memory_stats()
+                if timer.cuda and not timer.gen_peak:  # generation and scoring end before the step's first training forward
+                    timer.gen_peak = torch.cuda.max_memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
             elif kwargs.get("use_cache", True) is False:  # TRL's scoring forwards (reference log-probabilities)
                 timer.score_start = now
             else:  # generate's forwards; the prefill gives the prompt's sizes
@@ -246,7 +246,10 @@ def experiment(args: argparse.Namespace) -> Any:
     return cfg
 
 
-def run_steps(cfg: Any, args: argparse.Namespace, device: str, extra: dict[str, Any]) -> tuple[StepTimer, Any, Any, Any]:
+def run_steps(cfg: Any, args: argparse.Namespace, device: str, extra: dict[str, Any],
+              model_dir: Path | None = None, save_dir: Path | None = None) -> tuple[StepTimer, Any, Any, Any]:
+    """Train ``args.steps`` steps. ``model_dir``: load the policy from this folder (vLLM reads its weights
+    from ``model.name_or_path``); ``save_dir``: save the random-weight policy there first."""
     from trl import GRPOTrainer
 
     from cpr.data import load_templates, render_target, to_grpo_dataset
@@ -260,7 +263,17 @@ def run_steps(cfg: Any, args: argparse.Namespace, device: str, extra: dict[str, 
     splits = load_splits(cfg.data)
     templates = load_templates(cfg.data.prompts)
     texts = default_corpus() + [t for r in splits.train for t in (r.question, render_target(r))]
-    model, processor, folder = build_policy(args.model, device, texts, cfg)
+    if model_dir is not None:
+        from cpr.models.loading import load_model_and_processor
+
+        dtype = "bfloat16" if device.startswith("cuda") else cfg.model.dtype
+        model, processor = load_model_and_processor(str(model_dir), device=device, dtype=dtype, gradient_checkpointing=False)
+        folder = model_dir
+    else:
+        model, processor, folder = build_policy(args.model, device, texts, cfg)
+    if save_dir is not None:
+        model.save_pretrained(save_dir)
+        processor.save_pretrained(save_dir)
     phase = cfg.phase(args.phase)
     grpo = grpo_config(cfg, phase)
     grpo.output_dir = tempfile.mkdtemp(prefix="gpu_check_")
@@ -321,7 +334,14 @@ def main() -> int:
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)) if device == "cpu" else torch.get_num_threads())
     t0 = time.perf_counter()
     cfg = experiment(args)
-    timer, trainer, splits, (funcs, folder, grpo) = run_steps(cfg, args, device, {})
+    try:
+        import vllm  # noqa: F401
+
+        compare = device.startswith("cuda") and not args.no_vllm
+    except ImportError:
+        compare = False
+    saved = Path(tempfile.mkdtemp(prefix="gpu_check_model_")) if compare and not args.model.startswith("tiny:") else None
+    timer, trainer, splits, (funcs, folder, grpo) = run_steps(cfg, args, device, {}, save_dir=saved)
     gpu = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
     print(f"\ngpu_check: {args.model} ({'random weights' if not args.model.startswith('tiny:') else 'tiny'}, "
           f"{next(trainer.model.parameters()).dtype}) on {gpu}; phase {args.phase} of {args.config}, {args.steps} steps; "
@@ -367,17 +387,13 @@ def main() -> int:
     print(f"reward on {len(rows)} well-formed completions ({sum(len(r.reference_steps) for r in rows)} steps): "
           f"{well:.3f} s = {100 * well / step:.1f} % of the mean step")
 
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        print("vLLM: not installed; install the `vllm` extra to compare its generation with transformers'")
-        return 0
-    if args.no_vllm or not timer.cuda:
-        print("vLLM: comparison skipped" + ("" if timer.cuda else " (needs CUDA)"))
+    if not compare:
+        print("vLLM: comparison skipped (it needs the `vllm` extra and CUDA; --no-vllm turns it off)")
         return 0
     del trainer
     torch.cuda.empty_cache()
-    vtimer, _, _, _ = run_steps(cfg, args, device, vllm_overrides())
+    model_dir = saved or Path(folder)  # vLLM loads the policy's weights from its folder, then TRL syncs them
+    vtimer, _, _, _ = run_steps(cfg, args, device, vllm_overrides(), model_dir=model_dir)
     report(vtimer, "per-step wall time (vLLM generation, colocate)")
     ratio = sum(r["generation"] for r in later) / max(1e-9, sum(r["generation"] for r in (vtimer.rows[1:] or vtimer.rows)))
     print(f"generation: vLLM {ratio:.1f}x the speed of transformers' generate")

@@ -162,7 +162,7 @@ def test_check_prints_parameters_and_memory_tables_for_the_paper_configs(capsys)
     assert code == 0, err
     assert "4,732.5 M" in out
     assert "warning: no tile limit set (model.max_pixels): up to 13 tiles an image" in out
-    assert "13 tiles x 256 tokens = 3330 image tokens" in out
+    assert "13 tiles x 256 tokens + <img> </img> = 3330 image tokens" in out
 
 
 def test_check_exit_code_follows_the_gpu_memory(capsys):
@@ -213,3 +213,11 @@ def test_launcher_from_the_shipped_accelerate_configs(tmp_path):
 def test_check_options_without_check_are_refused(capsys):
     assert main(["train", "--config", DEMO_YAML, "--num-processes", "4"]) == 2
     assert "field '--num-processes': --num-processes belongs to --check" in capsys.readouterr().err
+
+
+def test_config_folder_of_an_unknown_hub_model_names_the_remedy():
+    from cpr.errors import ModelNotAvailableError
+
+    assert config_folder("Qwen/Qwen2.5-VL-3B-Instruct") == REPO / "cpr/models/configs/qwen2_5_vl_3b"
+    with pytest.raises(ModelNotAvailableError, match="no config.json for model 'Org/Unknown-VL'.*Pass a folder that holds"):
+        config_folder("Org/Unknown-VL")

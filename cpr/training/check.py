@@ -422,7 +422,7 @@ def _image_sizes(arch: Architecture, config: Any, folder: Path, cfg: Any) -> tup
         tiles = most + 1 if most > 1 else 1  # a thumbnail tile when an image is cut into several
         warn = None if limit else f"no tile limit set (model.max_pixels): up to {tiles} tiles an image ({most} + thumbnail)"
         patches = tiles * ((tile // config.vision_config.patch_size[0]) ** 2 + 1)
-        return tiles * per_tile + 2, patches, f"up to {tiles} tiles x {per_tile} tokens = {tiles * per_tile + 2} image tokens an image", warn
+        return tiles * per_tile + 2, patches, f"up to {tiles} tiles x {per_tile} tokens + <img> </img> = {tiles * per_tile + 2} image tokens an image", warn
     raise ConfigError(f"no image-size rule for model family {arch.family!r}", field="model.name_or_path")
 
 
@@ -462,12 +462,12 @@ def run_check(args: argparse.Namespace) -> int:
     from cpr.training.config import phase_training_args
 
     launchers, n = list(LAUNCHERS), args.num_processes
+    if n is not None and n < 1:
+        raise ConfigError(f"must be >= 1, got {n}", field="--num-processes")
     if args.accelerate_config:
         launcher, n_file = launcher_from_accelerate_config(args.accelerate_config)
         launchers, n = [launcher], n or n_file
     n = n or 1
-    if n < 1:
-        raise ConfigError(f"must be >= 1, got {n}", field="--num-processes")
     with _world_size(n):
         cfg = config_from_args(args)
     folder = config_folder(cfg.model.name_or_path)
