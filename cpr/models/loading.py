@@ -434,39 +434,56 @@ def base_fingerprint(name_or_path: str | Path) -> str | None:
 
 
 def check_adapter_base(
-    adapter: str | Path, base: str | Path, *, allow_mismatch: bool = False, field: str = "adapter",
+    adapter: str | Path, base: str | Path | None = None, *, allow_mismatch: bool = False, field: str = "adapter",
     override: str = "--allow-base-mismatch",
-) -> None:
+) -> str | None:
     """Refuse to put a LoRA adapter on a base model other than the one it was trained on (it then
     gives garbage: wrong vocabulary, no reward). Every place that loads an adapter onto a base calls it.
 
     The adapter's base is ``base_model_name_or_path`` of its ``adapter_config.json`` (PEFT records
     the path or hub id the base was loaded from). The two are the same when their
     :func:`base_fingerprint` agree, or, where either fingerprint is not at hand (a hub id not in the
-    cache, a folder of another machine), when their names are equal.
+    cache, a folder of another machine), when their names are equal, the folders resolve to the same
+    path, or ``base`` is a Hugging Face cache snapshot of the recorded hub id
+    (``.../models--Org--Name/snapshots/...``).
 
     Args:
         adapter: the adapter folder.
-        base: the path or hub id the base model is loaded from (``model.name_or_path``).
+        base: the path or hub id the base model is loaded from (``model.name_or_path``); ``None``:
+            only read the recorded base.
         allow_mismatch: log a warning instead of raising (e.g. hub ids that differ only in revision).
         field: the setting that gave the adapter, named in the error.
         override: the flag or config key that sets ``allow_mismatch``, named in the error.
 
+    Returns:
+        The recorded base (``None`` when the adapter records none and ``base`` is given).
+
     Raises:
+        InputError: ``adapter`` has no ``adapter_config.json``; or ``base`` is ``None`` and the adapter
+            records no base.
         ConfigError: the bases differ (one line naming both), naming ``field``.
     """
-    with open(Path(adapter) / "adapter_config.json", encoding="utf-8") as f:
-        recorded = json.load(f).get("base_model_name_or_path")
-    if not recorded:
-        return
+    config = Path(adapter) / "adapter_config.json"
+    if not config.is_file():
+        raise InputError("not a LoRA adapter folder (no adapter_config.json)", path=adapter)
+    recorded = json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    if base is None and not recorded:
+        raise InputError("the adapter records no base model", path=config, field="base_model_name_or_path")
+    if base is None or not recorded:
+        return recorded
     mine, theirs = base_fingerprint(base), base_fingerprint(recorded)
     if mine is not None and theirs is not None:
         if mine == theirs:
-            return
+            return recorded
         why = f"config, tokenizer or weights differ: fingerprint {theirs} vs {mine}"
     else:
-        if str(recorded) == str(base) or Path(recorded).expanduser().resolve() == Path(str(base)).expanduser().resolve():
-            return
+        given = Path(str(base)).expanduser().resolve()
+        if (
+            str(recorded) == str(base)
+            or Path(recorded).expanduser().resolve() == given
+            or "models--" + str(recorded).replace("/", "--") in given.parts
+        ):
+            return recorded
         why = "the names differ and the recorded base is not here to compare"
     message = (
         f"LoRA adapter {adapter} was trained on base model {recorded!r}, not on {str(base)!r} ({why}); load "
@@ -475,3 +492,4 @@ def check_adapter_base(
     if not allow_mismatch:
         raise ConfigError(message, field=field)
     logger.warning("%s: %s", override, message)
+    return recorded
