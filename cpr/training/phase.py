@@ -193,6 +193,7 @@ def train_phase(
     from cpr.training.guards import EVENTS_FILE, CheckpointCompleteCallback, GuardedGRPOTrainer
     from cpr.training.logs import JsonlLogCallback, ScoredCompletionLog, read_log
     from cpr.training.oom import explain_oom
+    from cpr.training.vllm import vllm_generation_kwargs
 
     phase_dir = Path(cfg.output_dir) / phase.name
     args = grpo_config(cfg, phase)
@@ -204,6 +205,8 @@ def train_phase(
     ckpt = prepare_resume(phase_dir, resume, state)
 
     model, processor = policy.load_policy(cfg, model_path)
+    if args.use_vllm:  # TRL's vLLM path does not suppress the vision placeholders (cpr.training.vllm)
+        args.generation_kwargs = vllm_generation_kwargs(model.config, processor.tokenizer, args.generation_kwargs)
     model = policy.with_adapter(model, init_adapter)
     peft_config = None if init_adapter is not None else policy.lora_config(cfg, model_path)
     dataset = to_grpo_dataset(splits.train, templates, mode="train")
