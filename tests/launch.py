@@ -1,9 +1,9 @@
 """Launching the recipe on two CPU processes from tests (torchrun or accelerate launch).
 
-Every launch gets a free port (never a fixed one: other tests and runs share the machine), runs
-under a timeout (past it, or when a test SIGKILLs it, the launcher and every rank are killed), and each rank's
-standard error also goes to its own file (torchrun's ``--log-dir`` / ``--tee``), so a failure
-shows every rank's error lines and last lines instead of the tail of interleaved output.
+Every launch gets a free port (never a fixed one: other tests and runs share the machine) and a
+timeout (past it, or when a test SIGKILLs it, the launcher and every rank are killed); each rank's
+output also goes to its own files (torchrun's ``--log-dir`` / ``--tee``), so a failure shows every
+rank's error lines and last lines instead of the tail of interleaved output.
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ def start(launcher: list, script: str | Path, args: list, logs: Path, env: dict 
     """Start ``launcher`` + per-rank log options + ``script`` + ``args`` in the repository root.
 
     Args:
-        launcher: e.g. ``[BIN / "torchrun", "--nproc_per_node", "2", "--master_port", free_port()]`` or
-            ``[BIN / "accelerate", "launch", "--config_file", ..., "--main_process_port", free_port()]``.
+        launcher: e.g. ``[BIN / "torchrun", "--standalone", "--nproc_per_node", "2"]`` (a port the OS
+            picks) or ``[BIN / "accelerate", "launch", "--config_file", ..., "--main_process_port", free_port()]``.
         script, args: the training script and its arguments.
         logs: a new folder for ``launcher.log`` and the per-rank logs.
         env: extra environment variables.

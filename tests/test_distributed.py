@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from launch import BIN, REPO, free_port, start
+from launch import BIN, REPO, start
 
 from cpr.cli import run_command
 from cpr.training.cli import add_arguments, run
@@ -23,7 +23,8 @@ DEMO = REPO / "recipes" / "configs" / "demo.yaml"
 
 
 def _torchrun(script: Path | str, args: list, logs: Path, env: dict):
-    return start([BIN / "torchrun", "--nproc_per_node", "2", "--master_port", free_port()], script, args, logs, env)
+    # --standalone: a rendezvous on a port the OS picks (never a fixed port: other runs share the machine)
+    return start([BIN / "torchrun", "--standalone", "--nproc_per_node", "2"], script, args, logs, env)
 
 
 def _launch(out: Path, logs: Path, *extra: str):
