@@ -15,6 +15,7 @@ together (module ``accelerate`` environment variables, set by ``accelerate launc
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -64,8 +65,6 @@ def check_launch(precision: Sequence[tuple[str, bool, bool]], *, use_vllm: bool 
             (DeepSpeed's config would contradict the trainer's); ``use_vllm`` without an importable
             ``vllm`` package.
     """
-    import importlib.util
-
     if deepspeed_launched() and use_cpu_requested():
         raise ConfigError(
             "ACCELERATE_USE_CPU=true (--cpu, use_cpu: true) with a DeepSpeed config would train plain DDP "
