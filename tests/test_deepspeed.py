@@ -4,7 +4,8 @@ hook, checkpoint selection, the final evaluation, sharded checkpoints, and SIGKI
 
 The three launches (ZeRO-2, ZeRO-3, and a ZeRO-3 run killed in phase 2) run at the same time, then
 the killed one is resumed: the ranks wait on each other often enough that running them together
-costs less wall time than one after another.
+costs less wall time than one after another. The recipe runs through a wrapper that registers a
+test reward (completion length: a learning signal for a random tiny model).
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ pytestmark = [
 STEPS = 4  # a phase
 WRAPPER = """
 import runpy, sys
+import deepspeed.ops
 import cpr.rewards as R
+
+# DeepSpeed's shared-memory all_reduce op serves DeepSpeed inference only (never ZeRO training); its JIT
+# build takes a minute of CPU on a machine that has not built it yet (deepspeed/ops/__init__.py keeps edits)
+deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 from cpr.steps import completion_text
 
 
