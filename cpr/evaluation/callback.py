@@ -31,7 +31,9 @@ What it does each time:
    together. Parameters are always gathered (a main-process-only forward on sharded ZeRO-3
    parameters would hang). FSDP v2 is refused (its forward always communicates).
    The model is put in eval mode for generation and back in train mode after; ``use_cache=True``
-   is passed to ``generate`` (see :mod:`cpr.evaluation.generation`).
+   and ``synced_gpus=False`` are passed to ``generate`` (transformers turns ``synced_gpus`` on by
+   itself under ZeRO-3, an ``all_reduce`` per token that the waiting ranks never join; see
+   :mod:`cpr.evaluation.generation`).
 2. **Everyone gets the numbers.** The main process broadcasts the metrics (or its error, which
    every rank then raises: an error is never swallowed and no rank is left waiting) with
    ``accelerate.utils.broadcast_object_list``.

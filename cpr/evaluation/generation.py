@@ -21,6 +21,9 @@ Backends:
     changed on the model), in eval mode (dropout off), and the model's train / eval mode is
     restored afterwards. Works on a plain model, a PEFT ``PeftModel`` (LoRA adapter) or a merged
     checkpoint, and on a model inside a trainer (the training hook, :mod:`cpr.evaluation.callback`).
+    Generation is never collective (``synced_gpus=False``): under DeepSpeed ZeRO-3 transformers
+    would otherwise make every rank step in lock-step (an ``all_reduce`` per token), while cpr
+    generates on the main process only, with the full parameters gathered, so it would hang.
 ``vllm`` (:class:`VLLMGenerator`)
     vLLM's offline engine with ``temperature=0`` (greedy), LoRA adapters through
     ``LoRARequest``. Used by ``cpr eval`` when ``--backend auto`` finds vLLM importable and a
@@ -229,6 +232,7 @@ class TransformersGenerator:
             "top_k": None,
             "use_cache": True,
             "pad_token_id": self.processor.tokenizer.pad_token_id,
+            "synced_gpus": False,  # never collective (module docstring)
         }
         image_token_id = getattr(model.config, "image_token_id", None)
         if image_token_id is not None:

@@ -290,12 +290,12 @@ def _evaluate(
                 f"no {split} records to score: give data.{split} or data.{split}_size", field=f"data.{split}_size"
             )
     state = process_state()
+    model_path = model_path or policy.resolve_model_path(cfg, splits)  # every process (a tiny model is built once)
     results: dict[str, dict[str, dict[str, Any]]] = {split: {} for split, _ in outputs}
     if state.is_main_process:
         from cpr.data import load_templates
 
         templates = templates if templates is not None else load_templates(cfg.data.prompts)
-        model_path = model_path or policy.resolve_model_path(cfg, splits)
         if adapter is not None:  # before the model loads
             policy.check_base(adapter, model_path, cfg, field="adapter")
         generation = generation_settings(cfg, progress=True)

@@ -27,7 +27,8 @@ def resolve_model_path(cfg: ExperimentConfig, splits: DataSplits | None) -> str:
     A ``tiny:<kind>`` name builds (or reuses from the cache) a tiny model
     (:func:`cpr.models.tiny.ensure_tiny_model`); with ``model.tiny_vocab_from_data`` its tokenizer
     is trained on the default corpus plus the training records' questions and target JSON, so every
-    caller given the same ``splits`` gets the very same network.
+    caller given the same ``splits`` gets the very same network. In a distributed run every process
+    calls this (the main process builds the model while the others wait).
 
     Args:
         cfg: a validated experiment config.
@@ -41,12 +42,16 @@ def resolve_model_path(cfg: ExperimentConfig, splits: DataSplits | None) -> str:
     kind = parse_tiny_name(cfg.model.name_or_path)
     if kind is None:
         return cfg.model.name_or_path
+    from cpr.distributed import process_state
+
     texts = None
     if cfg.model.tiny_vocab_from_data and splits is not None:
         from cpr.data import render_target
 
         texts = default_corpus() + sorted({t for r in splits.train for t in (r.question, render_target(r))})
-    return str(ensure_tiny_model(kind, texts=texts))
+    # the main process builds it first: under torch.distributed only rank 0 writes a model's files
+    with process_state().main_process_first():
+        return str(ensure_tiny_model(kind, texts=texts))
 
 
 def load_policy(cfg: ExperimentConfig, model_path: str) -> tuple[Any, Any]:

@@ -142,10 +142,11 @@ def run_experiment(
     from cpr.training.evaluate import final_evaluation, summary_entries
     from cpr.training.guards import TrainingDivergedError
     from cpr.training.logs import close_run_log, open_run_log
-    from cpr.training.phase import train_phase
+    from cpr.training.phase import check_launch_settings, train_phase
     from cpr.training.selection import select_best
     from cpr.training.warm_start import run_warm_start
 
+    check_launch_settings(cfg)  # before the process group forms: every process refuses alike
     state = process_state()
     out = Path(cfg.output_dir)
     checked = None
