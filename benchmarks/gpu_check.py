@@ -217,8 +217,8 @@ class StepTimer:
 
 
 def vllm_overrides() -> dict[str, Any]:
-    """GRPOConfig fields of the vLLM run (TRL's colocate mode). Hook: cpr's vLLM generation settings (the
-    vision placeholder tokens suppressed) are added here once ``cpr.training`` provides them."""
+    """GRPOConfig fields of the vLLM run (TRL's colocate mode); :func:`run_steps` adds cpr's vLLM generation
+    settings (the vision placeholder tokens suppressed, :func:`cpr.training.vllm.vllm_generation_kwargs`)."""
     return {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3}
 
 
@@ -280,6 +280,10 @@ def run_steps(cfg: Any, args: argparse.Namespace, device: str, extra: dict[str, 
     grpo.use_cpu = not device.startswith("cuda")
     for k, v in extra.items():
         setattr(grpo, k, v)
+    if grpo.use_vllm:
+        from cpr.training.vllm import vllm_generation_kwargs
+
+        grpo.generation_kwargs = vllm_generation_kwargs(model.config, processor.tokenizer, grpo.generation_kwargs)
     funcs, weights = get_reward_set(phase.rewards, phase.reward_weights, phase.reward_params, **_reward_shared(cfg.rewards))
     grpo.reward_weights = weights
     timer = StepTimer(model.model, device, model.config.image_token_id)
