@@ -17,9 +17,11 @@ accumulated and clipped, before ``optimizer.step()``):
     above ``guards.kl.limit`` for ``guards.kl.consecutive_steps`` steps in a row.
 ``zero_std``
     no learning signal: every group of the step's generation batches has a reward standard
-    deviation of zero (TRL's ``frac_reward_zero_std`` = 1) for ``guards.zero_std.window`` steps in
-    a row. A step that reuses buffered completions (``steps_per_generation`` or
-    ``num_iterations`` > 1) keeps the value of the generation batch it trains on.
+    deviation of zero (TRL's ``frac_reward_zero_std`` = 1) for a window of steps in a row:
+    ``guards.zero_std.window`` (50), or in a shorter phase ``guards.zero_std.fraction`` (0.25) of its
+    ``max_steps``, at least 1 (:meth:`cpr.training.config.ZeroStdGuardConfig.window_for`). A step
+    that reuses buffered completions (``steps_per_generation`` or ``num_iterations`` > 1) keeps the
+    value of the generation batch it trains on.
 
 Actions (per condition, or ``guards.action`` for all):
 
@@ -204,6 +206,7 @@ class DivergenceGuard(TrainerCallback):
         self.kl_streak = 0
         self.zero_std_run = 0
         self.last_frac_zero_std: float | None = None
+        self.zero_std_window = config.zero_std.window  # scaled to the phase's length in on_train_begin
         self.stopped: GuardEvent | None = None
         self.events: list[GuardEvent] = []
         self._reset_step()
@@ -345,7 +348,7 @@ class DivergenceGuard(TrainerCallback):
             if self.last_frac_zero_std is not None:
                 no_signal = self.last_frac_zero_std >= 1.0 - 1e-9
                 self.zero_std_run = self.zero_std_run + 1 if no_signal else 0
-                w = cfg.zero_std.window
+                w = self.zero_std_window
                 if self.zero_std_run >= w:
                     held.append(
                         (
@@ -361,6 +364,7 @@ class DivergenceGuard(TrainerCallback):
     # -- callback events --------------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, **kwargs):  # noqa: D102
+        self.zero_std_window = self.config.zero_std.window_for(state.max_steps)
         if state.global_step > 0:
             path = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}" / GUARD_STATE_FILE
             if path.is_file():

@@ -132,7 +132,7 @@ def run_experiment(
     from cpr.training.evaluate import final_evaluation, summary_entries
     from cpr.training.guards import TrainingDivergedError
     from cpr.training.logs import close_run_log, open_run_log
-    from cpr.training.phase import train_phase
+    from cpr.training.phase import resolved_config, train_phase
     from cpr.training.policy import resolve_model_path
     from cpr.training.preflight import preflight
     from cpr.training.selection import select_best
@@ -142,6 +142,10 @@ def run_experiment(
     out = Path(cfg.output_dir)
     claim_output_dir(out, resume=resume, overwrite=overwrite, state=state)
     handler = open_run_log(out, write=state.is_main_process)
+    import torch
+
+    if cfg.torch_threads is not None:
+        torch.set_num_threads(cfg.torch_threads)
     t_start = time.time()
     summary: dict[str, Any] = {
         "run_name": cfg.run_name,
@@ -161,8 +165,8 @@ def run_experiment(
             check_resumed_config(out, cfg)
         if state.is_main_process:
             out.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True))
-        logger.info("run %s -> %s", cfg.run_name, out.resolve())
+            atomic_write_text(out / "config.yaml", yaml.safe_dump(resolved_config(cfg), sort_keys=False, allow_unicode=True))
+        logger.info("run %s -> %s (torch threads: %d)", cfg.run_name, out.resolve(), torch.get_num_threads())
         preflight(cfg, str(state.device))
         splits = load_splits(cfg.data)
         logger.info("data: %s", splits.counts())
@@ -281,7 +285,8 @@ def check_resumed_config(out: Path, cfg: ExperimentConfig) -> None:
         return
     saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
     current = yaml.safe_load(yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True))
-    diffs = [d for d in _differences(saved, current) if d[0] != "config_path"]
+    # training_effective is derived (the GRPOConfig values of the config under the installed TRL)
+    diffs = [d for d in _differences(saved, current) if d[0] != "config_path" and d[0].split(".")[0] != "training_effective"]
     if diffs:
         key, old, new = diffs[0]
         more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
