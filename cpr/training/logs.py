@@ -142,7 +142,7 @@ class _ShortLines:
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D102
         if not state.is_world_process_zero or not logs:
             return
-        record = {k: _finite(v) for k, v in logs.items() if k != "total_flos"}
+        record = {k: _finite(v) for k, v in logs.items()}
         logging.getLogger("cpr.trainer_log").info("step %d: %s", state.global_step, json.dumps(record))
         line = console_line(state, logs)
         bar = getattr(self, "training_bar", None)

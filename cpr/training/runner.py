@@ -14,11 +14,13 @@ the pieces of :mod:`cpr.training`:
 
 Output folder of a run (``output_dir``)::
 
-    config.yaml                 the resolved config (every default filled in)
-    run.log                     the run's log
+    config.yaml                 the resolved config (every default filled in; training_effective:
+                                each phase's GRPOConfig values that change the result)
+    run.log                     the run's log: cpr's messages, library warnings, every trainer log record
     warm_start/adapter/         supervised LoRA warm start (when enabled)
     <phase>/checkpoint-N/       TRL checkpoints (LoRA adapter, optimizer, trainer and sampler state,
-                                guard_state.json; checkpoint_complete.json once whole;
+                                guard_state.json, generation_buffer.rank<N>.pt inside a generation
+                                batch; checkpoint_complete.json once whole;
                                 diverged.json when a guard stopped the phase there)
     <phase>/adapter/            the phase's final LoRA adapter
     <phase>/log.jsonl           every trainer log record (reward, KL, per-reward means, step metrics)
@@ -65,12 +67,9 @@ Exact resume: every phase samples its prompts with :class:`cpr.curriculum.Curric
 correctly past an epoch boundary on resume), and the checkpoint restores the torch / numpy /
 Python RNG states that TRL's generation samples from. On CPU with a fixed thread count
 (``OMP_NUM_THREADS``) a killed and resumed run reproduces the uninterrupted run's adapter
-weights and prompt order exactly (tests/test_reliability_resume.py). TRL restarts its
-micro-step counter on resume, so the resumed run regenerates completions at its first
-micro-step: exactness needs checkpoints at optimizer steps ``N`` with ``N *
-gradient_accumulation_steps`` a multiple of ``steps_per_generation * num_iterations`` (always
-true with the defaults ``steps_per_generation = gradient_accumulation_steps``, ``num_iterations
-= 1``; the runner warns otherwise). GPU kernels are not bitwise deterministic unless
+weights and prompt order exactly (tests/test_reliability_resume.py), also from a checkpoint
+inside a generation batch (:class:`cpr.training.checkpoints.GenerationStateCallback` restores
+TRL's micro-step counter and buffered completions). GPU kernels are not bitwise deterministic unless
 ``training.full_determinism: true`` (transformers' ``enable_full_determinism``).
 """
 
