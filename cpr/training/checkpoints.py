@@ -10,8 +10,9 @@ Resume (:func:`prepare_resume`): a phase continues from its last *complete*, not
 checkpoint (:func:`last_checkpoint`); the phase's JSON lines logs are cut back to that
 checkpoint's step (:func:`cpr.training.logs.rollback_logs`) and the later checkpoint folders
 (incomplete or diverged) are renamed ``abandoned-checkpoint-N-<time>``, so the resumed run never
-mixes with the lost interval. :class:`GenerationStateCallback` saves TRL's position inside a
-generation batch, so a checkpoint that falls inside one resumes exactly.
+mixes with the lost interval. A checkpoint that falls inside a generation batch also holds TRL's
+buffered generation batch (:data:`GENERATION_BUFFER_FILE`, written by
+:class:`cpr.training.guards.GenerationStateCallback`), so it resumes exactly.
 """
 
 from __future__ import annotations
@@ -24,11 +25,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import TrainerCallback
-from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
 from cpr.errors import ConfigError
 
 logger = logging.getLogger("cpr.training")
@@ -38,7 +34,6 @@ __all__ = [
     "DIVERGED_MARKER",
     "GENERATION_BUFFER_FILE",
     "GUARD_STATE_FILE",
-    "GenerationStateCallback",
     "adapter_folder",
     "checkpoint_status",
     "checkpoint_step",
@@ -177,71 +172,3 @@ def prepare_resume(phase_dir: Path, resume: bool, state: Any) -> Path | None:
             logger.info("phase %s: dropped log rows written after step %d: %s", phase_dir.name, start, dropped)
     state.wait_for_everyone()
     return ckpt
-
-
-class GenerationStateCallback(TrainerCallback, ExportableState):
-    """Saves TRL's position inside a generation batch in each checkpoint and restores it on resume.
-
-    ``trl.GRPOTrainer`` generates completions for a whole generation batch once every
-    ``steps_per_generation x num_iterations`` micro-steps (its ``_step`` counter), keeps them in
-    ``_buffered_inputs`` and trains the following micro-steps on slices of that buffer. Neither is in
-    TRL's checkpoints, so a run resumed from a checkpoint inside a generation batch would generate
-    again at once, one generation early, and train on different completions from then on.
-
-    Restoring the buffer is the only exact way: between the generation and the checkpoint at least one
-    optimizer step changed the policy, so generating again, even from the RNG state of the generation,
-    would sample from other weights (and recompute other ``old_per_token_logps``). So:
-
-    - ``_step`` is kept in ``trainer_state.json`` (``ExportableState``: ``{"micro_step": N}``);
-    - a checkpoint inside a generation batch (``_step % (steps_per_generation x num_iterations) != 0``)
-      also holds each process's buffer, ``torch.save``'d as :data:`GENERATION_BUFFER_FILE`
-      (the generation batch's tensors: prompt and completion ids, masks, advantages, old and
-      reference log-probabilities, pixel values; a few MB at the paper's batch sizes); a checkpoint at
-      a generation boundary holds none, the resumed run generates there as the uninterrupted one does;
-    - ``on_train_begin`` of a resumed run sets ``_step`` and ``_buffered_inputs`` back (torch's and the
-      sampler's RNG states come back with transformers' and the curriculum's checkpoint state).
-
-    Add it before :class:`cpr.training.guards.CheckpointCompleteCallback`, so that the completion
-    marker is written after the buffer.
-
-    Args:
-        trainer: the ``GRPOTrainer`` (for ``_step``, ``_buffered_inputs`` and the accelerator).
-
-    Raises:
-        FileNotFoundError: on resume, a checkpoint inside a generation batch without the buffer of
-            this process (saved with another number of processes).
-    """
-
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
-
-    def state(self) -> dict[str, Any]:  # noqa: D102
-        return {"args": {}, "attributes": {"micro_step": int(self.trainer._step)}}
-
-    def _inside(self, step: int) -> bool:
-        return step % (self.trainer.args.steps_per_generation * self.trainer.num_iterations) != 0
-
-    def _buffer_path(self, folder: Path) -> Path:
-        return folder / GENERATION_BUFFER_FILE.format(rank=self.trainer.accelerator.process_index)
-
-    def on_save(self, args, state, control, **kwargs):  # noqa: D102
-        if self._inside(self.trainer._step) and self.trainer._buffered_inputs is not None:
-            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            folder.mkdir(parents=True, exist_ok=True)
-            path = self._buffer_path(folder)
-            torch.save(self.trainer._buffered_inputs, path.with_suffix(".tmp"))
-            os.replace(path.with_suffix(".tmp"), path)
-
-    def on_train_begin(self, args, state, control, **kwargs):  # noqa: D102
-        name = type(self).__name__
-        saved = state.stateful_callbacks.get(name)
-        if state.global_step <= 0 or not saved:  # a fresh run, or a checkpoint from before this state
-            state.stateful_callbacks[name] = self.state()
-            return
-        step = int((saved[-1] if isinstance(saved, list) else saved)["attributes"]["micro_step"])
-        self.trainer._step = step
-        if self._inside(step):
-            path = self._buffer_path(Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-            if not path.is_file():
-                raise FileNotFoundError(f"{path} not found: the checkpoint falls inside a generation batch")
-            self.trainer._buffered_inputs = torch.load(path, map_location=self.trainer.accelerator.device)

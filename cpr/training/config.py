@@ -309,7 +309,7 @@ class ExperimentConfig:
     seed: int = _help("Seed for data splits, sampling order and initialisation.", 42)
     torch_threads: int | None = _help(
         "torch's CPU threads (torch.set_num_threads, set when the run starts); None = torch's own default "
-        "(OMP_NUM_THREADS, else one per core). 1 measured fastest for the CPU demo, idle or shared.",
+        "(OMP_NUM_THREADS, else one per core). 1 measured fastest for the CPU demo on a shared machine (README).",
         1,
     )
     model: ModelSettings = _help("Policy model.", factory=ModelSettings)

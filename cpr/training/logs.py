@@ -51,6 +51,7 @@ __all__ = [
 #: Loggers written to the run's log file only, never to the console: Python warnings
 #: (``logging.captureWarnings``) and every trainer log record (:class:`ConsoleProgressCallback`).
 FILE_ONLY_LOGGERS = ("py.warnings", "cpr.trainer_log")
+logging.getLogger("cpr.trainer_log").propagate = False  # never to the console, run log or not
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -121,7 +122,8 @@ def close_run_log(handler: logging.Handler | None) -> None:
 
 
 #: The values of a training log record shown on the console (TRL's names, as in ``log.jsonl``).
-CONSOLE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "loss", "grad_norm", "kl", "completions/mean_length")
+CONSOLE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "loss", "grad_norm", "kl", "completions/mean_length",
+                "mean_token_accuracy")
 
 
 def console_line(state: Any, logs: dict[str, Any]) -> str | None:

@@ -22,12 +22,7 @@ from typing import Any
 
 from cpr.errors import ConfigError
 from cpr.training import policy
-from cpr.training.checkpoints import (
-    DIVERGED_MARKER,
-    GenerationStateCallback,
-    has_curriculum_state,
-    prepare_resume,
-)
+from cpr.training.checkpoints import DIVERGED_MARKER, has_curriculum_state, prepare_resume
 from cpr.training.config import (
     ExperimentConfig,
     PhaseConfig,
@@ -203,7 +198,12 @@ def train_phase(
     from cpr.distributed import process_state
     from cpr.rewards import get_reward_set, set_completion_recorder
     from cpr.training.evaluate import eval_hook
-    from cpr.training.guards import EVENTS_FILE, CheckpointCompleteCallback, GuardedGRPOTrainer
+    from cpr.training.guards import (
+        EVENTS_FILE,
+        CheckpointCompleteCallback,
+        GenerationStateCallback,
+        GuardedGRPOTrainer,
+    )
     from cpr.training.logs import JsonlLogCallback, ScoredCompletionLog, quiet_console, read_log
     from cpr.training.oom import explain_oom
 
