@@ -184,7 +184,9 @@ class PhaseConfig:
 
     name: str = _help("Phase name (folder name under output_dir).", "")
     rewards: str | list[str] = _help("A reward set (answer_only, composite, cpr) or reward function names.", "cpr")
-    reward_weights: list[float] | None = _help("One weight per reward function (TRL reward_weights).", None)
+    reward_weights: list[float] | None = _help(
+        "One weight per reward function; None = TRL's training.reward_weights if set, else the reward set's.", None
+    )
     reward_params: dict[str, dict[str, Any]] = _help("Per-function parameters, e.g. {cpr: {answer_weight}}.", factory=dict)
     curriculum: dict[str, Any] = _help("cpr.curriculum.CurriculumConfig fields.", factory=dict)
     select_best: bool = _help(
