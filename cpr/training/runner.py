@@ -66,7 +66,7 @@ Exact resume: every phase samples its prompts with :class:`cpr.curriculum.Curric
 (``schedule: none`` included: the same order as TRL's ``RepeatSampler``, but one that continues
 correctly past an epoch boundary on resume), and the checkpoint restores the torch / numpy /
 Python RNG states that TRL's generation samples from. On CPU with a fixed thread count
-(``OMP_NUM_THREADS``) a killed and resumed run reproduces the uninterrupted run's adapter
+(``torch_threads``) a killed and resumed run reproduces the uninterrupted run's adapter
 weights and prompt order exactly (tests/test_reliability_resume.py), also from a checkpoint
 inside a generation batch (:class:`cpr.training.checkpoints.GenerationStateCallback` restores
 TRL's micro-step counter and buffered completions). GPU kernels are not bitwise deterministic unless
