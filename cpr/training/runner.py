@@ -68,7 +68,7 @@ correctly past an epoch boundary on resume), and the checkpoint restores the tor
 Python RNG states that TRL's generation samples from. On CPU with a fixed thread count
 (``torch_threads``) a killed and resumed run reproduces the uninterrupted run's adapter
 weights and prompt order exactly (tests/test_reliability_resume.py), also from a checkpoint
-inside a generation batch (:class:`cpr.training.checkpoints.GenerationStateCallback` restores
+inside a generation batch (:class:`cpr.training.guards.GenerationStateCallback` restores
 TRL's micro-step counter and buffered completions). GPU kernels are not bitwise deterministic unless
 ``training.full_determinism: true`` (transformers' ``enable_full_determinism``).
 """
