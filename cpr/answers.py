@@ -111,7 +111,7 @@ from math_verify import LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 from sympy import Basic, MatrixBase, S
 
-__all__ = ["ANSWER_MODES", "AnswerCheck", "check_answer", "is_correct"]
+__all__ = ["ANSWER_MODES", "AnswerCheck", "check_answer", "is_correct", "is_non_answer"]
 
 logger = logging.getLogger(__name__)
 
@@ -446,6 +446,12 @@ def _norm_text(text: str) -> str:
 def _is_non_answer(cleaned: str) -> bool:
     norm = _norm_text(cleaned)
     return not any(ch.isalnum() for ch in norm) or norm in NON_ANSWERS
+
+
+def is_non_answer(text: str) -> bool:
+    """True for an empty answer, one made only of punctuation / symbols, or a non-answer such as
+    ``"insufficient information"`` (strict rule 1 of the module docstring): never a correct answer."""
+    return _is_non_answer(_clean(text))
 
 
 def _options_from_question(question: str) -> list[str]:

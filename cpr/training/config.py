@@ -9,7 +9,8 @@ Layout of a config file (every key optional except ``model.name_or_path`` and ``
     lora:         {r, alpha, dropout, include_vision, target_modules}
     data:         {train: [{source, path, split, limit, options}], validation: [...], test: [...],
                    validation_size, test_size, on_invalid, buckets, prompts}
-    rewards:      {encoder, threshold, matching, alpha, answer_mode, batch_size, device, max_cached_completions}
+    rewards:      {encoder, threshold, matching, alpha, answer_mode, batch_size, device, max_cached_completions,
+                   guard}                                     # guard: guarded | paper | {...} (cpr.guard)
     warm_start:   {enabled, max_steps, learning_rate, ...}   # supervised LoRA pass before GRPO
     training:     {<GRPOConfig fields shared by all phases>}
     phases:       [answer_only, cpr]                          # which phases run, in order
@@ -158,6 +159,12 @@ class RewardsConfig:
         "Completion-step embeddings kept in the encoder's in-memory LRU (reference steps are always kept); "
         "bounds the cache's memory to about this many x embedding size x 4 bytes.",
         20_000,
+    )
+    guard: str | dict[str, Any] = _help(
+        "Guarded step scoring of training rewards (cpr.guard): guarded, paper (the paper's Match F1 exactly) or "
+        "{duplicates, duplicate_threshold, restatement, restatement_margin, full_credit_similarity}. "
+        "Evaluation always uses the paper's metric.",
+        "guarded",
     )
 
 
@@ -676,6 +683,9 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(f"must be >= 1, got {r.batch_size}", field="rewards.batch_size")
     if r.max_cached_completions < 0:
         raise ConfigError(f"must be >= 0, got {r.max_cached_completions}", field="rewards.max_cached_completions")
+    from cpr.guard import GuardSettings
+
+    GuardSettings.parse(r.guard, threshold=r.threshold, field="rewards.guard")
     _check_guards(cfg.guards)
 
     if not cfg.phases:
@@ -795,7 +805,7 @@ def _reward_key(field_: str | None, key: str, phase: PhaseConfig) -> str:
 
 
 #: Keys of the ``rewards`` section passed to every reward function.
-REWARD_SHARED_KEYS = ("encoder", "threshold", "matching", "alpha", "answer_mode", "batch_size", "device")
+REWARD_SHARED_KEYS = ("encoder", "threshold", "matching", "alpha", "answer_mode", "batch_size", "device", "guard")
 
 
 def _check_guards(g: GuardsConfig) -> None:
@@ -824,6 +834,7 @@ def _reward_shared(r: RewardsConfig) -> dict[str, Any]:
         "answer_mode": r.answer_mode,
         "batch_size": r.batch_size,
         "device": r.device,
+        "guard": r.guard,
     }
 
 
