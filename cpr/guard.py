@@ -10,13 +10,14 @@ guarded scorer keeps the matcher and changes three things, each switchable
 (:class:`GuardSettings`, the ``rewards.guard`` config key):
 
 ``duplicates``
-    Predicted step ``j`` is a near-duplicate when its cosine similarity ``d_j`` to an earlier
-    predicted step is at least ``duplicate_threshold``. A near-duplicate may match a reference
-    step ``r`` only if ``S[j, r] >= d_j`` (it is at least as close to ``r`` as to the step it
-    copies), so a copy can take no reference step its original could not; it still counts in
-    the precision denominator. Repeating a step can only lower the reward. A reference with
-    two near-identical steps (a list and the same list sorted) keeps full credit for a
-    completion that states both.
+    With ``d_j`` the largest cosine similarity of predicted step ``j`` to another step of the
+    same completion, a step with ``d_j >= duplicate_threshold`` (a near-duplicate, whichever
+    comes first) may match a reference step ``r`` only if ``S[j, r] >= d_j``: it must be at
+    least as close to ``r`` as to its copy. Copies collapse onto the reference steps their
+    original can take (exact copies: only a reference step equal to them), and every copy still
+    counts in the precision denominator, so repeating a step can only lower the reward. A
+    reference with two near-identical steps (a list and the same list sorted) keeps full credit
+    for a completion that states both, since each is closer to its own reference step.
 ``restatement``
     With ``q(x)`` the largest similarity of a step to the prompt (the question, its sentences,
     the option texts), predicted step ``p`` may match reference step ``r`` only if
@@ -62,6 +63,10 @@ __all__ = [
     "guarded_scores",
     "prompt_pieces",
 ]
+
+# Tolerance of the guards' comparisons: two matrix products can round the same dot product of float32
+# embeddings differently in the last place (identical strings must compare equal).
+_EPS = 1e-6
 
 #: Per-batch hack monitors logged through TRL's ``log_metric`` (README, "Reward hacking").
 MONITORS = (
@@ -216,9 +221,10 @@ def guarded_scores(
     Returns:
         ``(scores, monitors)``: one :class:`~cpr.matching.StepScores` per sample, and
         ``{"hacking/duplicate_rate", "hacking/restatement_rate"}``, each the share of the batch's
-        predicted steps that are near-duplicates of an earlier step of their completion, resp.
-        closer to the prompt than the restatement rule allows against every reference step
-        (and above tau to the prompt); a rate with no step to count is left out.
+        predicted steps that are near-duplicates (``>= duplicate_threshold``) of an earlier step of
+        their completion, resp. above tau to the prompt and refused by the restatement rule
+        against every reference step; a rate with no step to count is left out. Both are
+        computed whatever the settings apply.
     """
     table, index = encoder.embedding_table(
         [
@@ -238,18 +244,17 @@ def guarded_scores(
         sim = p @ r.T
         allowed = np.ones(sim.shape, dtype=bool)
         if len(pred) > 1:
-            d = np.tril(p @ p.T, -1)
-            d[np.triu_indices(len(pred))] = -np.inf
-            d = d.max(axis=1)
-            dup = d >= guard.duplicate_threshold
-            n_dup += int(dup.sum())
+            pp = p @ p.T
+            np.fill_diagonal(pp, -np.inf)
+            n_dup += int((np.tril(pp, -1).max(axis=1) >= guard.duplicate_threshold).sum())  # copies of an earlier step
+            d = pp.max(axis=1)
             if guard.duplicates:
-                allowed &= ~dup[:, None] | (sim >= d[:, None])
+                allowed &= (d < guard.duplicate_threshold)[:, None] | (sim >= d[:, None] - _EPS)
         n_steps += len(pred)
         if pieces:
             q = table[[index[t] for t in pieces]]
             q_pred, q_ref = (p @ q.T).max(axis=1), (r @ q.T).max(axis=1)
-            deny = q_pred[:, None] > np.maximum(sim, q_ref[None, :]) + guard.restatement_margin
+            deny = q_pred[:, None] > np.maximum(sim, q_ref[None, :]) + guard.restatement_margin + _EPS
             n_prompted += len(pred)
             n_restated += int(((q_pred > threshold) & deny.all(axis=1)).sum())
             if guard.restatement:
