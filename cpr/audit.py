@@ -30,6 +30,7 @@ import argparse
 import json
 import random
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,12 +162,14 @@ class _Cand:
     form: str = "json"
 
 
-def _tags(c: _Cand, wrong: bool) -> set[str]:
-    ids = [("own", k) if kind in ("own", "reworded") else (kind, text) for kind, k, text in c.steps]
+def _tags(c: _Cand, wrong: bool, ref: Sequence[str]) -> set[str]:
+    # a rewording stands for its own step; a text repeats when it occurs more often than in the reference
+    texts = Counter(ref[k] if kind == "reworded" else text for kind, k, text in c.steps)
     kinds = {g[0] for g in c.steps}
     own = [k for kind, k, _ in c.steps if kind in ("own", "reworded")]
+    repeated = any(n > max(1, ref.count(t)) for t, n in texts.items())
     tags = {name for name, hit in (
-        ("repetition", len(ids) != len(set(ids))), ("restatement", bool(kinds & {"question", "option"})),
+        ("repetition", repeated), ("restatement", bool(kinds & {"question", "option"})),
         ("foreign", "foreign" in kinds), ("filler", "filler" in kinds), ("reorder", own != sorted(own)),
         ("malformed", c.form != "json"), ("wrong_answer", wrong), ("no_own_steps", not own),
     ) if hit}
@@ -195,8 +198,8 @@ def _pool(
     return {
         "own": [("own", k, s) for k, s in enumerate(own)],
         "reworded": [("reworded", k, r) for k, s in enumerate(own) for r in rng.sample(reworded(s), 3)],
-        "question": [("question", 0, p) for p in pieces],
-        "option": [("option", 0, o) for o in item.options if o.strip()],
+        "question": [("question", 0, p) for p in pieces if p not in known],
+        "option": [("option", 0, o) for o in item.options if o.strip() and o not in known],
         "foreign": [("foreign", 0, s) for s in dict.fromkeys(picked)],
         "filler": [("filler", 0, s) for s in FILLER_SENTENCES],
     }, cover
@@ -220,7 +223,7 @@ def _answers(item: AuditItem, others: Sequence[AuditItem], rng: random.Random) -
 
 def _seeds(item: AuditItem, pool: dict[str, list[Gene]], cover: list[Gene], other: AuditItem) -> list[_Cand]:
     own, m = pool["own"], len(pool["own"])
-    gold = item.answer
+    own_text, gold = [g[2] for g in own], item.answer
     rew0 = [g for g in pool["reworded"] if g[1] == 0]
     fill = pool["filler"]
     seeds = [
@@ -230,7 +233,7 @@ def _seeds(item: AuditItem, pool: dict[str, list[Gene]], cover: list[Gene], othe
         _Cand(tuple(own[:1] * m), gold),
         _Cand(tuple([own[0], *rew0][:m]), gold),
         _Cand(tuple(fill[:15] + own[:1]), gold),
-        _Cand(tuple(("foreign", 0, s) for s in other.reference_steps), gold),
+        _Cand(tuple(own[own_text.index(s)] if s in own_text else ("foreign", 0, s) for s in other.reference_steps), gold),
         _Cand(tuple(cover), gold),
         _Cand(tuple(own[::-1]), gold),
         _Cand(tuple(own + own[-1:]), gold),
@@ -266,8 +269,10 @@ def _mutate(c: _Cand, pool: dict[str, list[Gene]], answers: Sequence[str], rng: 
         return _Cand(c.steps, rng.choice(answers), c.form)
     elif op == "form":
         return _Cand(c.steps, c.answer, rng.choice(_FORMS))
+    elif steps:  # the operation did not apply (too short or at the cap): replace a step instead
+        steps[i] = gene()
     else:
-        steps.insert(rng.randrange(len(steps) + 1), gene())
+        steps.append(gene())
     return _Cand(tuple(steps), c.answer, c.form)
 
 
@@ -280,7 +285,7 @@ def _search(
     wrong = _answers(item, others, rng)
     other = others[rng.randrange(len(others))]
     cap = 2 * len(item.reference_steps) + 16
-    seen: dict[str, tuple[float, set[str]]] = {}
+    seen: dict[str, float] = {}  # completion text -> total reward
     best: dict[str, tuple[float, _Cand]] = {}  # family or class -> best degenerate
     beams: dict[str, list[tuple[float, _Cand]]] = {c: [] for c in CLASSES}
 
@@ -294,8 +299,8 @@ def _search(
             return
         rewards = score(list(fresh), item)
         for (text, c), r in zip(fresh.items(), rewards, strict=True):
-            tags = _tags(c, wrong[c.answer])
-            seen[text] = (r, tags)
+            tags = _tags(c, wrong[c.answer], item.reference_steps)
+            seen[text] = r
             degenerate = sorted(tags & set(CLASSES))
             for t in tags if degenerate else ():
                 if t not in best or r > best[t][0]:
@@ -305,7 +310,7 @@ def _search(
 
     honest = _Cand(tuple(pool["own"]), item.answer)
     evaluate([honest])
-    honest_reward = seen[render(list(item.reference_steps), item.answer)][0]
+    honest_reward = seen[render(list(item.reference_steps), item.answer)]
     evaluate(_seeds(item, pool, cover, other))
     stale = 0
     while len(seen) < budget and stale < 5:

@@ -20,11 +20,13 @@ guarded scorer keeps the matcher and changes three things, each switchable
     for a completion that states both, since each is closer to its own reference step.
 ``restatement``
     With ``q(x)`` the largest similarity of a step to the prompt (the question, its sentences,
-    the option texts), predicted step ``p`` may match reference step ``r`` only if
-    ``q(p) <= max(S[p, r], q(r)) + restatement_margin``: it restates the prompt no more than it
-    resembles ``r``, or than ``r`` itself restates the prompt. An honest restatement that the
-    reference also makes keeps its credit; the question's own sentences cannot stand in for
-    reasoning steps that merely mention the same entities.
+    the option texts), the similarity of predicted step ``p`` to reference step ``r`` is scaled
+    by ``clip((max(S[p, r], q(r)) + restatement_margin - q(p)) / restatement_margin, 0, 1)``
+    before matching: unchanged while ``p`` restates the prompt no more than it resembles ``r``
+    (or than ``r`` itself restates the prompt), down to zero once it is closer to the prompt by
+    the margin. A step that restates the question as the reference does keeps its credit; the
+    question's own sentences cannot stand in for reasoning steps that merely mention the same
+    entities, and earn only part of a step that restates the prompt in other words.
 ``full_credit_similarity``
     A match is worth ``min(1, (S - tau) / (full_credit_similarity - tau))`` instead of 1, so
     credit grows from 0 at tau to 1 at paraphrase-level similarity. Generic steps and steps
@@ -86,9 +88,9 @@ class GuardSettings:
         duplicates: collapse near-duplicate predicted steps.
         duplicate_threshold: cosine similarity in (0, 1] at which a step is a near-duplicate of
             an earlier one (also the threshold of the duplicate-rate monitor).
-        restatement: refuse matches to steps that restate the prompt.
-        restatement_margin: tolerance in [0, 1) of the restatement rule (also used by the
-            restatement-rate monitor).
+        restatement: discount matches of steps that restate the prompt.
+        restatement_margin: width in [0, 1) of the restatement discount (0: all or nothing; also
+            used by the restatement-rate monitor).
         full_credit_similarity: similarity in (tau, 1] at which a match earns full credit;
             ``None`` = every match earns 1.
     """
@@ -222,8 +224,8 @@ def guarded_scores(
         ``(scores, monitors)``: one :class:`~cpr.matching.StepScores` per sample, and
         ``{"hacking/duplicate_rate", "hacking/restatement_rate"}``, each the share of the batch's
         predicted steps that are near-duplicates (``>= duplicate_threshold``) of an earlier step of
-        their completion, resp. above tau to the prompt and refused by the restatement rule
-        against every reference step; a rate with no step to count is left out. Both are
+        their completion, resp. above tau to the prompt and discounted to zero by the restatement
+        rule against every reference step; a rate with no step to count is left out. Both are
         computed whatever the settings apply.
     """
     table, index = encoder.embedding_table(
@@ -251,15 +253,17 @@ def guarded_scores(
             if guard.duplicates:
                 allowed &= (d < guard.duplicate_threshold)[:, None] | (sim >= d[:, None] - _EPS)
         n_steps += len(pred)
+        eff = sim
         if pieces:
             q = table[[index[t] for t in pieces]]
             q_pred, q_ref = (p @ q.T).max(axis=1), (r @ q.T).max(axis=1)
-            deny = q_pred[:, None] > np.maximum(sim, q_ref[None, :]) + guard.restatement_margin + _EPS
+            m = guard.restatement_margin
+            room = np.maximum(sim, q_ref[None, :]) + m - q_pred[:, None] + _EPS  # >= m: full credit, <= 0: none
             n_prompted += len(pred)
-            n_restated += int(((q_pred > threshold) & deny.all(axis=1)).sum())
+            n_restated += int(((q_pred > threshold) & (room <= 0).all(axis=1)).sum())
             if guard.restatement:
-                allowed &= ~deny
-        pairs = match_pairs(np.where(allowed, sim, -np.inf) if not allowed.all() else sim, threshold, matching)
+                eff = sim * (np.clip(room / m, 0.0, 1.0) if m > 0 else (room > 0).astype(sim.dtype))
+        pairs = match_pairs(np.where(allowed, eff, -np.inf) if not allowed.all() else eff, threshold, matching)
         if full is None:
             credit = float(len(pairs))
         else:

@@ -23,6 +23,12 @@ step_f1    F (Match F1, :mod:`cpr.matching`)                       [0, 1]
 cpr        c * (a_w + s_w * F) + (1 - c) * lam * s_w * F           [0, a_w + s_w]
 ========== ======================================================= ==================
 
+F in ``step_f1`` and ``cpr`` is scored with :mod:`cpr.guard` (``guard="guarded"`` by default:
+near-duplicate steps collapse, prompt restatements earn no match, credit grows from tau to
+paraphrase-level similarity); ``guard="paper"`` gives the paper's Match F1 exactly. Evaluation
+(:mod:`cpr.scoring`, the eval hook) always uses the paper's metric. The question and option
+columns feed the restatement rule; without them it is skipped for that row.
+
 The baselines are weighted lists of these (TRL's ``reward_weights``), see
 :func:`get_reward_set`: ``answer_only`` = format + accuracy; ``composite`` = format +
 accuracy + step_f1; ``cpr`` = format + cpr.
@@ -417,8 +423,9 @@ class CPRReward(RewardFunction):
         **settings: :class:`StepRewardSettings` fields (encoder, threshold, matching, ...).
 
     Logs (via TRL's ``log_metric``) the batch's format-valid rate, accuracy, step precision,
-    recall, Match F1, LIS, step count and the discrimination: mean CPR of completions with a
-    correct answer minus mean CPR of those with a wrong one (only when both occur).
+    recall, Match F1, LIS, step count, the hack monitors (:data:`cpr.guard.MONITORS`) and the
+    discrimination: mean CPR of completions with a correct answer minus mean CPR of those with
+    a wrong one (only when both occur).
     """
 
     name = "cpr"

