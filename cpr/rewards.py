@@ -24,8 +24,8 @@ cpr        c * (a_w + s_w * F) + (1 - c) * lam * s_w * F           [0, a_w + s_w
 ========== ======================================================= ==================
 
 F in ``step_f1`` and ``cpr`` is scored with :mod:`cpr.guard` (``guard="guarded"`` by default:
-near-duplicate steps collapse, prompt restatements earn no match, credit grows from tau to
-paraphrase-level similarity); ``guard="paper"`` gives the paper's Match F1 exactly. Evaluation
+near-duplicate steps collapse, restatements of the prompt are discounted, credit grows from tau
+to paraphrase-level similarity); ``guard="paper"`` gives the paper's Match F1 exactly. Evaluation
 (:mod:`cpr.scoring`, the eval hook) always uses the paper's metric. The question and option
 columns feed the restatement rule; without them it is skipped for that row.
 
