@@ -36,6 +36,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/match_f1_throughput.py
 	$(PY) benchmarks/reward_throughput.py
+	$(PY) benchmarks/guard_calibration.py
 
 ablation-demo: $(STAMP)
 	$(PY) recipes/reward_ablation.py --config recipes/configs/ablation_weights_demo.yaml

@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "train": "cpr.training.cli",
     "eval": "cpr.evaluation.cli",
     "ablate": "cpr.ablation",
+    "audit-reward": "cpr.audit",
     "export": "cpr.export",
 }
 

@@ -30,6 +30,12 @@ step_f1    F (Match F1, :mod:`cpr.matching`)                       [0, 1]
 cpr        c * (a_w + s_w * F) + (1 - c) * lam * s_w * F           [0, a_w + s_w]
 ========== ======================================================= ==================
 
+F in ``step_f1`` and ``cpr`` is scored with :mod:`cpr.guard` (``guard="guarded"`` by default:
+near-duplicate steps collapse, restatements of the prompt are discounted, credit grows from tau
+to paraphrase-level similarity); ``guard="paper"`` gives the paper's Match F1 exactly. Evaluation
+(:mod:`cpr.scoring`, the eval hook) always uses the paper's metric. The question and option
+columns feed the restatement rule; without them it is skipped for that row.
+
 The baselines are weighted lists of these (TRL's ``reward_weights``), see
 :func:`get_reward_set`: ``answer_only`` = format + accuracy; ``composite`` = format +
 accuracy + step_f1; ``cpr`` = format + cpr.
@@ -48,15 +54,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cpr.answers import ANSWER_MODES, check_answer
+from cpr.answers import ANSWER_MODES, check_answer, is_non_answer
 from cpr.errors import ConfigError, CprError
+from cpr.guard import GuardSettings, guarded_scores, prompt_pieces
 from cpr.matching import (
     DEFAULT_ALPHA,
     DEFAULT_ENCODER,
     DEFAULT_THRESHOLD,
     StepScores,
     get_encoder,
-    score_batch,
 )
 from cpr.steps import ParsedCompletion, completion_text, parse_completion
 
@@ -83,6 +89,10 @@ LOGGED_METRICS = (
     "steps/lis",
     "steps/count",
     "cpr/discrimination",
+    "hacking/duplicate_rate",
+    "hacking/restatement_rate",
+    "hacking/precision_minus_recall",
+    "hacking/non_answer_rate",
 )
 
 # A callable receiving one dict per scored completion (see set_completion_recorder).
@@ -113,6 +123,9 @@ class StepRewardSettings:
         alpha: order weight of Ordered Match F1, in [0, 1].
         device: encoder device; ``None`` = the trainer's device (accelerate) or CUDA if present.
         batch_size: encoder batch size.
+        guard: guarded step scoring (:class:`cpr.guard.GuardSettings`): ``"guarded"`` (default),
+            ``"paper"`` (the paper's Match F1 exactly) or a mapping of its fields; :meth:`validate`
+            replaces it by the parsed :class:`~cpr.guard.GuardSettings`.
     """
 
     encoder: str = DEFAULT_ENCODER
@@ -121,6 +134,7 @@ class StepRewardSettings:
     alpha: float = DEFAULT_ALPHA
     device: str | None = None
     batch_size: int = 64
+    guard: Any = "guarded"
 
     def validate(self, prefix: str = "rewards") -> None:
         """Raise :class:`ConfigError` naming the key of any invalid value."""
@@ -134,6 +148,8 @@ class StepRewardSettings:
             raise ConfigError(f"alpha must be in [0, 1], got {self.alpha}", field=f"{prefix}.alpha")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}", field=f"{prefix}.batch_size")
+        guard = GuardSettings.parse(self.guard, threshold=self.threshold, field=f"{prefix}.guard")
+        object.__setattr__(self, "guard", guard)
 
 
 def _default_device() -> str | None:
@@ -200,16 +216,20 @@ def _step_scores(
 ) -> list[StepScores]:
     n = len(parsed)
     refs = [_as_steps(r, i) for i, r in enumerate(_column(kwargs, "reference_steps", n, required=True))]
+    questions = _column(kwargs, "question", n, required=False, default="")
+    options = _column(kwargs, "options", n, required=False, default=())
     encoder = get_encoder(
         settings.encoder, device=settings.device or _default_device(), batch_size=settings.batch_size
     )
-    # score_batch embeds every string of the batch not yet cached in one call; reference steps
-    # are pinned in the encoder cache, so a dataset's references are embedded once per process.
+    # One encode call for every string of the batch not yet cached; reference steps and prompt
+    # pieces are pinned in the encoder cache, so a dataset's are embedded once per process.
     try:
-        return score_batch(
+        scores, monitors = guarded_scores(
             [list(p.steps) for p in parsed],
             refs,
+            [prompt_pieces(q, o) for q, o in zip(questions, options, strict=True)],
             encoder=encoder,
+            guard=GuardSettings.parse(settings.guard, threshold=settings.threshold),
             threshold=settings.threshold,
             alpha=settings.alpha,
             matching=settings.matching,
@@ -220,6 +240,8 @@ def _step_scores(
             f"({type(e).__name__}: {e}); if this is out of memory, lower the encoder batch size "
             "(rewards.batch_size) or per_device_train_batch_size / num_generations"
         ) from e
+    _log(kwargs, monitors)
+    return scores
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -242,7 +264,13 @@ def _step_metrics(scores: Sequence[StepScores]) -> dict[str, float]:
         "steps/match_f1": _mean([s.match_f1 for s in scores]),
         "steps/lis": _mean([s.lis for s in scores]),
         "steps/count": _mean([s.n_pred for s in scores]),
+        "hacking/precision_minus_recall": _mean([s.precision - s.recall for s in scores]),
     }
+
+
+def _non_answer_rate(parsed: Sequence[ParsedCompletion]) -> float:
+    """Share of completions without a usable answer: unparsable, empty or a non-answer."""
+    return _mean([1.0 if p.format == "none" or is_non_answer(p.answer) else 0.0 for p in parsed])
 
 
 def _record(
@@ -364,7 +392,7 @@ class AccuracyReward(RewardFunction):
         parsed = _parse_all(completions)
         correct = _correctness(parsed, kwargs, self.answer_mode)
         rewards = [1.0 if c else 0.0 for c in correct]
-        _log(kwargs, {"answer/accuracy": _mean(rewards)})
+        _log(kwargs, {"answer/accuracy": _mean(rewards), "hacking/non_answer_rate": _non_answer_rate(parsed)})
         return rewards
 
 
@@ -414,8 +442,9 @@ class CPRReward(RewardFunction):
         **settings: :class:`StepRewardSettings` fields (encoder, threshold, matching, ...).
 
     Logs (via TRL's ``log_metric``) the batch's format-valid rate, accuracy, step precision,
-    recall, Match F1, LIS, step count and the discrimination: mean CPR of completions with a
-    correct answer minus mean CPR of those with a wrong one (only when both occur).
+    recall, Match F1, LIS, step count, the hack monitors (:data:`cpr.guard.MONITORS`) and the
+    discrimination: mean CPR of completions with a correct answer minus mean CPR of those with
+    a wrong one (only when both occur).
     """
 
     name = "cpr"
@@ -474,6 +503,7 @@ class CPRReward(RewardFunction):
         metrics = {
             "format/valid_rate": _mean([1.0 if p.json_valid else 0.0 for p in parsed]),
             "answer/accuracy": _mean([1.0 if c else 0.0 for c in correct]),
+            "hacking/non_answer_rate": _non_answer_rate(parsed),
             **_step_metrics(scores),
         }
         if right and wrong:
@@ -498,7 +528,7 @@ REWARD_SETS: dict[str, list[tuple[str, float]]] = {
     "cpr": [("format", 1.0), ("cpr", 1.0)],
 }
 
-_STEP_SETTING_KEYS = {"encoder", "threshold", "matching", "alpha", "device", "batch_size"}
+_STEP_SETTING_KEYS = {"encoder", "threshold", "matching", "alpha", "device", "batch_size", "guard"}
 
 
 def _accepted(cls: type, params: Mapping[str, Any]) -> dict[str, Any]:

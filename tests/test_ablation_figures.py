@@ -126,7 +126,7 @@ def test_bucket_mix_from_checkpoints(tmp_path):
 def test_run_figures_write_every_png(tmp_path):
     folder, _ = _run_with_data(tmp_path)
     paths = figures.run_figures(folder, tmp_path / "figs", kl_limit=2.0)
-    assert sorted(paths) == ["bucket_mix", "f1_vs_accuracy", "kl", "reward_components"]
+    assert sorted(paths) == ["bucket_mix", "f1_vs_accuracy", "hack_monitors", "kl", "reward_components"]
     for path in paths.values():
         _png_ok(path)
     assert figures.folder_kind(folder) == "run"

@@ -95,23 +95,23 @@ def _stdout(nb: nbformat.NotebookNode) -> str:
 def test_notebook_on_an_ablation_folder(kernel, strategies, tmp_path):
     nb = _execute(kernel, strategies, tmp_path / "figs")
     made = sorted(str(p.relative_to(tmp_path / "figs")) for p in (tmp_path / "figs").rglob("*.png"))
-    assert made == ["ablation_strategies.png", "cpr/bucket_mix.png", "cpr/f1_vs_accuracy.png", "cpr/kl.png",
-                    "cpr/reward_components.png", "training_dynamics.png"]
+    assert made == ["ablation_strategies.png", "cpr/bucket_mix.png", "cpr/f1_vs_accuracy.png", "cpr/hack_monitors.png",
+                    "cpr/kl.png", "cpr/reward_components.png", "training_dynamics.png"]
     for name in made:
         _check_png(tmp_path / "figs" / name)
-    assert "ablation folder" in _stdout(nb) and "6 figures in" in _stdout(nb)
+    assert "ablation folder" in _stdout(nb) and "7 figures in" in _stdout(nb)
     assert "cpr: KL limit 7.5 (the run's guards.kl.limit)" in _stdout(nb)
     tables = [o for c in nb.cells for o in c.get("outputs", []) if "text/markdown" in o.get("data", {})]
     assert any("# Strategy comparison: nb" in o["data"]["text/markdown"] for o in tables)
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert len(images) == 6
+    assert len(images) == 7
 
 
 @pytest.mark.slow
 def test_notebook_on_a_run_folder(kernel, strategies, tmp_path):
     nb = _execute(kernel, strategies / "cpr", tmp_path / "figs")
     made = sorted(p.name for p in (tmp_path / "figs").rglob("*.png"))
-    assert made == ["bucket_mix.png", "f1_vs_accuracy.png", "kl.png", "reward_components.png"]
+    assert made == ["bucket_mix.png", "f1_vs_accuracy.png", "hack_monitors.png", "kl.png", "reward_components.png"]
     for path in (tmp_path / "figs").rglob("*.png"):
         _check_png(path)
     assert "run folder" in _stdout(nb) and "a run folder: no ablation table" in _stdout(nb)

@@ -1,6 +1,7 @@
 """Figures of run folders and ablations (PNG, matplotlib's Agg canvas; no pyplot state).
 
-Per run (:func:`run_figures`): reward components, KL, step Match F1 against accuracy, and the
+Per run (:func:`run_figures`): reward components, KL, step Match F1 against accuracy, the hack
+monitors (:data:`cpr.guard.MONITORS`) against the ``reward_hacking`` guard's bounds, and the
 difficulty-bucket mix over training. Per ablation (:func:`ablation_figures`): the training-dynamics
 figure of a strategy comparison (paper Figure 5: Match F1 and accuracy against training step, one
 colour per strategy, NaN divergence marked) and bar charts of the table's columns.
@@ -54,6 +55,7 @@ __all__ = [
     "kl_guard_limit",
     "plot_bucket_mix",
     "plot_f1_vs_accuracy",
+    "plot_hack_monitors",
     "plot_kl",
     "plot_reward_components",
     "plot_table",
@@ -212,6 +214,34 @@ def plot_kl(run: RunFolder, path: str | Path, *, kl_limit: float | None = None, 
         ax.plot([div["step"]], [_height_at(xs, ys, div["step"])], **_NAN_MARKER)
     _phase_lines(ax, logs)
     ax.set(xlabel="training step (all phases)", ylabel="KL", title=f"KL: {run.path.name}")
+    return _save(fig, path, dpi)
+
+
+def plot_hack_monitors(run: RunFolder, path: str | Path, *, dpi: int = 120) -> Path:
+    """The hack monitors per training step, one panel each, with the bound of the run's
+    ``guards.reward_hacking`` (its config, else the defaults) as a dashed red line."""
+    from cpr.guard import MONITORS
+    from cpr.training.config import DEFAULT_HACKING_BOUNDS
+
+    logs = run.phase_logs()
+    rows = [r for p in logs for r in p.train]
+    guards = (run.config or {}).get("guards") or {}
+    bounds = {**DEFAULT_HACKING_BOUNDS, **((guards.get("reward_hacking") or {}).get("bounds") or {})}
+    fig, axes = _figure(2, 3, size=(12.0, 6.0))
+    for i, key in enumerate(MONITORS):
+        ax = axes[i // 3][i % 3]
+        xs, ys = _series(rows, key)
+        if xs:
+            ax.plot(*_broken(xs, ys, logs), color=f"C{i}", marker=".", label="training batch")
+        else:
+            _no_data(ax, "not logged")
+        if key in bounds:
+            ax.axhline(bounds[key], color="red", linestyle="--", linewidth=1, label=f"bound {bounds[key]:g}")
+        ax.legend(fontsize=7)
+        _phase_lines(ax, logs)
+        ax.set(xlabel="training step (all phases)", title=key)
+    axes[1][2].set_axis_off()
+    fig.suptitle(f"Hack monitors: {run.path.name}")
     return _save(fig, path, dpi)
 
 
@@ -467,7 +497,7 @@ def run_figures(run_dir: str | Path, out_dir: str | Path, *, kl_limit: float | N
     checkpoints' curriculum state, else left out (module docstring).
 
     Returns:
-        ``{"reward_components", "kl", "f1_vs_accuracy"[, "bucket_mix"]}`` -> PNG path.
+        ``{"reward_components", "kl", "f1_vs_accuracy", "hack_monitors"[, "bucket_mix"]}`` -> PNG path.
     """
     run = read_run(run_dir)
     out_dir = Path(out_dir)
@@ -475,6 +505,7 @@ def run_figures(run_dir: str | Path, out_dir: str | Path, *, kl_limit: float | N
         "reward_components": plot_reward_components(run, out_dir / "reward_components.png", dpi=dpi),
         "kl": plot_kl(run, out_dir / "kl.png", kl_limit=kl_guard_limit(run) if kl_limit is None else kl_limit, dpi=dpi),
         "f1_vs_accuracy": plot_f1_vs_accuracy(run, out_dir / "f1_vs_accuracy.png", dpi=dpi),
+        "hack_monitors": plot_hack_monitors(run, out_dir / "hack_monitors.png", dpi=dpi),
     }
     logs = run.phase_logs()
     if any(p.scored for p in logs):

@@ -10,7 +10,8 @@ Layout of a config file (every key optional except ``model.name_or_path`` and ``
     lora:         {r, alpha, dropout, include_vision, target_modules}
     data:         {train: [{source, path, split, limit, options}], validation: [...], test: [...],
                    validation_size, test_size, on_invalid, buckets, prompts}
-    rewards:      {encoder, threshold, matching, alpha, answer_mode, batch_size, device, max_cached_completions}
+    rewards:      {encoder, threshold, matching, alpha, answer_mode, batch_size, device, max_cached_completions,
+                   guard}                                     # guard: guarded | paper | {...} (cpr.guard)
     warm_start:   {enabled, max_steps, learning_rate, ...}   # supervised LoRA pass before GRPO
     training:     {<GRPOConfig fields shared by all phases>}
     phases:       [answer_only, cpr]                          # which phases run, in order
@@ -19,7 +20,8 @@ Layout of a config file (every key optional except ``model.name_or_path`` and ``
       cpr:         {...}
     evaluation:   {benchmarks: [...], eval_steps, metric_for_best, max_new_tokens, ..., final, final_splits}
     guards:       {enabled, action, nan: {action}, kl: {limit, consecutive_steps, action},
-                   zero_std: {window, fraction, action}}      # divergence guards (cpr.training.guards)
+                   zero_std: {window, fraction, action},
+                   reward_hacking: {bounds, consecutive_steps, action}}  # divergence guards (cpr.training.guards)
 
 Built-in phases (:data:`PHASE_PRESETS`) fill what ``phase_settings`` leaves out, so
 ``phases: [cpr]`` alone is a valid single-phase run:
@@ -59,11 +61,13 @@ __all__ = [
     "EvaluationConfig",
     "ExperimentConfig",
     "DEFAULT_GUARD_ACTIONS",
+    "DEFAULT_HACKING_BOUNDS",
     "EVAL_SPLITS",
     "GUARD_ACTIONS",
     "GuardsConfig",
     "KLGuardConfig",
     "NanGuardConfig",
+    "RewardHackingGuardConfig",
     "ZeroStdGuardConfig",
     "LoraSettings",
     "ModelSettings",
@@ -164,6 +168,12 @@ class RewardsConfig:
         "Completion-step embeddings kept in the encoder's in-memory LRU (reference steps are always kept); "
         "bounds the cache's memory to about this many x embedding size x 4 bytes.",
         20_000,
+    )
+    guard: str | dict[str, Any] = _help(
+        "Guarded step scoring of training rewards (cpr.guard): guarded, paper (the paper's Match F1 exactly) or "
+        "{duplicates, duplicate_threshold, restatement, restatement_margin, full_credit_similarity}. "
+        "Evaluation always uses the paper's metric.",
+        "guarded",
     )
 
 
@@ -286,12 +296,42 @@ class ZeroStdGuardConfig:
         return min(self.window, max(1, math.ceil(self.fraction * max_steps)))
 
 
+#: Upper bounds of the hack monitors (cpr.guard.MONITORS) for ``guards.reward_hacking.bounds``
+#: (README, "Reward hacking": honest references stay far below them, the exploits go past).
+DEFAULT_HACKING_BOUNDS: dict[str, float] = {
+    "hacking/duplicate_rate": 0.25,
+    "hacking/restatement_rate": 0.25,
+    "hacking/precision_minus_recall": 0.8,
+    "hacking/non_answer_rate": 0.5,
+    "steps/count": 30.0,
+}
+
+
+@dataclass
+class RewardHackingGuardConfig:
+    """A hack monitor (logged by the step-scoring reward functions each generation batch) above
+    its bound for several optimizer steps in a row."""
+
+    enabled: bool = _help("Check the hack monitors every optimizer step.", True)
+    bounds: dict[str, float] = _help(
+        "Monitor -> upper bound (hacking/duplicate_rate, hacking/restatement_rate, hacking/precision_minus_recall, "
+        "hacking/non_answer_rate, steps/count).",
+        factory=lambda: dict(DEFAULT_HACKING_BOUNDS),
+    )
+    consecutive_steps: int = _help("The condition holds after this many optimizer steps in a row past a bound.", 20)
+    action: str | None = _help("warn, skip_step or stop; None = guards.action, else warn.", None)
+
+    def __post_init__(self) -> None:
+        self.bounds = {**DEFAULT_HACKING_BOUNDS, **self.bounds}  # given bounds replace the defaults one by one
+
+
 @dataclass
 class GuardsConfig:
     """Divergence guards of the GRPO phases (:mod:`cpr.training.guards`).
 
     Each condition's action is its own ``action`` if set, else ``guards.action`` if set, else its
-    default (:data:`DEFAULT_GUARD_ACTIONS`: nan -> stop, kl -> warn, zero_std -> warn).
+    default (:data:`DEFAULT_GUARD_ACTIONS`: nan -> stop, kl -> warn, zero_std -> warn,
+    reward_hacking -> warn).
     """
 
     enabled: bool = _help("Run the guards at all.", True)
@@ -299,9 +339,12 @@ class GuardsConfig:
     nan: NanGuardConfig = _help("NaN / Inf in a reward, the loss or the gradient norm.", factory=NanGuardConfig)
     kl: KLGuardConfig = _help("KL above a limit for consecutive steps.", factory=KLGuardConfig)
     zero_std: ZeroStdGuardConfig = _help("Zero reward std in every group for a window of steps.", factory=ZeroStdGuardConfig)
+    reward_hacking: RewardHackingGuardConfig = _help(
+        "Hack monitors past their bounds for consecutive steps.", factory=RewardHackingGuardConfig
+    )
 
     def action_for(self, condition: str) -> str:
-        """The resolved action of ``condition`` (``"nan"``, ``"kl"`` or ``"zero_std"``).
+        """The resolved action of ``condition`` (``"nan"``, ``"kl"``, ``"zero_std"`` or ``"reward_hacking"``).
 
         Raises:
             KeyError: an unknown condition name.
@@ -312,7 +355,7 @@ class GuardsConfig:
 
 
 #: Default action of each guard condition.
-DEFAULT_GUARD_ACTIONS: dict[str, str] = {"nan": "stop", "kl": "warn", "zero_std": "warn"}
+DEFAULT_GUARD_ACTIONS: dict[str, str] = {"nan": "stop", "kl": "warn", "zero_std": "warn", "reward_hacking": "warn"}
 
 
 @dataclass
@@ -724,6 +767,9 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(f"must be >= 1, got {r.batch_size}", field="rewards.batch_size")
     if r.max_cached_completions < 0:
         raise ConfigError(f"must be >= 0, got {r.max_cached_completions}", field="rewards.max_cached_completions")
+    from cpr.guard import GuardSettings
+
+    GuardSettings.parse(r.guard, threshold=r.threshold, field="rewards.guard")
     _check_guards(cfg.guards)
 
     if not cfg.phases:
@@ -868,7 +914,7 @@ def _reward_key(field_: str | None, key: str, phase: PhaseConfig) -> str:
 
 
 #: Keys of the ``rewards`` section passed to every reward function.
-REWARD_SHARED_KEYS = ("encoder", "threshold", "matching", "alpha", "answer_mode", "batch_size", "device")
+REWARD_SHARED_KEYS = ("encoder", "threshold", "matching", "alpha", "answer_mode", "batch_size", "device", "guard")
 
 
 def _check_guards(g: GuardsConfig) -> None:
@@ -877,6 +923,7 @@ def _check_guards(g: GuardsConfig) -> None:
         ("guards.nan.action", g.nan.action),
         ("guards.kl.action", g.kl.action),
         ("guards.zero_std.action", g.zero_std.action),
+        ("guards.reward_hacking.action", g.reward_hacking.action),
     ):
         if action is not None and action not in GUARD_ACTIONS:
             raise ConfigError(f"unknown action {action!r}; expected one of {', '.join(GUARD_ACTIONS)}", field=key)
@@ -888,6 +935,17 @@ def _check_guards(g: GuardsConfig) -> None:
         raise ConfigError(f"must be >= 1, got {g.zero_std.window}", field="guards.zero_std.window")
     if not (0 < g.zero_std.fraction <= 1):
         raise ConfigError(f"must be in (0, 1], got {g.zero_std.fraction}", field="guards.zero_std.fraction")
+    from cpr.guard import MONITORS
+
+    for key, bound in g.reward_hacking.bounds.items():
+        if key not in MONITORS:
+            raise ConfigError(f"unknown monitor; known: {', '.join(MONITORS)}", field=f"guards.reward_hacking.bounds.{key}")
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound):
+            raise ConfigError(f"must be a finite number, got {bound!r}", field=f"guards.reward_hacking.bounds.{key}")
+    if g.reward_hacking.consecutive_steps < 1:
+        raise ConfigError(
+            f"must be >= 1, got {g.reward_hacking.consecutive_steps}", field="guards.reward_hacking.consecutive_steps"
+        )
 
 
 def _reward_shared(r: RewardsConfig) -> dict[str, Any]:
@@ -899,6 +957,7 @@ def _reward_shared(r: RewardsConfig) -> dict[str, Any]:
         "answer_mode": r.answer_mode,
         "batch_size": r.batch_size,
         "device": r.device,
+        "guard": r.guard,
     }
 
 

@@ -24,13 +24,18 @@ accumulated and clipped, before ``optimizer.step()``):
     ``max_steps``, at least 1 (:meth:`cpr.training.config.ZeroStdGuardConfig.window_for`). A step
     that reuses buffered completions (``steps_per_generation`` or ``num_iterations`` > 1) keeps the
     value of the generation batch it trains on.
+``reward_hacking``
+    a hack monitor (:data:`cpr.guard.MONITORS`, logged by the step-scoring reward functions through
+    TRL's ``log_metric``) above its bound in ``guards.reward_hacking.bounds`` for
+    ``guards.reward_hacking.consecutive_steps`` steps in a row; a step without a new generation
+    batch keeps the last value, as for ``zero_std``.
 
 Actions (per condition, or ``guards.action`` for all):
 
 ``warn``
     log a warning (logger ``cpr.training.guards``, so also ``run.log``) and record the event.
-    ``kl`` and ``zero_std`` warn when their run reaches its length and again every further run
-    length while it lasts; ``nan`` at every step where it occurs.
+    ``kl``, ``zero_std`` and ``reward_hacking`` warn when their run reaches its length and again every
+    further run length while it lasts; ``nan`` at every step where it occurs.
 ``skip_step``
     zero the step's update: every parameter the optimizer holds gets ``grad = None`` in
     ``on_pre_optimizer_step``. torch's optimizers (Adam, AdamW, SGD, ...) skip parameters without a
@@ -152,7 +157,7 @@ class GuardEvent:
 
     Attributes:
         step: the optimizer step it happened in (``global_step`` after that step, 1-based).
-        condition: ``"nan"``, ``"kl"`` or ``"zero_std"``.
+        condition: ``"nan"``, ``"kl"``, ``"zero_std"`` or ``"reward_hacking"``.
         action: the action taken: ``"warn"``, ``"skip_step"`` or ``"stop"``.
         reason: one line, e.g. ``"non-finite loss (nan), grad_norm (nan)"``.
         values: the numbers behind it (JSON-serialisable; non-finite floats as strings).
@@ -219,6 +224,8 @@ class DivergenceGuard(TrainerCallback):
         self.zero_std_run = 0
         self.last_frac_zero_std: float | None = None
         self.zero_std_window = config.zero_std.window  # scaled to the phase's length in on_train_begin
+        self.hack_runs: dict[str, int] = {}
+        self.hack_last: dict[str, float] = {}
         self.stopped: GuardEvent | None = None
         self.events: list[GuardEvent] = []
         self._reset_step()
@@ -373,7 +380,27 @@ class DivergenceGuard(TrainerCallback):
                             (self.zero_std_run - w) % w == 0,
                         )
                     )
+        if cfg.reward_hacking.enabled:
+            held += self._check_hacking()
         return held
+
+    def _check_hacking(self) -> list[tuple[str, str, dict[str, Any], bool]]:
+        cfg = self.config.reward_hacking
+        n = cfg.consecutive_steps
+        for key, bound in cfg.bounds.items():
+            values = [v for v in self._new_values(key) if math.isfinite(v)]
+            if values:
+                self.hack_last[key] = sum(values) / len(values)
+            past = key in self.hack_last and self.hack_last[key] > bound
+            self.hack_runs[key] = self.hack_runs.get(key, 0) + 1 if past else 0
+        over = {k: r for k, r in self.hack_runs.items() if r >= n}
+        if not over:
+            return []
+        reason = "; ".join(
+            f"{k} {self.hack_last[k]:.4g} above {cfg.bounds[k]:g} for {r} steps in a row" for k, r in sorted(over.items())
+        )
+        values = {k: {"value": self.hack_last[k], "bound": cfg.bounds[k], "run": r} for k, r in over.items()}
+        return [("reward_hacking", reason, values, any((r - n) % n == 0 for r in over.values()))]
 
     # -- callback events --------------------------------------------------------------------
 
@@ -389,7 +416,8 @@ class DivergenceGuard(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):  # noqa: D102
         self._reset_step()
         metrics = self._train_metrics()
-        self._marks = {k: len(metrics.get(k, [])) for k in ("kl", "frac_reward_zero_std")}
+        keys = ("kl", "frac_reward_zero_std", *self.config.reward_hacking.bounds)
+        self._marks = {k: len(metrics.get(k, [])) for k in keys}
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):  # noqa: D102
         step = state.global_step + 1
@@ -452,6 +480,8 @@ class DivergenceGuard(TrainerCallback):
             "kl_streak": self.kl_streak,
             "zero_std_run": self.zero_std_run,
             "last_frac_zero_std": self.last_frac_zero_std,
+            "hack_runs": self.hack_runs,
+            "hack_last": self.hack_last,
             "counts": self.counts,
             "skipped_steps": self.skipped_steps,
         }
@@ -461,6 +491,8 @@ class DivergenceGuard(TrainerCallback):
         self.kl_streak = int(state.get("kl_streak", 0))
         self.zero_std_run = int(state.get("zero_std_run", 0))
         self.last_frac_zero_std = state.get("last_frac_zero_std")
+        self.hack_runs = {k: int(v) for k, v in (state.get("hack_runs") or {}).items()}
+        self.hack_last = {k: float(v) for k, v in (state.get("hack_last") or {}).items()}
         for cond, counts in (state.get("counts") or {}).items():
             if cond in self.counts:
                 self.counts[cond] = {k: int(v) for k, v in counts.items()}
