@@ -1,17 +1,21 @@
-"""``load_records``: read a source with its adapter, validate, bucket, and report what was skipped."""
+"""``load_records``: read a source with its adapter, validate, bucket, and report what was skipped.
+
+Rows are read, converted and validated one at a time and written straight to a memory-mapped
+record dataset (:func:`cpr.data.records.write_records`), so loading holds no image bytes.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cpr.data.adapters import SkipRow, get_adapter
 from cpr.data.buckets import BucketConfig, assign_bucket
-from cpr.data.records import Record
+from cpr.data.records import Record, Records, write_records
 from cpr.data.validation import BAD_VALUE, DUPLICATE_ID, RecordError, check_on_invalid, validate_record
 from cpr.errors import InputError
 
@@ -62,7 +66,7 @@ def load_records(
     limit: int | None = None,
     validate_images: bool = True,
     options: Mapping[str, Any] | None = None,
-) -> list[Record]:
+) -> Records:
     """Load a dataset in its published layout as validated, bucketed records.
 
     Args:
@@ -81,7 +85,8 @@ def load_records(
         options: adapter options (e.g. ``{"text_only": "keep"}`` for ScienceQA).
 
     Returns:
-        The records, in file order.
+        The records, in file order: a sequence of :class:`Record` stored in a memory-mapped
+        dataset (images as paths or embedded bytes, decoded only when opened).
 
     Raises:
         RecordError / InputError: invalid input (file, line or id, and field in the message).
@@ -111,7 +116,7 @@ def load_records_with_report(
     limit: int | None = None,
     validate_images: bool = True,
     options: Mapping[str, Any] | None = None,
-) -> tuple[list[Record], LoadReport]:
+) -> tuple[Records, LoadReport]:
     """:func:`load_records` that also returns the :class:`LoadReport`."""
     check_on_invalid(on_invalid)
     if limit is not None and limit < 0:
@@ -119,10 +124,32 @@ def load_records_with_report(
     adapter = get_adapter(source, **dict(options or {}))
     config = buckets if buckets is not None else BucketConfig()
     report = LoadReport(source=source, path=str(path))
-    records: list[Record] = []
+    records = write_records(
+        _valid_records(adapter, path, split, on_invalid, config, limit, validate_images, report)
+    )
+    report.loaded = len(records)
+    if report.skipped:
+        logger.warning("%s", report.summary())
+        for reason, message in report.first_errors.items():
+            logger.warning("first %s: %s", reason, message)
+    elif report.filtered:
+        logger.info("%s", report.summary())
+    return records, report
+
+
+def _valid_records(
+    adapter: Any,
+    path: str | Path,
+    split: str | None,
+    on_invalid: str,
+    config: BucketConfig,
+    limit: int | None,
+    validate_images: bool,
+    report: LoadReport,
+) -> Iterator[Record]:
     seen: dict[str, str] = {}
     for row in adapter.rows(path, split):
-        if limit is not None and len(records) >= limit:
+        if limit is not None and len(seen) >= limit:
             break
         report.rows += 1
         try:
@@ -159,15 +186,7 @@ def load_records_with_report(
             report.first_errors.setdefault(e.reason, str(e))
             continue
         seen[record.id] = f"line {row.line}" if row.line is not None else f"row {row.index}"
-        records.append(record)
-    report.loaded = len(records)
-    if report.skipped:
-        logger.warning("%s", report.summary())
-        for reason, message in report.first_errors.items():
-            logger.warning("first %s: %s", reason, message)
-    elif report.filtered:
-        logger.info("%s", report.summary())
-    return records, report
+        yield record
 
 
 def _bucket(record: Record, config: BucketConfig, path: str | Path, line: int | None) -> str:

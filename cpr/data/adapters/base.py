@@ -178,22 +178,23 @@ def jsonl_rows(path: Path, *, id_key: str | None = "id", base_dir: Path | None =
     JSON object gives a row with :attr:`RawRow.problem` set (reason ``malformed JSON`` /
     ``bad value``), so that ``on_invalid: skip`` skips it like any invalid record."""
     with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
-    for line, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        row = RawRow(data={}, path=path, line=line, base_dir=base_dir or path.parent, index=line - 1)
-        try:
-            obj = parse_jsonl_line(raw, path, line)
-        except InputError as e:
-            row.problem = row.error(e.message, reason=MALFORMED_JSON)
-        else:
-            if isinstance(obj, Mapping):
-                rid = obj.get(id_key) if id_key else None
-                row.data, row.record_id = obj, (str(rid) if rid is not None else None)
+        for line, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            row = RawRow(data={}, path=path, line=line, base_dir=base_dir or path.parent, index=line - 1)
+            try:
+                obj = parse_jsonl_line(raw, path, line)
+            except InputError as e:
+                row.problem = row.error(e.message, reason=MALFORMED_JSON)
             else:
-                row.problem = row.error(f"expected a JSON object, got {type(obj).__name__}", reason=BAD_VALUE)
-        yield row
+                if isinstance(obj, Mapping):
+                    rid = obj.get(id_key) if id_key else None
+                    row.data, row.record_id = obj, (str(rid) if rid is not None else None)
+                else:
+                    row.problem = row.error(
+                        f"expected a JSON object, got {type(obj).__name__}", reason=BAD_VALUE
+                    )
+            yield row
 
 
 def json_object(path: Path) -> dict[str, Any]:
