@@ -30,18 +30,6 @@ from typing import Any
 from cpr.data.prompts import PromptTemplates, build_messages, check_mode
 from cpr.data.records import WRITER_BATCH_SIZE, Record, Records, row_record, write_records
 
-GRPO_COLUMNS: tuple[str, ...] = (
-    "prompt",
-    "images",
-    "answer",
-    "reference_steps",
-    "options",
-    "question",
-    "id",
-    "difficulty",
-    "source",
-)
-
 
 def grpo_features() -> Any:
     """The ``datasets.Features`` of :func:`to_grpo_dataset`'s output."""
@@ -94,4 +82,4 @@ def to_grpo_dataset(records: Sequence[Record], templates: PromptTemplates, *, mo
 
 def _grpo_row(row: dict[str, Any], templates: PromptTemplates, mode: str) -> dict[str, Any]:
     prompt = build_messages(row_record(row), templates, mode=mode)  # uses the number of images only
-    return {"prompt": prompt, **{c: row[c] for c in GRPO_COLUMNS[1:]}}
+    return {"prompt": prompt, **{k: v for k, v in row.items() if k != "meta"}}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cpr.data.adapters import SkipRow, get_adapter
+from cpr.data.adapters import RawRow, SkipRow, get_adapter
 from cpr.data.buckets import BucketConfig, assign_bucket
 from cpr.data.records import Record, Records, write_records
 from cpr.data.validation import BAD_VALUE, DUPLICATE_ID, RecordError, check_on_invalid, validate_record
@@ -56,7 +56,12 @@ class LoadReport:
         return text
 
 
-def load_records(
+def load_records(source: str, path: str | Path, **kwargs: Any) -> Records:
+    """:func:`load_records_with_report` without the report (same arguments and errors)."""
+    return load_records_with_report(source, path, **kwargs)[0]
+
+
+def load_records_with_report(
     source: str,
     path: str | Path,
     *,
@@ -66,8 +71,8 @@ def load_records(
     limit: int | None = None,
     validate_images: bool = True,
     options: Mapping[str, Any] | None = None,
-) -> Records:
-    """Load a dataset in its published layout as validated, bucketed records.
+) -> tuple[Records, LoadReport]:
+    """Load a dataset in its published layout as validated, bucketed records, with a :class:`LoadReport`.
 
     Args:
         source: adapter name: ``crystal``, ``mathvision``, ``tabmwp``, ``scienceqa``, ``m3cot``,
@@ -85,39 +90,14 @@ def load_records(
         options: adapter options (e.g. ``{"text_only": "keep"}`` for ScienceQA).
 
     Returns:
-        The records, in file order: a sequence of :class:`Record` stored in a memory-mapped
-        dataset (images as paths or embedded bytes, decoded only when opened).
+        The records in file order (a sequence of :class:`Record` stored in a memory-mapped
+        dataset, images as paths or embedded bytes, decoded only when opened) and the report.
 
     Raises:
         RecordError / InputError: invalid input (file, line or id, and field in the message).
         ValueError: ``on_invalid`` is neither ``"error"`` nor ``"skip"``.
         ConfigError: unknown source or adapter option.
     """
-    records, _ = load_records_with_report(
-        source,
-        path,
-        split=split,
-        on_invalid=on_invalid,
-        buckets=buckets,
-        limit=limit,
-        validate_images=validate_images,
-        options=options,
-    )
-    return records
-
-
-def load_records_with_report(
-    source: str,
-    path: str | Path,
-    *,
-    split: str | None = None,
-    on_invalid: str = "error",
-    buckets: BucketConfig | None = None,
-    limit: int | None = None,
-    validate_images: bool = True,
-    options: Mapping[str, Any] | None = None,
-) -> tuple[Records, LoadReport]:
-    """:func:`load_records` that also returns the :class:`LoadReport`."""
     check_on_invalid(on_invalid)
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
@@ -125,7 +105,7 @@ def load_records_with_report(
     config = buckets if buckets is not None else BucketConfig()
     report = LoadReport(source=source, path=str(path))
     records = write_records(
-        _valid_records(adapter, path, split, on_invalid, config, limit, validate_images, report)
+        _valid_records(adapter, adapter.rows(path, split), on_invalid, config, limit, validate_images, report)
     )
     report.loaded = len(records)
     if report.skipped:
@@ -139,16 +119,16 @@ def load_records_with_report(
 
 def _valid_records(
     adapter: Any,
-    path: str | Path,
-    split: str | None,
+    rows: Iterator[RawRow],
     on_invalid: str,
     config: BucketConfig,
     limit: int | None,
     validate_images: bool,
     report: LoadReport,
 ) -> Iterator[Record]:
+    """The valid records of ``rows`` (converted, validated, bucketed), counting the rest in ``report``."""
     seen: dict[str, str] = {}
-    for row in adapter.rows(path, split):
+    for row in rows:
         if limit is not None and len(seen) >= limit:
             break
         report.rows += 1

@@ -256,9 +256,6 @@ class Records(Sequence[Record]):
         for i, row in enumerate(self.dataset):
             yield self._record(row, i)
 
-    def __repr__(self) -> str:
-        return f"Records({len(self)} records)"
-
     def select(self, indices: Iterable[int]) -> Records:
         """The records at ``indices`` (0-based, in that order)."""
         return Records(self.dataset.select(list(indices)))

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from PIL import Image
 
-from cpr.data.records import OPTION_LETTERS, DatasetImageRef, ImageRef, Record
+from cpr.data.records import OPTION_LETTERS, ImageRef, Record
 from cpr.data.validation import (
     ANSWER_NOT_OPTION,
     BAD_VALUE,
@@ -37,8 +37,8 @@ class RawRow:
     """One row as published, with where it came from.
 
     Attributes:
-        data: the row's fields, unchanged (images of Hugging Face datasets are replaced by
-            :class:`~cpr.data.records.DatasetImageRef` so nothing is decoded).
+        data: the row's fields, unchanged (an embedded image of a Hugging Face dataset or a
+            parquet file is its encoded ``{"bytes", "path"}`` dict: nothing is decoded).
         path: the file, dataset folder or hub name the row came from (for messages).
         line: 1-based line number for JSON-lines files, else ``None``.
         record_id: the row's id when known before conversion.
@@ -236,13 +236,12 @@ def resolve_image_path(rel: str, base_dirs: Sequence[Path]) -> Path:
 
 def image_refs(value: Any, row: RawRow, field: str, base_dirs: Sequence[Path] = ()) -> list[ImageRef]:
     """Image references from a cell: ``None``, a path string (resolved against ``base_dirs``,
-    else ``row.base_dir``), an encoded ``{"bytes", "path"}`` dict, a PIL image, a
-    :class:`DatasetImageRef`, or a list of those."""
+    else ``row.base_dir``), an encoded ``{"bytes", "path"}`` dict, a PIL image, or a list of those."""
     if value is None:
         return []
     if isinstance(value, (list, tuple)):
         return [ref for item in value for ref in image_refs(item, row, field, base_dirs)]
-    if isinstance(value, (DatasetImageRef, Image.Image)):
+    if isinstance(value, Image.Image):
         return [value]
     dirs = list(base_dirs) or ([row.base_dir] if row.base_dir else [Path.cwd()])
     if isinstance(value, str):

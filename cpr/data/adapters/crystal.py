@@ -34,7 +34,7 @@ from cpr.data.adapters.base import (
     reject_split,
     strip_option_labels,
 )
-from cpr.data.adapters.hf import arrow_rows, hf_rows, is_saved_dataset, load_hf, looks_like_hub_name
+from cpr.data.adapters.hf import arrow_rows, hf_rows, is_saved_dataset, looks_like_hub_name
 from cpr.data.records import Record
 from cpr.data.validation import BAD_VALUE, EMPTY_STEPS
 
@@ -51,10 +51,7 @@ class CrystalAdapter(Adapter):
         text = str(path)
         p = Path(text).expanduser()
         if looks_like_hub_name(text) or is_saved_dataset(p):
-            dataset, where, folder, split_name = load_hf(
-                text, split, self.name, alternatives="a parquet or JSON-lines export"
-            )
-            yield from hf_rows(dataset, where, base_dir=folder, split=split_name)
+            yield from hf_rows(text, split, self.name, alternatives="a parquet or JSON-lines export")
             return
         p = existing_path(p, self.name)
         if p.is_dir():

@@ -41,21 +41,20 @@ def offline_message(name: str, source: str, error: BaseException, alternatives: 
     )
 
 
-def load_hf(
+def hf_rows(
     path_or_name: str | Path, split: str | None, source: str, *, alternatives: str = ""
-) -> tuple[Any, str, Path | None, str | None]:
-    """Load a dataset and select ``split``.
+) -> Iterator[RawRow]:
+    """Rows of the ``split`` of a ``save_to_disk`` folder or an ``owner/name`` hub dataset.
+
+    Rows are read as stored, 32 at a time from the memory-mapped table (see :func:`arrow_rows`);
+    their ``path`` names the dataset and split (``DIR[test]``), their ``base_dir`` is the local
+    folder (string image paths are relative to it) and their ``split`` the split's name.
 
     Args:
         path_or_name: a ``save_to_disk`` folder or an ``owner/name`` hub id.
         split: the split to use; may be ``None`` when the dataset has exactly one.
         source: adapter name, for messages.
         alternatives: other local formats the adapter reads, named in the offline message.
-
-    Returns:
-        ``(dataset, where, folder, split)``: the (memory-mapped) ``datasets.Dataset``, a string naming where it came from (used as the error path), the local folder
-        (for string image paths relative to it) or ``None`` for a hub dataset, and the split
-        name when known.
 
     Raises:
         InputError: unreachable hub dataset, unknown split, or several splits and none chosen.
@@ -101,7 +100,8 @@ def load_hf(
         )
     elif split is None and obj.split is not None:
         split = str(obj.split)
-    return obj, where, folder, split
+    batches = obj.with_format("arrow").iter(batch_size=32)
+    yield from arrow_rows(batches, where, base_dir=folder, split=split)
 
 
 def arrow_rows(
@@ -115,12 +115,3 @@ def arrow_rows(
             rid = None if data.get("id") is None else str(data["id"])
             yield RawRow(data, where, record_id=rid, base_dir=base_dir, index=index, split=split)
             index += 1
-
-
-def hf_rows(
-    dataset: Any, where: str, *, base_dir: Path | None = None, split: str | None = None
-) -> Iterator[RawRow]:
-    """Rows of a loaded ``datasets.Dataset``, read 32 at a time (see :func:`arrow_rows`)."""
-    yield from arrow_rows(
-        dataset.with_format("arrow").iter(batch_size=32), where, base_dir=base_dir, split=split
-    )
