@@ -7,8 +7,8 @@ Usage::
 
 Prints the time to build the tiny model (first use) and to load it, the parameter counts,
 and the wall time of each training step (``step_time``).  The dataset is 4 conversational
-prompts with one image each (MATH-Vision images when ``../shared/data`` exists, generated
-PIL images otherwise); the reward is the number of distinct characters / 100.
+prompts with one image each (MATH-Vision images of ``data/samples``; generated PIL images
+when more than its 100 are asked for); the reward is the number of distinct characters / 100.
 
 ``--threads`` (default 1) sets torch's CPU threads: on a shared 2-core machine, 2 threads made
 steps 10-100x slower and erratic (0.1 s -> 2-20 s) through OpenMP oversubscription.
@@ -36,8 +36,8 @@ def make_dataset(n: int = 4):
     from datasets import Dataset
     from PIL import Image
 
-    shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "mathvision" / "images"
-    files = sorted(shared.glob("*.jpg"))[:n] if shared.is_dir() else []
+    folder = Path(__file__).resolve().parents[1] / "data" / "samples" / "mathvision" / "images"
+    files = sorted(folder.glob("*.jpg"))[:n]
     if len(files) == n:
         images = [Image.open(f).convert("RGB") for f in files]
     else:

@@ -1,106 +1,66 @@
 """Final-answer correctness: a hard-to-game ``strict`` checker and the paper's ``crystal`` protocol.
 
-SPEC section 5 asks for two modes (:data:`ANSWER_MODES`). In both, *non-answers are never
-correct*: after cleaning (below), an empty answer, one made only of punctuation / symbols, or
-one of ``"insufficient information"``, ``"none"``, ``"n/a"``, ``"unknown"``, ``"null"``,
-``"nil"`` gives ``match_type="invalid"``, whatever the reference (:func:`is_non_answer`):
-a missing or unparsable prediction counts as a wrong answer.
+Two modes (:data:`ANSWER_MODES`; docs/method.md section 5 gives every rule with examples). Both
+sides are first *cleaned*: surrounding whitespace, one ``Answer:`` / ``Final answer:`` / ``The
+answer is`` prefix, then a surrounding ``$..$``, ``\\(..\\)``, ``\\[..\\]`` or ``\\boxed{..}``
+(repeatedly). In both modes *non-answers are never correct*: an empty answer, one of only
+punctuation / symbols, or ``insufficient information``, ``none``, ``n/a``, ``unknown``,
+``null``, ``nil`` gives ``match_type="invalid"`` whatever the reference (:func:`is_non_answer`).
 
-``"strict"`` (**choice**, default, used for rewards)
-    Rules are tried in this order; the first that applies decides.
+``"strict"`` (**choice**, default, used for rewards). The first rule that applies decides:
 
-    1. *Non-answers* (above).
-    2. *Multiple choice* (``match_type="choice"``) when options are known (the ``options``
-       argument, else ``A) ...`` / ``(A) ...`` lines of ``question`` lettered A, B, C, ...
-       consecutively) or when the reference itself is a letter form (``"B"``, ``"(B)"``,
-       ``"B)"``, ``"B (60°)"``, ``"A) Yes"``). The reference is resolved to a letter: a letter
-       form whose letter is among the options (its text after the letter is trusted), else
-       the one option whose text is equivalent to it (rules 3-5). The prediction
-       names a letter by a letter form (``"B"``, ``"(B)"``, ``"B)"``, ``"B."``, ``"B:"``,
-       ``"[B]"``, ``"B (..)"``, ``"B) Paris"``, ``"option B"``; letters are case-insensitive)
-       or by text equivalent to exactly one option (``"Paris"``). Text after the letter must
-       be equivalent to that letter's option text (``"B) London"`` is wrong when B is Paris);
-       where the option text is not known it must not name another letter or contain
-       "or" / "and". A letter beyond the options is read as text (options ``S I M O N``:
-       ``"O"`` names option D). So ``"A or B"``, ``"AB"``, ``"B C"``, ``"A, B"``,
-       ``"A B C D"`` and text naming two options never match. Without options, a
-       non-letter prediction matches only the text given in the reference (``"60°"`` for
-       ``"B (60°)"``). With options known, a reference that is not one of them is compared
-       by rules 3-5 (with a letter prediction replaced by its option text). A reference
-       made of one letter and nothing else is always read as a choice letter; without
-       options, ``"C. elegans"``-like references (letter, period, text) are read as text.
-       With options ``["yes", "no"]`` the prediction ``"A"`` names ``yes``.
-    3. *Yes / no* (``match_type="yes_no"``) when the normalised reference is exactly
-       ``yes`` / ``true`` / ``no`` / ``false``: the normalised prediction must be exactly one
-       of the tokens of the same polarity (``"Yes."`` matches ``yes``; ``"yes, it is"`` and
-       ``"not yes"`` do not).
-    4. *Numbers and LaTeX* (``match_type="numeric"`` for plain numbers, else ``"math"``):
-       both sides are reduced to a math core (surrounding ``$``, ``\\(..\\)``, ``\\boxed{}``
-       removed; ``$`` signs, degree marks, thousands separators ``1,000`` and trailing units
-       - plain words after a number such as ``"318 calls"`` / ``"7 kg"``, or
-       ``\\mathrm{..}`` / ``\\text{..}`` groups - removed; units are not compared), then
-       parsed and compared with ``math_verify.parse`` / ``math_verify.verify`` (the
-       reference is ``gold``). Tolerance policy = math-verify's: exact symbolic equality
-       for integers, fractions and expressions (``\\frac{25}{3}`` == ``25/3``, ``2\\sqrt{3}``
-       == ``\\sqrt{12}``), and a decimal equals a value when both agree after rounding to 6
-       decimal places (``8.333333`` == ``\\frac{25}{3}`` but ``8.33`` and ``8.333`` do not);
-       percentages follow math-verify (``25%`` equals both ``25`` and ``0.25``).
-       Both cores must be *one* expression of at most 120 characters (1000 before
-       reduction), with no word other than a function name (``sin``, ``log``, ...), no
-       abbreviation (``P.M.``), no two numbers separated only by a space, no nested
-       exponent and no exponent of more than 4 digits. The prediction is further held to the
-       reference's vocabulary: LaTeX commands from the arithmetic list (``\\frac``,
-       ``\\sqrt``, ``\\pi``, ``\\cdot``, ``\\times``, ``\\div``, ``\\infty``) or used by
-       the reference (so ``\\pm`` is refused unless the reference has it), letters and
-       function names only if the reference uses them, ``!`` only if the reference has one,
-       a comma or semicolon only if the reference has one, and a relation only if the
-       reference is one - except that ``x = 5`` is read as ``5``. So ``"3 or 4"``,
-       ``"3, 4"``, ``"3 4"``, ``"6 = 90"`` are never equal to ``3`` or ``90``. A parse that
-       drops a letter written in the core (math-verify reads ``"3 a b"`` as ``3``) or gives
-       an undefined value (``1/0``) counts as not parsed. If either side does not reduce or
-       parse, the checker goes on to rule 5.
-    5. *Normalised exact match* (``match_type="exact"``): Unicode NFKC, case-folded, smart
-       quotes made ASCII, whitespace collapsed, punctuation stripped from both ends, and a
-       leading article (``a`` / ``an`` / ``the``) dropped. No substring matching.
+1. *Multiple choice* (``"choice"``) when options are known (``options``, else consecutive
+   ``A) ..`` / ``(A) ..`` lines of ``question``) or the reference is a letter form (``"B"``,
+   ``"B (60°)"``, ``"A) Yes"``). The prediction names one letter by a letter form (``B``,
+   ``(B)``, ``B)``, ``B.``, ``[B]``, ``B) Paris``, ``option B``; text after the letter must be
+   equivalent to that option) or by text equivalent to exactly one option; a letter beyond
+   the options is read as text. ``"A or B"``, ``"AB"``, ``"A, B"``, ``"A B C D"`` never match.
+2. *Yes / no* (``"yes_no"``) when the reference is exactly yes / true / no / false: the
+   prediction must be exactly a token of the same polarity.
+3. *Numbers and LaTeX* (``"numeric"`` when both sides show as plain numbers, else
+   ``"math"``): each side is read as *one* value by ``math_verify.parse`` (wrapped in
+   ``$..$``; a value read from a part of the answer does not count) with math-verify's own
+   normalisation (``units``, ``malformed_operators``, ``nits``, ``boxed="all"``: ``$`` signs,
+   boxes, ``\\dfrac``, ``\\mathrm{cm}`` units and its unit words, "and" / "or" as a list) and
+   compared with ``math_verify.verify`` (reference as gold; decimals agree after rounding to 6
+   places; ``25%`` equals ``25`` and ``0.25``; ``x = 5`` reads as ``5`` against a non-relation).
+   Three readings math-verify lacks come first: ``°`` is ``^{\\circ}``, ``1.5e3`` is
+   ``1.5\\times 10^{3}``, plain words after a number are a unit (``"318 calls"``; not ``or``,
+   ``more``, number words). The prediction must stay in its reference's vocabulary: LaTeX
+   commands from ``\\frac \\sqrt \\pi \\cdot \\times \\div \\infty \\circ`` or the reference's, letters
+   and words and ``!`` only if the reference has them, a list / set / interval or a relation
+   only if the reference is one (an assignment ``x = ..`` aside). Either side is *not* math
+   (rule 4 decides) beyond 160 characters, with other characters, an abbreviation
+   (``P.M.``), two numbers separated by a space, a nested or over-4-digit exponent, an
+   undefined value (``1/0``), a letter the normalisation dropped (``"3 a b"``), or (the
+   reference) a word that is not a function name.
+4. *Normalised exact match* (``"exact"``): NFKC, case-folded, ASCII quotes, collapsed spaces,
+   outer punctuation and a leading article dropped. No substring matching.
 
-    *Cleaning* applied to both sides first: surrounding whitespace; one leading ``Answer:``
-    / ``Final answer:`` / ``The answer is`` prefix; then a surrounding ``$..$``,
-    ``\\(..\\)``, ``\\[..\\]`` or ``\\boxed{..}`` (repeatedly).
+math-verify's timeouts use ``signal.alarm`` (main thread only): 5 s there, none in other
+threads (TRL may call reward functions from worker threads), where the limits of rule 3 keep
+SymPy's work small. A math-verify ``TimeoutException`` counts as "not math" (parse) or "not
+equivalent" (compare) and is logged; any other exception propagates.
 
-    math-verify robustness: its timeouts use ``signal.alarm``, which only works in the main
-    thread, so ``parsing_timeout`` / ``timeout_seconds`` are 5 s in the main thread and
-    ``None`` elsewhere (TRL may call reward functions from worker threads); there the input
-    limits of rule 4 are what keeps SymPy's work small (a reference that itself combines
-    factorials and logarithms could still make a comparison slow without a timer). math-verify reports its own parse
-    failures by returning no SymPy result (``fallback_mode="no_fallback"``), which counts as
-    "not math". A math-verify ``TimeoutException`` (parse or compare) counts as "not
-    equivalent" and is logged as a warning. Any other exception propagates
-    (``raise_on_error=True``).
+``"crystal"`` (paper evaluation protocol, comparable with the paper's tables). Reproduces
+``crystal_metrics.AccuracyCalculator().evaluate_single(question, prediction,
+reference).is_correct`` (crystal-metrics 0.2.0, LLM judge off), written independently: first
+numbers of each side (equal if ``|p-g| <= 0.05``, relative error ``<= 10 %``, ``|p-g| < 0.01``,
+or, with at most 2 decimals shown, relative error ``< 15 %`` or equality after rounding),
+then yes/no (substrings), multiple choice (letters, or option text from ``X) text`` lines),
+normalised exact match, single-word mismatch, substring fallback; crystal-metrics'
+``match_type`` labels. Options passed as ``options`` are appended to a question without an
+``A)`` line as ``"A) text"`` lines. The one departure from crystal-metrics is the non-answer
+rule above (its substring fallback would accept an empty prediction against every reference).
+The mode stays lenient (``"A B C D"`` contains ``"B"``): use it only for evaluation tables.
 
-``"crystal"`` (paper evaluation protocol, comparable with the paper's tables)
-    Reproduces ``crystal_metrics.AccuracyCalculator().evaluate_single(question, prediction,
-    reference).is_correct`` (crystal-metrics 0.2.0, LLM judge off), written independently:
-    numbers first (first number of each side; equal if ``|p-g| <= 0.05``, relative error
-    ``<= 10 %``, ``|p-g| < 0.01``, or - when the prediction shows at most 2 decimals -
-    relative error ``< 15 %`` or equality with the reference rounded to those decimals),
-    then yes/no (substring based), multiple choice (letters or option text read from
-    ``X) text`` in the question), normalised exact match, single-word mismatch, substring
-    fallback. ``match_type`` uses crystal-metrics' labels (``numeric_exact``,
-    ``numeric_rounded``, ``numeric_mismatch``, ``yes_no``, ``choice``, ``exact``). When
-    ``options`` are given and the question holds no line starting with ``A)``, the options
-    are appended to the question as ``"A) text"`` lines (newlines inside an option replaced
-    by spaces) before the option mapping. The one departure from crystal-metrics is the
-    non-answer rule above: its substring fallback would accept an empty prediction against
-    every reference and "insufficient information" against most. The mode stays lenient
-    (``"A B C D"`` contains ``"B"``); use it only for evaluation tables.
-
-Source: SPEC section 5; CRYSTAL paper (arXiv 2603.13099) Eq. 2; crystal-metrics 0.2.0
-``accuracy.py`` (behaviour reproduced and checked by ``tests/test_answers_parity.py``);
-math-verify (HuggingFace) for equivalence of numbers and LaTeX.
+Source: docs/method.md section 5; CRYSTAL paper (arXiv 2603.13099) Eq. 2; crystal-metrics 0.2.0
+``accuracy.py`` (parity checked by ``tests/test_answers_parity.py``); math-verify 0.9.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import re
@@ -110,9 +70,11 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from latex2sympy2_extended.math_normalization import NormalizationConfig, normalize_latex
 from math_verify import LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
-from sympy import Basic, MatrixBase, S
+from math_verify.grader import is_assignment_relation, is_relation, take_last_relation
+from sympy import Basic, MatrixBase, S, Set, Tuple
 
 __all__ = ["ANSWER_MODES", "AnswerCheck", "check_answer", "is_correct", "is_non_answer"]
 
@@ -130,12 +92,12 @@ class AnswerCheck:
 
     Attributes:
         correct: whether the prediction counts as correct.
-        match_type: the rule that decided: strict mode ``"invalid" | "choice" | "yes_no" |
-            "numeric" | "math" | "exact"``; crystal mode crystal-metrics' labels
-            ``"numeric_exact" | "numeric_rounded" | "numeric_mismatch" | "yes_no" | "choice" |
-            "exact"``.
+        match_type: the rule that decided: ``"invalid"`` (a non-answer, both modes); strict mode
+            ``"choice" | "yes_no" | "numeric" | "math" | "exact"``; crystal mode crystal-metrics'
+            labels ``"numeric_exact" | "numeric_rounded" | "numeric_mismatch" | "yes_no" |
+            "choice" | "exact"``.
         normalized_prediction: the prediction as that rule compared it (letter, yes/no token,
-            math core, normalised text).
+            math-verify's normalised LaTeX, normalised text).
         normalized_reference: the reference as that rule compared it.
     """
 
@@ -397,7 +359,7 @@ class _LetterForm:
 
 
 def _strict_check(pred: str, ref: str, options: list[str], question: str) -> AnswerCheck:
-    """Rules 2-5 on the cleaned prediction and reference (rule 1 is applied by check_answer)."""
+    """Strict rules 1-4 on the cleaned answers (check_answer has refused non-answers already)."""
     if not options:
         options = _options_from_question(question)
 
@@ -541,7 +503,7 @@ def _check_choice(pred: str, ref_letter: str, ref_text: str | None, options: lis
 
 
 def _values_equal(pred: str, ref: str) -> AnswerCheck:
-    """Rules 3-5 (yes/no, numbers and LaTeX, normalised exact text) on cleaned answers."""
+    """Strict rules 2-4 (yes/no, numbers and LaTeX, normalised exact text) on cleaned answers."""
     pred, ref = _clean(pred), _clean(ref)
     pred_norm, ref_norm = _norm_text(pred), _norm_text(ref)
     if ref_norm in _YES_TOKENS or ref_norm in _NO_TOKENS:
@@ -552,10 +514,9 @@ def _values_equal(pred: str, ref: str) -> AnswerCheck:
     if ref_math is not None:
         pred_math = _math_value(pred, ref_math)
         if pred_math is not None:
-            kind = "numeric" if _PLAIN_NUMBER.fullmatch(pred_math.core) and _PLAIN_NUMBER.fullmatch(
-                ref_math.core
-            ) else "math"
-            return AnswerCheck(_math_equal(ref_math, pred_math), kind, pred_math.core, ref_math.core)
+            plain = _PLAIN_NUMBER.fullmatch(pred_math.shown) and _PLAIN_NUMBER.fullmatch(ref_math.shown)
+            kind = "numeric" if plain else "math"
+            return AnswerCheck(_math_equal(ref_math, pred_math), kind, pred_math.shown, ref_math.shown)
 
     return AnswerCheck(pred_norm == ref_norm, "exact", pred_norm, ref_norm)
 
@@ -570,13 +531,26 @@ def _yes_no_token(norm: str) -> str:
 
 # --- numbers and LaTeX via math-verify -------------------------------------------------------------
 
-MAX_MATH_CHARS = 120
-MAX_RAW_MATH_CHARS = 1000
+MAX_MATH_CHARS = 160
 MAX_EXPONENT_DIGITS = 4
+
+# math-verify's LaTeX normalisation (its defaults): $ signs, \boxed{} (text outside the boxes is
+# dropped; several boxes make a list), \dfrac, \left / \right, trailing \mathrm{} / \text{}
+# units and unit words from its list, "and" / "or" read as list commas, \frac12 / \sqrt2 / a/b
+# written out. equations stays off: the option is deprecated (it logs a warning on every call)
+# because math-verify's parser and verify() handle equations themselves.
+_NORMALIZATION = NormalizationConfig(
+    basic_latex=True, units=True, malformed_operators=True, nits=True, boxed="all", equations=False
+)
+# Only the whole answer is extracted (boxes are read by the normalisation, not as separate matches).
+_EXTRACTION = (LatexExtractionConfig(boxed_match_priority=-1, normalization_config=_NORMALIZATION),)
+# How an answer is shown and held to its reference's vocabulary: the same normalisation without
+# the rewrites that only change how a value is written ("25/3" stays "25/3", "0.5" stays "0.5").
+_SHOWN = dataclasses.replace(_NORMALIZATION, malformed_operators=False, nits=False)
 
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:\s*/\s*\d+)?\s*%?")
 _NUMBER_WITH_UNIT = re.compile(
-    r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:\s*/\s*\d+)?\s*%?)\s*"
+    r"([-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:\s*/\s*\d+)?\s*%?)\s*"
     r"([^\W\d_](?:[^\W\d_]|[ .'/\-])*?(?:\^\s*\{?\s*[23]\s*\}?|[23²³])?)"
 )
 _UNIT_WORD = re.compile(r"[^\W\d_]+")
@@ -589,23 +563,12 @@ _NOT_UNIT_WORDS = frozenset(
     hundred thousand million billion half halves third thirds quarter quarters""".split()
 )
 _SCIENTIFIC = re.compile(r"([-+]?\d+(?:\.\d+)?)[eE]([-+]?\d{1,3})")
-_THOUSANDS = re.compile(r"(?<![\d.,])(\d{1,3})((?:,\d{3})+)(?!\d)(?!\.\d*,)")
-_LATEX_SPACING = re.compile(r"\\[,;:! ]|\\q?quad\b|\\displaystyle\b|\\(?:left|right)(?![A-Za-z])|~")
-_DEGREES = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ\b|\\circ\b|\\degree\b|°")
-_TRAILING_UNIT_GROUP = re.compile(
-    r"\s*\\(?:mathrm|text|textrm|textnormal|mbox|rm|operatorname)\s*\{[^{}]*\}"
-    r"(?:\s*\^\s*(?:\{\s*\d+\s*\}|\d))?\s*$"
-)
-# "x = 5", "x_1 = 5", "\theta = 30": a named value; the part after "=" is the answer.
-_ASSIGNMENT = re.compile(r"\s*(?:[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?|\\[A-Za-z]+)\s*=\s*([^=<>≤≥]+)")
+_ALLOWED_CHARS = frozenset(string.digits + string.ascii_letters + " +-*/^_()[]{}.,=:;%\\|<>!$~°π√∞×÷≤≥\u2212")
 _LATEX_COMMAND = re.compile(r"\\([A-Za-z]+)")
 _LETTER_RUN = re.compile(r"[A-Za-z]+")
-_ALLOWED_CHARS = frozenset(string.digits + string.ascii_letters + " +-*/^_()[]{}.,=:;%\\|<>!π√∞×÷≤≥")
+_BRACED = re.compile(r"\{[^{}]*\}")
 # Commands a prediction may always use (plus any its reference uses).
-_ARITHMETIC_COMMANDS = frozenset("frac dfrac tfrac cfrac sqrt pi cdot times div infty".split())
-# Commands that mark text rather than math; never part of a math core.
-_TEXT_COMMANDS = frozenset("text textrm textnormal mathrm mbox rm operatorname".split())
-_RELATION_COMMANDS = frozenset("le ge leq geq lt gt neq ne approx in".split())
+_ALWAYS_ALLOWED_COMMANDS = frozenset("frac sqrt pi cdot times div infty circ".split())
 _FUNCTION_NAMES = frozenset(
     "sin cos tan cot sec csc log ln exp arcsin arccos arctan sinh cosh tanh sqrt pi".split()
 )
@@ -617,36 +580,66 @@ _ABBREVIATION = re.compile(r"[A-Za-z]\.")
 
 @dataclass(frozen=True)
 class _MathValue:
-    core: str  # the reduced text that was parsed
+    text: str  # math-verify's normalised LaTeX
     expr: Basic | MatrixBase
-    commands: frozenset[str]  # LaTeX commands used in ``core``
-    words: frozenset[str]  # letter runs outside commands (variables, function names)
-    relation: bool  # ``core`` states a relation (=, <, \le, ...)
-    factorial: bool
+
+    @property
+    def shown(self) -> str:
+        """The text, or an integer value's digits (no thousands separators, degree marks, ...)."""
+        return str(self.expr) if getattr(self.expr, "is_Integer", False) else self.text
+
+    @property
+    def commands(self) -> set[str]:
+        return set(_LATEX_COMMAND.findall(self.text))
+
+    @property
+    def words(self) -> set[str]:
+        return set(_LETTER_RUN.findall(_LATEX_COMMAND.sub(" ", self.text)))
 
 
-def _reduce(text: str) -> str | None:
-    """Strip delimiters, currency, degrees, thousands separators and units (rule 4)."""
-    core = _clean(text)
-    if len(core) > MAX_RAW_MATH_CHARS:  # checked first: keeps the regular expressions below cheap
+def _math_value(text: str, reference: _MathValue | None) -> _MathValue | None:
+    """An answer read as one math value (strict rule 3), or None if it is not one.
+
+    ``reference`` is None when reading the reference itself (trusted, but a word must be a
+    function name). A prediction is held to its reference's vocabulary (see the module docstring).
+    """
+    core = _math_core(text)
+    parsed = _parse_math(core) if core is not None else None
+    if parsed is None:
         return None
-    core = core.replace("\u2212", "-")
-    core = _LATEX_SPACING.sub(" ", core)
-    core = _DEGREES.sub("", core)
-    core = core.replace("\\$", "").replace("$", "").replace("\\%", "%")
-    core = _THOUSANDS.sub(lambda m: m.group(1) + m.group(2).replace(",", ""), core)
-    for _ in range(3):
-        core, removed = _TRAILING_UNIT_GROUP.subn("", core)
-        if not removed:
-            break
-    core = core.strip()
-    if core.endswith(".") and not core.endswith(".."):
-        core = core[:-1].rstrip()
-    if not core or len(core) > MAX_MATH_CHARS:
+    value = _MathValue(parsed[1], parsed[0])
+    if reference is not None and not is_relation(reference.expr) and is_assignment_relation(value.expr):
+        value = _MathValue(value.text.rpartition("=")[2].strip(), take_last_relation(value.expr).rhs)
+    if _SPACED_NUMBERS.search(value.text) or _NESTED_EXPONENT.search(value.text):
+        return None
+    if any(len(d) > MAX_EXPONENT_DIGITS for d in _EXPONENT_DIGITS.findall(value.text)):
+        return None
+    if reference is None:
+        return value if all(len(w) == 1 or w in _FUNCTION_NAMES for w in value.words) else None
+    allowed = (
+        value.commands <= _ALWAYS_ALLOWED_COMMANDS | reference.commands
+        and value.words <= reference.words
+        and ("!" not in value.text or "!" in reference.text)
+        and (not is_relation(value.expr) or is_relation(reference.expr))
+        and (not isinstance(value.expr, (Set, Tuple)) or isinstance(reference.expr, (Set, Tuple)))
+    )
+    return value if allowed else None
+
+
+def _math_core(text: str) -> str | None:
+    """The text math-verify is given: ``°``, ``1.5e3`` and plain unit words after a number rewritten.
+
+    math-verify's LaTeX parser reads none of them: ``°`` is not LaTeX (``^{\\circ}`` is), "e" in
+    ``1.5e3`` is Euler's number, and its unit list is fixed ("318 calls" would be 318 * c * a * l * l * s).
+    """
+    core = text.replace("\\$", "").replace("$", "").strip().removesuffix(".").replace("°", "^{\\circ}")
+    if len(core) > MAX_MATH_CHARS or any(ch not in _ALLOWED_CHARS for ch in core):
+        return None
+    if _ABBREVIATION.search(_LATEX_COMMAND.sub(" ", core)):
         return None
     scientific = _SCIENTIFIC.fullmatch(core)
     if scientific is not None:
-        core = f"{scientific.group(1)}\\times 10^{{{scientific.group(2)}}}"
+        return f"{scientific.group(1)}\\times 10^{{{scientific.group(2)}}}"
     with_unit = _NUMBER_WITH_UNIT.fullmatch(core)
     if with_unit is not None:
         unit = with_unit.group(2).strip()
@@ -654,76 +647,8 @@ def _reduce(text: str) -> str | None:
         if set(words) & _NOT_UNIT_WORDS:
             return None
         if all(len(w) > 1 for w in words) or unit.rstrip(".") in _ONE_LETTER_UNITS:
-            core = with_unit.group(1).strip()
+            return with_unit.group(1).strip()
     return core
-
-
-def _letter_runs(core: str) -> list[str]:
-    return _LETTER_RUN.findall(_LATEX_COMMAND.sub(" ", core))
-
-
-def _math_core(text: str, reference: _MathValue | None) -> str | None:
-    """Reduce an answer to one math expression (rule 4), or None if it is not one.
-
-    ``reference`` is None when reducing the reference itself (trusted: any LaTeX command but
-    text groups). A prediction is held to its reference's vocabulary: LaTeX commands from
-    the arithmetic list or used by the reference, variables and function names used by the
-    reference, ``!`` only if the reference has one, a relation only if the reference is one
-    (``x = 5`` against ``5`` is read as ``5``), commas / semicolons only if the reference has
-    one. This keeps SymPy's work small, which matters where no timer can run.
-    """
-    core = _reduce(text)
-    if core is None or any(ch not in _ALLOWED_CHARS for ch in core):
-        return None
-    if reference is not None and not reference.relation:
-        assignment = _ASSIGNMENT.fullmatch(core)
-        if assignment is not None:
-            core = assignment.group(1).strip()
-    commands = set(_LATEX_COMMAND.findall(core))
-    runs = _letter_runs(core)
-    if commands & _TEXT_COMMANDS or _ABBREVIATION.search(_LATEX_COMMAND.sub(" ", core)):
-        return None
-    if _SPACED_NUMBERS.search(core) or _NESTED_EXPONENT.search(core):
-        return None
-    if any(len(d) > MAX_EXPONENT_DIGITS for d in _EXPONENT_DIGITS.findall(core)):
-        return None
-    if reference is None:
-        if any(len(run) > 1 and run not in _FUNCTION_NAMES for run in runs):
-            return None
-        return core
-    if not commands <= (_ARITHMETIC_COMMANDS | reference.commands):
-        return None
-    if not set(runs) <= reference.words:
-        return None
-    if "!" in core and not reference.factorial:
-        return None
-    if _is_relation(core, commands) and not reference.relation:
-        return None
-    if ("," in core or ";" in core) and not ("," in reference.core or ";" in reference.core):
-        return None
-    return core
-
-
-def _is_relation(core: str, commands: set[str]) -> bool:
-    return any(ch in core for ch in "=<>≤≥") or bool(commands & _RELATION_COMMANDS)
-
-
-def _math_value(text: str, reference: _MathValue | None) -> _MathValue | None:
-    core = _math_core(text, reference)
-    if core is None:
-        return None
-    expr = _parse_math(core)
-    if expr is None:
-        return None
-    commands = frozenset(_LATEX_COMMAND.findall(core))
-    return _MathValue(
-        core=core,
-        expr=expr,
-        commands=commands,
-        words=frozenset(_letter_runs(core)),
-        relation=_is_relation(core, set(commands)),
-        factorial="!" in core,
-    )
 
 
 def _timeout_s() -> int | None:
@@ -732,49 +657,38 @@ def _timeout_s() -> int | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _parse_math(core: str) -> Basic | MatrixBase | None:
-    """SymPy value of ``core`` via math-verify, or None if math-verify could not parse it.
+def _parse_math(core: str) -> tuple[Basic | MatrixBase, str] | None:
+    """(SymPy value, normalised LaTeX) of ``core`` read as LaTeX by math-verify, or None.
 
-    None also when the parse lost a variable written in ``core`` or the value is undefined.
+    None also when the value is undefined (``1/0``) or when math-verify dropped a single letter
+    written outside braces (its unit list reads the "a b" of ``"3 a b"`` as a unit).
     """
     try:
-        parsed = parse(
-            f"${core}$",
-            extraction_config=[LatexExtractionConfig()],
-            fallback_mode="no_fallback",
-            parsing_timeout=_timeout_s(),
-            raise_on_error=True,
-        )
+        parsed = parse(f"${core}$", extraction_config=_EXTRACTION, fallback_mode="first_match",
+                       extraction_mode="first_match", parsing_timeout=_timeout_s(), raise_on_error=True)
     except TimeoutException:
         logger.warning("math-verify timed out parsing %r; treated as not a math answer", core[:80])
         return None
     exprs = [p for p in parsed if isinstance(p, (Basic, MatrixBase))]
-    if not exprs:
+    normalized = normalize_latex(core, _NORMALIZATION)
+    if not exprs or parsed[-1] != normalized or exprs[0].has(S.NaN, S.ComplexInfinity):
+        return None  # not parsed, or parsed from a part of the answer only, or undefined
+    bare = _LATEX_COMMAND.sub(" ", core)
+    while (flat := _BRACED.sub(" ", bare)) != bare:
+        bare = flat
+    written = {run for run in _LETTER_RUN.findall(bare) if len(run) == 1} - {"e", "i"}
+    if not written <= {ch for symbol in exprs[0].free_symbols for ch in str(symbol)}:
         return None
-    expr = exprs[0]
-    if expr.has(S.NaN, S.ComplexInfinity):
-        return None
-    written = {run for run in _LETTER_RUN.findall(_LATEX_COMMAND.sub(" ", core)) if len(run) == 1} - {"e", "i"}
-    symbol_letters = {ch for symbol in expr.free_symbols for ch in str(symbol)}
-    if not written <= symbol_letters:
-        return None
-    return expr
+    return exprs[0], normalize_latex(core, _SHOWN)
 
 
 def _math_equal(reference: _MathValue, prediction: _MathValue) -> bool:
     try:
-        return bool(
-            verify(
-                reference.expr,
-                prediction.expr,
-                timeout_seconds=_timeout_s(),
-                raise_on_error=True,
-            )
-        )
+        return bool(verify(reference.expr, prediction.expr, timeout_seconds=_timeout_s(), raise_on_error=True))
     except TimeoutException:
         logger.warning(
             "math-verify timed out comparing %r with %r; treated as not equivalent",
-            prediction.core[:80],
-            reference.core[:80],
+            prediction.shown[:80],
+            reference.shown[:80],
         )
         return False

@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "train": "cpr.training.cli",
     "eval": "cpr.evaluation.cli",
     "ablate": "cpr.ablation",
+    "export": "cpr.export",
 }
 
 

@@ -1,6 +1,6 @@
 """CPR-Curriculum: a seeded, resumable easy-to-hard prompt order for TRL's GRPOTrainer.
 
-SPEC section 6: the sampler moves from easy to hard over training (**choice** of schedule:
+docs/method.md section 6: the sampler moves from easy to hard over training (**choice** of schedule:
 ``staged`` or ``linear``), keeps GRPO's structure (each prompt repeated ``num_generations``
 times within a generation batch, the same order on every rank), is seeded, and resumes exactly.
 
@@ -74,7 +74,7 @@ STATE_FORMAT = "cpr.curriculum/1"
 
 @dataclass
 class CurriculumConfig:
-    """Schedule of the CPR-Curriculum (SPEC section 6, a **choice** of the project).
+    """Schedule of the CPR-Curriculum (docs/method.md section 6, a **choice** of the project).
 
     Built from the ``curriculum`` mapping of a YAML config with :meth:`from_dict`; every field
     carries its help text in ``metadata["help"]`` (as TRL's configs do). ``validate()`` runs on

@@ -1,6 +1,6 @@
 """Step-level metrics: Match F1, LIS ratio and Ordered Match F1 over reasoning steps.
 
-Definitions (SPEC sections 2-3, CRYSTAL paper arXiv 2603.13099, checked against the
+Definitions (docs/method.md sections 2-3, CRYSTAL paper arXiv 2603.13099, checked against the
 authors' ``crystal_metrics.reasoning.MLLMReasoningEvaluator`` in tests/test_matching_parity.py):
 
 * every predicted and reference step is embedded with a sentence-transformers encoder
@@ -17,7 +17,7 @@ authors' ``crystal_metrics.reasoning.MLLMReasoningEvaluator`` in tests/test_matc
   fewer than two matches);
 * Ordered F1 = ``F1 * ((1 - alpha) + alpha * LIS)`` (paper alpha = 0.3).
 
-``matching="maximum"`` (project **choice**, SPEC section 2) replaces the greedy matcher by
+``matching="maximum"`` (project **choice**, docs/method.md section 2) replaces the greedy matcher by
 an optimal one-to-one assignment that maximises the number of matched pairs on the
 thresholded matrix, ties broken by total similarity (``scipy.optimize.linear_sum_assignment``).
 
@@ -74,7 +74,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class StepScores:
-    """Step metrics of one sample, with the counts they come from (SPEC sections 2-3).
+    """Step metrics of one sample, with the counts they come from (docs/method.md sections 2-3).
 
     Attributes:
         n_pred: number of predicted steps.
@@ -134,7 +134,7 @@ def match_pairs(
             is done in the matrix's own dtype, exactly as numpy does it for the oracle
             (float32 embeddings give a float32 matrix).
         threshold: tau; a pair counts only if its similarity is strictly greater.
-        matching: ``"greedy"`` (paper, SPEC section 2) or ``"maximum"`` (optimal assignment
+        matching: ``"greedy"`` (paper, docs/method.md section 2) or ``"maximum"`` (optimal assignment
             maximising the number of pairs, then the total similarity; project choice).
 
     Returns:
@@ -191,7 +191,7 @@ def _maximum_pairs(sim: np.ndarray, above: np.ndarray) -> list[tuple[int, int, f
 
 
 def lis_ratio(pairs: Sequence[tuple[int, int, float]]) -> float:
-    """LIS ratio of matched pairs (SPEC section 3).
+    """LIS ratio of matched pairs (docs/method.md section 3).
 
     Sort the pairs by reference index, read off their predicted indices, and divide the
     length of the longest strictly increasing subsequence (patience sorting with
@@ -244,8 +244,8 @@ def score_similarity(
 
     Args:
         similarity: ``(n_pred, n_ref)`` cosine similarities; ``n_pred`` may be 0.
-        threshold: tau (strict ``>``), SPEC section 2.
-        alpha: order weight in [0, 1] of Ordered F1, SPEC section 3.
+        threshold: tau (strict ``>``), docs/method.md section 2.
+        alpha: order weight in [0, 1] of Ordered F1, docs/method.md section 3.
         matching: ``"greedy"`` or ``"maximum"``.
 
     Returns:

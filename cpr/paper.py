@@ -1,7 +1,7 @@
 """Reference numbers published in the CRYSTAL paper, for reports that put ours beside them.
 
-Source: CRYSTAL paper (arXiv 2603.13099), Table 4 (CRYSTAL test set), restated in SPEC section 9.
-Columns are those of the paper's Table 2 (SPEC section 3): Accuracy in percent, Match F1,
+Source: CRYSTAL paper (arXiv 2603.13099), Table 4 (CRYSTAL test set), restated in docs/method.md section 9.
+Columns are those of the paper's Table 2 (docs/method.md section 3): Accuracy in percent, Match F1,
 precision, recall, mean predicted steps, LIS ratio and Ordered Match F1 in [0, 1]. ``None``
 marks a cell the paper leaves empty ("-").
 """
@@ -61,7 +61,7 @@ PAPER_TABLE4: tuple[PaperRow, ...] = (
     PaperRow("InternVL3.5-4B", "base", 37.61, 0.432, 0.895, 0.325, 3.75, 0.775, 0.387),
     PaperRow("InternVL3.5-4B", "CPR-Curriculum", 45.76, 0.833, 0.903, 0.811, None, None, 0.719),
 )
-"""The paper's Table 4 rows (SPEC section 9), base models first within each model."""
+"""The paper's Table 4 rows (docs/method.md section 9), base models first within each model."""
 
 
 def paper_rows(method: str | None = None) -> list[PaperRow]:

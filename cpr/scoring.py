@@ -2,12 +2,12 @@
 
 Per sample: the completion is parsed into steps and an answer (:mod:`cpr.steps`), the
 answer is judged (:mod:`cpr.answers`), and the steps are matched to the reference steps
-(:mod:`cpr.matching`: Match F1, precision, recall, LIS ratio, Ordered F1; SPEC sections 2-3).
+(:mod:`cpr.matching`: Match F1, precision, recall, LIS ratio, Ordered F1; docs/method.md sections 2-3).
 The report holds one row per reference record and a summary with the columns of the
 paper's Table 2 (Acc, Match F1, P, R, Steps, LIS, Ord. F1), each a mean over samples
 (accuracy in percent, the rest in [0, 1], Steps the mean number of predicted steps).
 
-Conventions (SPEC section 2): a reference with no prediction counts as Match F1 0 and a
+Conventions (docs/method.md section 2): a reference with no prediction counts as Match F1 0 and a
 wrong answer (``format: "missing"``); like a completion with no parsable steps it gets the
 empty-prediction scores of crystal-metrics (P = R = F1 = Ordered F1 = 0, LIS 1.0), and both
 enter every mean. Default answer mode is ``crystal`` (the paper's evaluation protocol, so
@@ -244,7 +244,7 @@ def load_predictions(path: str | Path) -> tuple[dict[str, str], dict[str, int]]:
 
 
 def summarize(samples: Sequence[Mapping[str, Any]]) -> dict[str, float | int]:
-    """Means over per-sample rows (SPEC section 2: benchmark averages are means over samples).
+    """Means over per-sample rows (docs/method.md section 2: benchmark averages are means over samples).
 
     Args:
         samples: rows with keys ``correct``, ``match_f1``, ``precision``, ``recall``,
@@ -343,8 +343,8 @@ def score_records(
         if pc is None:
             correct, fmt = False, MISSING_FORMAT
         elif pc.format == "none":
-            # an unparsable prediction is a wrong answer (an empty or non-answer is judged
-            # wrong by check_answer itself, in every mode).
+            # an unparsable prediction is a wrong answer (docs/method.md section 2; an empty or
+            # non-answer is judged wrong by check_answer itself, in every mode).
             correct, fmt = False, pc.format
         else:
             check = check_answer(

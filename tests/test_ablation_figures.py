@@ -64,7 +64,7 @@ def test_training_dynamics_marks_the_first_nan(tmp_path):
     xs, ys = list(acc_train.get_xdata()), list(acc_train.get_ydata())
     assert xs[:4] == [1, 2, 3, 4] and math.isnan(xs[4]) and xs[5:] == [5, 6, 7]  # the line breaks between phases
     assert ys[:4] + ys[5:] == pytest.approx([25, 50, 75, 100, 50, 50, 50])
-    acc_eval = next(ln for ln in ax_acc.lines if ln.get_label() == "CPR-Curriculum (eval)")
+    acc_eval = next(ln for ln in ax_acc.lines if ln.get_label() == "CPR-Curriculum (validation)")
     assert list(acc_eval.get_xdata()) == [2] and list(acc_eval.get_ydata()) == [50.0]
     # a NaN the guard stopped at (no NaN row in log.jsonl): marked from guard_events.jsonl
     guarded = _two_phase_run(tmp_path / "g", nan_at=None)

@@ -1,4 +1,4 @@
-"""Tests for cpr.answers in strict mode (rewards) and for the strict / crystal contrasts (SPEC section 5).
+"""Tests for cpr.answers in strict mode (rewards) and the strict / crystal contrasts (docs/method.md section 5).
 
 Every expectation below was worked out by hand from the rules in the module docstring;
 crystal-mode parity with crystal-metrics itself is in test_answers_parity.py.
@@ -179,6 +179,20 @@ NUMBER_CASES = [
     _case("3 a b", "3", False, "exact"),
 ]
 
+# math-verify's reading (normalisation, whole answer only) and the rewrites it lacks
+MATH_VERIFY_CASES = [
+    _case("\\boxed{3} or \\boxed{4}", "4", False, "exact"),  # two boxes make a list
+    _case("3 answer: \\frac{8}{2}", "4", False, "exact"),  # a value read from a part only
+    _case("$3$ apples $4$", "4", False, "exact"),
+    _case("4 \\text{ or } 3", "4", False, "exact"),
+    _case("3 \\boxed{4}", "4", True, "numeric"),  # math-verify: the box holds the answer
+    _case("18 \\text{ cm}", "18", True, "numeric"),
+    _case("1,471 vehicles", "1,471", True, "numeric"),
+    _case("\\frac12", "0.5", True, "math"),
+    _case("The answer is 5.", "5", True, "numeric"),
+    _case("($\\frac{2}{21}$)", "$\\frac{2}{21}$", True, "math"),
+]
+
 TEXT_CASES = [
     _case("Atlantic Zoo", "Atlantic Zoo", True, "exact"),
     _case("atlantic zoo.", "Atlantic Zoo", True, "exact"),
@@ -204,7 +218,7 @@ REFERENCES = [("B", CITIES), ("yes", []), ("5", []), ("none", []), ("unknown", [
 
 @pytest.mark.parametrize(
     ("pred", "ref", "options", "question", "correct", "kind"),
-    CHOICE_CASES + YES_NO_CASES + NUMBER_CASES + TEXT_CASES,
+    CHOICE_CASES + YES_NO_CASES + NUMBER_CASES + MATH_VERIFY_CASES + TEXT_CASES,
 )
 def test_strict_rules(pred: str, ref: str, options: list, question: str, correct: bool, kind: str) -> None:
     result = check_answer(pred, ref, options=options, question=question)

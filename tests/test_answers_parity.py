@@ -56,7 +56,7 @@ def mismatches(cases: list[tuple[str, str, list[str], str]]) -> list[tuple]:
     return bad
 
 
-# --- hand-written cases (real answers copied from shared/data plus tricky forms) ------------------
+# --- hand-written cases (real answers copied from data/samples plus tricky forms) -----------------
 
 CITIES = ["London", "Paris", "Rome", "Berlin"]
 ANGLES = ["$50^{\\circ}$", "$60^{\\circ}$", "$65^{\\circ}$", "$70^{\\circ}$", "$75^{\\circ}$"]  # MATH-V, answer B
@@ -129,7 +129,7 @@ def test_crystal_parity_hand_written(pred: str, ref: str, options: list[str], qu
     assert_parity(pred, ref, options, question)
 
 
-# --- cases derived from every record of shared/data -----------------------------------------------
+# --- cases derived from every record of data/samples ----------------------------------------------
 
 def _perturbed(value: str) -> list[str]:
     try:
@@ -200,13 +200,12 @@ def _gallery_cases(root: Path) -> list[tuple[str, str, list[str], str]]:
     return cases
 
 
-@pytest.mark.shared_data
-def test_crystal_parity_on_shared_data(shared_data: Path) -> None:
+def test_crystal_parity_on_samples(samples_dir: Path) -> None:
     cases = (
-        _mathvision_cases(shared_data)
-        + _tabmwp_cases(shared_data)
-        + _scienceqa_cases(shared_data)
-        + _gallery_cases(shared_data)
+        _mathvision_cases(samples_dir)
+        + _tabmwp_cases(samples_dir)
+        + _scienceqa_cases(samples_dir)
+        + _gallery_cases(samples_dir)
     )
     assert len(cases) >= 100
     # the real answers cover every branch of the protocol

@@ -103,8 +103,8 @@ def test_tabmwp_split_filter_and_folder(samples_dir):
 # --------------------------------------------------------------------------- ScienceQA
 
 
-def test_scienceqa_shared(shared_data):
-    root = shared_data / "scienceqa"
+def test_scienceqa_samples(samples_dir):
+    root = samples_dir / "scienceqa"
     raw = json.loads((root / "data/scienceqa/problems_subset.json").read_text(encoding="utf-8"))
     records = load_records("scienceqa", root)
     assert {r.id for r in records} == set(raw) == {"11", "23"}
@@ -123,8 +123,8 @@ def test_scienceqa_shared(shared_data):
     assert next(r for r in records if r.id == "11").context == ""
 
 
-def _scienceqa_copy(shared_data, tmp_path, mutate):
-    src = shared_data / "scienceqa" / "data" / "scienceqa"
+def _scienceqa_copy(samples_dir, tmp_path, mutate):
+    src = samples_dir / "scienceqa" / "data" / "scienceqa"
     dst = tmp_path / "scienceqa"
     shutil.copytree(src, dst)
     problems = json.loads((dst / "problems_subset.json").read_text(encoding="utf-8"))
@@ -133,11 +133,11 @@ def _scienceqa_copy(shared_data, tmp_path, mutate):
     return dst / "problems_subset.json"
 
 
-def test_scienceqa_text_only_questions(shared_data, tmp_path, caplog):
+def test_scienceqa_text_only_questions(samples_dir, tmp_path, caplog):
     def add_text_only(problems):
         problems["99"] = {**problems["11"], "image": None, "question": "Which word is a noun?"}
 
-    path = _scienceqa_copy(shared_data, tmp_path, add_text_only)
+    path = _scienceqa_copy(samples_dir, tmp_path, add_text_only)
     with caplog.at_level("INFO", logger="cpr.data"):
         records, report = load_records_with_report("scienceqa", path)
     assert [r.id for r in records] == ["11", "23"]
@@ -149,11 +149,11 @@ def test_scienceqa_text_only_questions(shared_data, tmp_path, caplog):
         load_records("scienceqa", path, options={"text_only": "maybe"})
 
 
-def test_scienceqa_answer_index_out_of_range(shared_data, tmp_path):
+def test_scienceqa_answer_index_out_of_range(samples_dir, tmp_path):
     def bad(problems):
         problems["23"]["answer"] = 5
 
-    path = _scienceqa_copy(shared_data, tmp_path, bad)
+    path = _scienceqa_copy(samples_dir, tmp_path, bad)
     with pytest.raises(InputError) as e:
         load_records("scienceqa", path)
     assert str(e.value) == f"{path} (id 23) field 'answer': option index 5 is out of range for 2 options"
@@ -162,14 +162,14 @@ def test_scienceqa_answer_index_out_of_range(shared_data, tmp_path):
 # --------------------------------------------------------------------------- VLRMBench
 
 
-def test_vlrmbench_shared(shared_data):
-    path = shared_data / "vlrmbench" / "benchmark_data" / "location_error_subset.jsonl"
+def test_vlrmbench_samples(samples_dir):
+    path = samples_dir / "vlrmbench" / "benchmark_data" / "location_error_subset.jsonl"
     raw = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     records = load_records("vlrmbench", path)
     assert [r.id for r in records] == [o["id"] for o in raw]
     for rec, obj in zip(records, raw, strict=True):
         assert rec.answer == ""
-        assert rec.images == [shared_data / "vlrmbench/meta_data/Image" / p for p in obj["image"]]
+        assert rec.images == [samples_dir / "vlrmbench/meta_data/Image" / p for p in obj["image"]]
         assert len(rec.reference_steps) == len(obj["step_list"]) == len(obj["task_gt"])
         for step, original in zip(rec.reference_steps, obj["step_list"], strict=True):
             assert not step.startswith("STEP")
@@ -198,8 +198,8 @@ def test_vlrmbench_answer_empty_is_allowed_only_there(tmp_path, samples_dir):
 # --------------------------------------------------------------------------- CRYSTAL
 
 
-def test_crystal_gallery(shared_data):
-    folder = shared_data / "crystal_gallery"
+def test_crystal_gallery(samples_dir):
+    folder = samples_dir / "crystal_gallery"
     raw = [json.loads(line) for line in (folder / "gallery.jsonl").read_text(encoding="utf-8").splitlines()]
     for path in (folder, folder / "gallery.jsonl"):
         records = load_records("crystal", path)
@@ -213,18 +213,18 @@ def test_crystal_gallery(shared_data):
             assert rec.source == "crystal"
 
 
-def _crystal_rows(shared_data):
-    folder = shared_data / "crystal_gallery"
+def _crystal_rows(samples_dir):
+    folder = samples_dir / "crystal_gallery"
     rows = [json.loads(line) for line in (folder / "gallery.jsonl").read_text(encoding="utf-8").splitlines()]
     for r in rows:
         r["image"] = str(folder / r["image"])
     return rows
 
 
-def test_crystal_saved_dataset_with_choices(shared_data, tmp_path):
+def test_crystal_saved_dataset_with_choices(samples_dir, tmp_path):
     import datasets
 
-    rows = _crystal_rows(shared_data)[:3]
+    rows = _crystal_rows(samples_dir)[:3]
     for r in rows:
         del r["id"]  # the hub dataset has no id column
     rows[0]["choices"] = ["(A) left", "(B) right", "(C) straight"]
@@ -259,11 +259,11 @@ def test_crystal_saved_dataset_with_choices(shared_data, tmp_path):
         load_records("crystal", tmp_path / "crystal", split="train")
 
 
-def test_crystal_parquet(shared_data, tmp_path):
+def test_crystal_parquet(samples_dir, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = _crystal_rows(shared_data)[:2]
+    rows = _crystal_rows(samples_dir)[:2]
     table = pa.table(
         {
             "image": [{"bytes": Path(r["image"]).read_bytes(), "path": Path(r["image"]).name} for r in rows],

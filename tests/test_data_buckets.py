@@ -27,30 +27,24 @@ def _tabmwp_expected(path) -> dict[str, int]:
     return dict(Counter("easy" if g <= 4 else "medium" if g <= 6 else "hard" for g in grades))
 
 
-def test_mathvision_levels(samples_dir, shared_data):
-    for path in (
-        samples_dir / "mathvision" / "test_subset.jsonl",
-        shared_data / "mathvision" / "test_subset.jsonl",
-    ):
-        records = load_records("mathvision", path, validate_images=False)
-        assert _counts(records) == _mathvision_expected(path) == {"easy": 40, "medium": 20, "hard": 40}
-        assert all(
-            r.difficulty == ("easy" if r.meta["level"] <= 2 else "medium" if r.meta["level"] == 3 else "hard")
-            for r in records
-        )
+def test_mathvision_levels(samples_dir):
+    path = samples_dir / "mathvision" / "test_subset.jsonl"
+    records = load_records("mathvision", path, validate_images=False)
+    assert _counts(records) == _mathvision_expected(path) == {"easy": 40, "medium": 20, "hard": 40}
+    assert all(
+        r.difficulty == ("easy" if r.meta["level"] <= 2 else "medium" if r.meta["level"] == 3 else "hard")
+        for r in records
+    )
 
 
-def test_tabmwp_grades(samples_dir, shared_data):
-    for path in (
-        samples_dir / "tabmwp" / "problems_test1k_subset.json",
-        shared_data / "tabmwp" / "problems_test1k_subset.json",
-    ):
-        records = load_records("tabmwp", path, validate_images=False)
-        assert _counts(records) == _tabmwp_expected(path) == {"easy": 38, "medium": 38, "hard": 38}
+def test_tabmwp_grades(samples_dir):
+    path = samples_dir / "tabmwp" / "problems_test1k_subset.json"
+    records = load_records("tabmwp", path, validate_images=False)
+    assert _counts(records) == _tabmwp_expected(path) == {"easy": 38, "medium": 38, "hard": 38}
 
 
-def test_scienceqa_grades(shared_data):
-    path = shared_data / "scienceqa" / "data" / "scienceqa" / "problems_subset.json"
+def test_scienceqa_grades(samples_dir):
+    path = samples_dir / "scienceqa" / "data" / "scienceqa" / "problems_subset.json"
     grades = [
         int(p["grade"].removeprefix("grade")) for p in json.loads(path.read_text(encoding="utf-8")).values()
     ]
@@ -58,8 +52,8 @@ def test_scienceqa_grades(shared_data):
     assert _counts(load_records("scienceqa", path)) == expected == {"medium": 2}
 
 
-def test_step_count_sources(shared_data):
-    gallery = shared_data / "crystal_gallery" / "gallery.jsonl"
+def test_step_count_sources(samples_dir):
+    gallery = samples_dir / "crystal_gallery" / "gallery.jsonl"
     n_steps = [
         len(json.loads(line)["reference_steps"]) for line in gallery.read_text(encoding="utf-8").splitlines()
     ]
@@ -74,7 +68,7 @@ def test_step_count_sources(shared_data):
         Counter("easy" if n <= 8 else "medium" if n <= 9 else "hard" for n in n_steps)
     )
 
-    vlrm = shared_data / "vlrmbench" / "benchmark_data" / "location_error_subset.jsonl"
+    vlrm = samples_dir / "vlrmbench" / "benchmark_data" / "location_error_subset.jsonl"
     lengths = [len(json.loads(line)["step_list"]) for line in vlrm.read_text(encoding="utf-8").splitlines()]
     assert lengths == [6, 11, 19, 15, 16]
     assert [r.difficulty for r in load_records("vlrmbench", vlrm)] == [

@@ -106,9 +106,9 @@ def test_blank_line_split_and_step_prefix():
     assert strip_step_prefix("STEP12: So the answer is 3.\n\n") == "So the answer is 3."
 
 
-def test_mathvision_solution_steps_on_a_real_record(shared_data):
+def test_mathvision_solution_steps_on_a_real_record(samples_dir):
     records = {}
-    for line in (shared_data / "mathvision" / "test_subset.jsonl").read_text(encoding="utf-8").splitlines():
+    for line in (samples_dir / "mathvision" / "test_subset.jsonl").read_text(encoding="utf-8").splitlines():
         obj = json.loads(line)
         records[obj["id"]] = obj
     steps = solution_steps(records["2930"]["solution"])

@@ -16,16 +16,6 @@ from cpr.evaluation.callback import BEST_CHECKPOINT_FILE, HISTORY_FILE, Benchmar
 M3COT_DIR = Path(__file__).parent / "fixtures" / "m3cot"
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread: on the shared 2-core machine more threads make tiny-model steps much slower."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def mathvision(samples_dir):

@@ -2,7 +2,7 @@
 
 Predicted steps are verbatim copies of reference steps, so each copy matches its own reference
 step with similarity 1 (one-to-one) and the step metrics follow from which steps are copied and in
-what order (SPEC sections 2-3): P = copied / predicted, R = copied / reference, LIS from the order,
+what order (docs/method.md sections 2-3): P = copied / predicted, R = copied / reference, LIS from the order,
 Ordered F1 = F1 * (0.7 + 0.3 * LIS). Accuracy, domain / topic accuracy and the VLRMBench F1 are
 worked out by hand below.
 """

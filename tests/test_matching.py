@@ -1,7 +1,7 @@
 """Unit tests of cpr.matching: hand-computed matchings, LIS, Ordered F1, and the StepEncoder cache.
 
 Every expected number below is worked out by hand in the comment next to it
-(SPEC sections 2-3 give the formulas).
+(docs/method.md sections 2-3 give the formulas).
 """
 
 from __future__ import annotations

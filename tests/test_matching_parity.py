@@ -31,24 +31,14 @@ from cpr.matching import StepEncoder, lis_ratio, match_pairs, score_batch
 
 reasoning = pytest.importorskip("crystal_metrics.reasoning")
 
-pytestmark = pytest.mark.shared_data
-
 TOL = 1e-6
 # Float noise between two computations of one cosine: a few float32 ulps (ulp(1.0) = 1.2e-7;
 # our and the oracle's matrices differ by at most 2.4e-7 on these pairs).
 EPS = 1e-6
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    # Other users share the 2 cores: with 2 intra-op threads the oracle's many tiny encode
-    # calls stall on thread barriers (minutes instead of seconds); 1 thread is stable.
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# With 2 intra-op threads on the shared 2 cores the oracle's many tiny encode calls stall on
+# thread barriers (minutes instead of seconds); 1 thread is stable.
+pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
 @pytest.fixture(scope="session")
@@ -64,10 +54,10 @@ def parity_encoder(offline_encoder_path: str) -> StepEncoder:
 
 
 @pytest.fixture(scope="session")
-def pairs(shared_data):
+def pairs(samples_dir):
     # 200 pairs over all three sources; every other MATH-V / TabMWP record and at most 8
     # steps a reference keep the oracle's per-sample encoding within the time budget.
-    return build_pairs(shared_data, n=200, seed=0, every=2, max_steps=8)
+    return build_pairs(samples_dir, n=200, seed=0, every=2, max_steps=8)
 
 
 def _assert_same(sid, ours, theirs):

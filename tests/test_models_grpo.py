@@ -10,7 +10,6 @@ lora_A (whose gradient is zero while lora_B is still zero) would not move.
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from pathlib import Path
@@ -21,16 +20,6 @@ from cpr.models.loading import build_lora_config, load_model_and_processor
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture
-def one_thread():
-    """One torch thread: on a shared 2-core machine more threads make tiny-model steps 10-100x slower."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture
@@ -50,14 +39,13 @@ def no_network(monkeypatch):
     return attempts
 
 
-def _dataset(shared_images: list | None):
+def _dataset(samples_dir: Path):
+    """Four prompts, each with a MATH-Vision image of data/samples."""
     from datasets import Dataset
     from PIL import Image
 
-    if shared_images:
-        images = [Image.open(p).convert("RGB") for p in shared_images]
-    else:
-        images = [Image.new("RGB", (60 + 20 * i, 50), (60 * i, 120, 200)) for i in range(4)]
+    files = sorted((samples_dir / "mathvision" / "images").glob("*.jpg"))[:4]
+    images = [Image.open(p).convert("RGB") for p in files]
     questions = ["How many squares are there?", "What is the area?", "Which option is correct?", "Find x."]
     prompts = [
         [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}] for q in questions
@@ -65,17 +53,11 @@ def _dataset(shared_images: list | None):
     return Dataset.from_dict({"prompt": prompts, "images": [[im] for im in images]})
 
 
-def _mathvision_images() -> list[Path]:
-    """Four MATH-Vision images from ../shared/data when present, else [] (generated images are used)."""
-    root = os.environ.get("CPR_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data"
-    folder = Path(root) / "mathvision" / "images"
-    files = sorted(folder.glob("*.jpg"))[:4] if folder.is_dir() else []
-    return files if len(files) == 4 else []
-
-
 @pytest.mark.parametrize("include_vision", [False, True], ids=["lm_lora", "lm_and_vision_lora"])
 @pytest.mark.parametrize("kind", ["qwen2_5_vl", "internvl"])
-def test_grpo_trains_lora_on_cpu(kind, include_vision, tmp_path, one_thread, no_network, record_property):
+def test_grpo_trains_lora_on_cpu(
+    kind, include_vision, tmp_path, samples_dir, one_thread, no_network, record_property
+):
     import torch
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -121,7 +103,7 @@ def test_grpo_trains_lora_on_cpu(kind, include_vision, tmp_path, one_thread, no_
         model=model,
         reward_funcs=distinct_chars,
         args=args,
-        train_dataset=_dataset(_mathvision_images()),
+        train_dataset=_dataset(samples_dir),
         processing_class=processor,
         peft_config=build_lora_config(kind, r=8, alpha=16, dropout=0.0, include_vision=include_vision),
         callbacks=[timer],

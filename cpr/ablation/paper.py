@@ -1,6 +1,6 @@
 """The CRYSTAL paper's reward-weight ablation (Table 6), for tables that put ours beside it.
 
-Source: CRYSTAL paper (arXiv 2603.13099), Table 6, restated in SPEC section 7. Columns: validation
+Source: CRYSTAL paper (arXiv 2603.13099), Table 6, restated in docs/method.md section 7. Columns: validation
 accuracy in percent, Match F1 and recall in [0, 1], Discrimination (mean reward of correct-answer
 completions minus that of wrong-answer ones), r(F1) (Pearson correlation of reward with step F1)
 and the largest logged KL. The paper gives no row for 0.20 / 0.80 (one of the six pairs of the sweep).
@@ -47,7 +47,7 @@ PAPER_TABLE6: tuple[PaperWeightRow, ...] = (
     PaperWeightRow(0.50, 0.50, 79.39, 0.730, 0.629, 0.662, 0.563, 1.218),
     PaperWeightRow(0.35, 0.65, 78.53, 0.736, 0.642, 0.560, 0.670, 1.684),
 )
-"""SPEC section 7's paper values, in the paper's order."""
+"""The paper's values (docs/method.md section 7), in the paper's order."""
 
 
 def paper_weight_row(answer_weight: float, step_weight: float) -> PaperWeightRow | None:

@@ -2,7 +2,7 @@
 
 **Baseline** (``recipes/sft_lora.py``): supervised LoRA fine-tuning with TRL's ``SFTTrainer``
 (:func:`cpr.training.sft.run_sft`) on the training split's reference steps and answers rendered
-in the output JSON format (SPEC section 1), then scored exactly as the GRPO runs are
+in the output JSON format (docs/method.md section 1), then scored exactly as the GRPO runs are
 (:func:`cpr.training.evaluate.final_evaluation`: same model, decoding, scoring and columns, on each
 split of ``evaluation.final_splits``, test by default), so it sits in the same table. The M3CoT paper's fine-tuning baseline (arXiv 2405.16473) uses a batch
 size from {2, 4, 8}, a learning rate in [1e-6, 8e-5] and a maximum length of 512 tokens;
@@ -238,7 +238,8 @@ def run_sft_baseline(cfg: SFTBaselineConfig, *, resume: bool = False, overwrite:
     Args:
         cfg: the validated config.
         resume: reuse a trained ``sft/adapter`` and a partial final evaluation of an earlier attempt.
-        overwrite: delete an earlier run in ``output_dir`` first.
+        overwrite: delete an earlier run in ``output_dir``, once the model, encoder, data and templates
+            have passed their checks (:func:`cpr.training.runner.check_before_training`).
 
     Returns:
         The summary (also written to ``summary.json``).
@@ -247,29 +248,27 @@ def run_sft_baseline(cfg: SFTBaselineConfig, *, resume: bool = False, overwrite:
         ConfigError: the folder already holds a run and neither ``resume`` nor ``overwrite`` is set
             (:func:`cpr.training.runner.claim_output_dir`).
     """
-    from cpr.data import load_templates
     from cpr.distributed import process_state
     from cpr.training.evaluate import final_evaluation, summary_entries
     from cpr.training.logs import close_run_log, open_run_log
-    from cpr.training.policy import resolve_model_path
-    from cpr.training.runner import claim_output_dir
-    from cpr.training.splits import load_splits
+    from cpr.training.runner import check_before_training, claim_output_dir, delete_previous_run
     from cpr.training.warm_start import train_lora
 
     state = process_state()
     exp = cfg.experiment
     out = cfg.output_dir
-    claim_output_dir(out, resume=resume, overwrite=overwrite, state=state)
+    checked = None
+    if claim_output_dir(out, resume=resume, overwrite=overwrite, state=state):
+        checked = check_before_training(exp, state, grpo=False)  # the previous run stays until every check passed
+        delete_previous_run(out, state)
     handler = open_run_log(out, write=state.is_main_process)
     t0 = time.time()
     try:
         if state.is_main_process:
             atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True))
-        splits = load_splits(exp.data)
-        model_path = resolve_model_path(exp, splits)
+        splits, templates, model_path = checked or check_before_training(exp, state, grpo=False)
         logger.info("SFT baseline %s: model %s, data %s", exp.run_name, model_path, splits.counts())
         adapter = out / "sft" / "adapter"
-        templates = load_templates(exp.data.prompts)
         if resume and (adapter / "adapter_config.json").is_file():
             logger.info("SFT baseline: reusing %s", adapter)
         else:

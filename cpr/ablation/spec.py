@@ -61,7 +61,7 @@ KINDS = ("weights", "strategies")
 SHARED_START_TYPES = ("none", "warm_start", "phases")
 RUN_TYPES = ("grpo", "base", "sft")
 SPLITS = ("validation", "test")
-#: The six (answer_weight, step_weight) pairs of the paper's sweep (SPEC section 7).
+#: The six (answer_weight, step_weight) pairs of the paper's sweep (docs/method.md section 7).
 PAPER_WEIGHT_PAIRS: tuple[tuple[float, float], ...] = (
     (0.8, 0.2), (0.7, 0.3), (0.65, 0.35), (0.5, 0.5), (0.35, 0.65), (0.2, 0.8),
 )

@@ -1,4 +1,4 @@
-"""Difficulty buckets (easy / medium / hard) for the CPR-Curriculum (SPEC section 6, a **choice**).
+"""Difficulty buckets (easy / medium / hard) for the CPR-Curriculum (docs/method.md section 6, a **choice**).
 
 A source with its own difficulty field is bucketed by a table on that field; any other source
 by its number of reference steps. Defaults:

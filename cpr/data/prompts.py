@@ -5,7 +5,7 @@ from a config (a YAML path or a dict). Messages follow TRL's conversational visi
 format: a system message and a user message whose content is one ``{"type": "image"}``
 placeholder per image followed by ``{"type": "text", "text": ...}``; TRL's
 ``prepare_multimodal_messages`` fills the placeholders from the dataset's ``images`` column.
-The target is the output format of SPEC section 1: ``{"reasoning_steps": [...], "answer": ...}``.
+The target is the output format of docs/method.md section 1: ``{"reasoning_steps": [...], "answer": ...}``.
 """
 
 from __future__ import annotations

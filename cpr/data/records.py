@@ -1,7 +1,7 @@
 """The record every adapter produces, the image references it carries, and record datasets.
 
 A :class:`Record` is one question with its image(s), options, gold answer and the ordered
-reference reasoning steps the step metrics (Match F1, SPEC section 2) compare against.
+reference reasoning steps the step metrics (Match F1, docs/method.md section 2) compare against.
 Images are *references* (a file path, an in-memory PIL image, an encoded ``{"bytes", "path"}``
 dict, or a :class:`DatasetImageRef` row of a Hugging Face dataset); :func:`open_image` decodes
 one when it is needed.
@@ -24,7 +24,7 @@ from typing import Any
 from PIL import Image
 
 DIFFICULTIES: tuple[str, ...] = ("easy", "medium", "hard")
-"""Bucket names, easiest first (SPEC section 6)."""
+"""Bucket names, easiest first (docs/method.md section 6)."""
 
 OPTION_LETTERS: str = string.ascii_uppercase
 """Options are lettered A, B, C, ... in order (at most 26 options)."""

@@ -6,8 +6,8 @@ is not one of the options' letters, or its id repeats an earlier one. Each probl
 :class:`RecordError` (an :class:`cpr.errors.InputError`) naming the file, the line or record id,
 and the field, plus a short ``reason`` used to count skipped records.
 
-Images are checked once at load time (SPEC: "a bad image fails at load time, not at training
-step 900"): the file is opened with PIL and ``verify()``-ed (PNG chunk CRCs, the whole file),
+Images are checked once at load time (a bad image fails at load time, not at training
+step 900): the file is opened with PIL and ``verify()``-ed (PNG chunk CRCs, the whole file),
 JPEGs are additionally decoded at their smallest DCT scale (``Image.draft``; cheap, and it
 reads the whole entropy-coded stream, so a truncated JPEG fails here), the size must be
 positive, and the mode must convert to RGB.

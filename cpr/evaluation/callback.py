@@ -3,9 +3,9 @@
 :class:`EvalCallback` is a ``transformers.TrainerCallback`` (works with TRL's ``GRPOTrainer``
 and any ``Trainer``). Usage::
 
-    callback = EvalCallback(
-        [BenchmarkSpec("crystal", crystal_records, max_samples=200),
-         BenchmarkSpec("m3cot", m3cot_records, max_samples=100)],
+    callback = EvalCallback(                  # validation records: the hook picks the best checkpoint
+        [BenchmarkSpec("crystal", crystal_validation, max_samples=200),
+         BenchmarkSpec("m3cot", m3cot_validation, max_samples=100)],
         eval_steps=100,
         generation=GenerationSettings(max_new_tokens=256, batch_size=16, prompt_mode="train"),
         scoring=ScoringSettings(encoder="sentence-transformers/all-distilroberta-v1"),
@@ -31,7 +31,9 @@ What it does each time:
    together. Parameters are always gathered (a main-process-only forward on sharded ZeRO-3
    parameters would hang). FSDP v2 is refused (its forward always communicates).
    The model is put in eval mode for generation and back in train mode after; ``use_cache=True``
-   is passed to ``generate`` (see :mod:`cpr.evaluation.generation`).
+   and ``synced_gpus=False`` are passed to ``generate`` (transformers turns ``synced_gpus`` on by
+   itself under ZeRO-3, an ``all_reduce`` per token that the waiting ranks never join; see
+   :mod:`cpr.evaluation.generation`).
 2. **Everyone gets the numbers.** The main process broadcasts the metrics (or its error, which
    every rank then raises: an error is never swallowed and no rank is left waiting) with
    ``accelerate.utils.broadcast_object_list``.

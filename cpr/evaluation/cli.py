@@ -17,7 +17,13 @@ Writes into ``--output DIR``:
     CRYSTAL the paper's base-model rows beside ours, labelled as paper numbers).
 ``eval_config.json``
     the run's settings; a rerun into the same DIR must use the same model, adapter, benchmark,
-    data and decoding settings (else it stops, so completions of two setups never mix).
+    data, image size and decoding settings (else it stops, so completions of two setups never mix).
+
+The adapter must have been trained on ``--model`` (:func:`cpr.models.check_adapter_base`; else one
+error line naming both bases, unless ``--allow-base-mismatch``). The processor gets the image size
+limits the adapter was trained with: ``model.min_pixels`` / ``model.max_pixels`` of the ``config.yaml``
+of the run folder the adapter lies in (``<run>/<phase>/adapter``, ``<run>/<phase>/checkpoint-N``),
+unless ``--min-pixels`` / ``--max-pixels`` set them.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ from cpr.errors import InputError
 __all__ = ["register", "run"]
 
 #: eval_config.json keys that must match when a run resumes into an existing output folder.
-RESUME_KEYS = ("model", "adapter", "benchmark", "source", "data", "split", "prompt_mode", "max_new_tokens")
+RESUME_KEYS = (
+    "model", "adapter", "benchmark", "source", "data", "split", "prompt_mode", "max_new_tokens", "min_pixels", "max_pixels"
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -51,6 +59,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--model", required=True, help="base model or merged checkpoint: folder, hub id or tiny:<kind>")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder (PEFT) applied to --model")
+    p.add_argument("--allow-base-mismatch", action="store_true",
+                   help="apply --adapter even if trained on another base model (e.g. a hub id at another revision)")
+    for flag in ("--min-pixels", "--max-pixels"):
+        p.add_argument(flag, type=int, default=None, help="image size limit (default: the adapter's run config.yaml)")
     p.add_argument("--benchmark", required=True, choices=sorted(BENCHMARKS), help="benchmark to score")
     p.add_argument("--data", required=True, help="dataset path (or hub name) read by the source adapter")
     p.add_argument(
@@ -94,10 +106,38 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
+def _pixel_limits(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """``(min_pixels, max_pixels)`` of the processor: ``--min-pixels`` / ``--max-pixels`` where given,
+    else ``model.min_pixels`` / ``model.max_pixels`` of the ``config.yaml`` in the adapter's folder's
+    parent or grandparent (the run folder of ``<run>/<phase>/adapter``), else ``None`` (the
+    processor's own). A flag that differs from the run's value is used, with a warning."""
+    import yaml
+
+    from cpr.evaluation.generation import resolve_model_and_adapter
+
+    run: dict[str, Any] = {}
+    adapter = resolve_model_and_adapter(args.model, args.adapter)[1]
+    for folder in Path(adapter).resolve().parents[:2] if adapter else ():
+        if (folder / "config.yaml").is_file():
+            run = (yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8")) or {}).get("model") or {}
+            break
+    limits = []
+    for key in ("min_pixels", "max_pixels"):
+        flag, trained = getattr(args, key), run.get(key)
+        if flag is not None and trained is not None and flag != trained:
+            print(f"cpr eval: warning: --{key.replace('_', '-')} {flag} differs from the run's model.{key} "
+                  f"{trained}, the resolution the adapter was trained at", file=sys.stderr)
+        limits.append(flag if flag is not None else trained)
+    return limits[0], limits[1]
+
+
 def _config(args: argparse.Namespace, source: str) -> dict[str, Any]:
+    min_pixels, max_pixels = _pixel_limits(args)
     return {
         "model": args.model,
         "adapter": args.adapter,
+        "min_pixels": min_pixels,
+        "max_pixels": max_pixels,
         "benchmark": args.benchmark,
         "source": source,
         "data": str(args.data),
@@ -142,15 +182,15 @@ def _check_resume(out: Path, config: dict[str, Any], record_ids: set[str]) -> No
 
 
 def _validate(args: argparse.Namespace) -> None:
-    for name in ("batch_size", "max_new_tokens"):
+    for name in ("batch_size", "max_new_tokens", "min_pixels", "max_pixels"):
         value = getattr(args, name)
-        if value < 1:
+        if value is not None and value < 1:
             raise InputError(f"must be >= 1, got {value}", field="--" + name.replace("_", "-"))
     if args.limit is not None and args.limit < 1:
         raise InputError(f"must be >= 1, got {args.limit}", field="--limit")
 
 
-def _generator(args: argparse.Namespace, settings: Any, max_images: int) -> tuple[Any, Any, Any]:
+def _generator(args: argparse.Namespace, config: dict[str, Any], settings: Any, max_images: int) -> tuple[Any, Any, Any]:
     """``(model, processor, generator)`` for the chosen backend."""
     from cpr.evaluation.generation import (
         TransformersGenerator,
@@ -161,24 +201,34 @@ def _generator(args: argparse.Namespace, settings: Any, max_images: int) -> tupl
     )
     from cpr.models import parse_tiny_name, resolve_model_path
 
+    pixels = {k: config[k] for k in ("min_pixels", "max_pixels")}
     use_vllm = settings.backend == "vllm" or (
         settings.backend == "auto" and vllm_available() and parse_tiny_name(args.model) is None
     )
     if use_vllm:  # pragma: no cover - needs vLLM and a GPU
         from transformers import AutoProcessor
 
+        from cpr.models import apply_pixel_limits, check_adapter_base, detect_family
+
         base, adapter = resolve_model_and_adapter(args.model, args.adapter)
         path = resolve_model_path(base)
+        if adapter is not None:
+            check_adapter_base(adapter, path, allow_mismatch=args.allow_base_mismatch, field="--adapter")
         processor = AutoProcessor.from_pretrained(path, padding_side="left")
+        apply_pixel_limits(processor, detect_family(path), **pixels)
         generator = VLLMGenerator(
             path,
             processor,
             adapter=adapter,
             max_new_tokens=settings.max_new_tokens,
             max_images_per_prompt=max_images,
+            mm_processor_kwargs={k: v for k, v in pixels.items() if v is not None} or None,
         )
         return None, processor, generator
-    model, processor = load_model_for_eval(args.model, args.adapter, device=args.device, dtype=args.dtype)
+    model, processor = load_model_for_eval(
+        args.model, args.adapter, device=args.device, dtype=args.dtype, allow_base_mismatch=args.allow_base_mismatch,
+        **pixels,
+    )
     return model, processor, TransformersGenerator(model, processor, settings.max_new_tokens)
 
 
@@ -227,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
         out / "references.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in references)
     )
 
-    model, processor, generator = _generator(args, generation, max(len(r.images) for r in records))
+    model, processor, generator = _generator(args, config, generation, max(len(r.images) for r in records))
     metrics = evaluate_model(
         model,
         processor,

@@ -21,6 +21,9 @@ Backends:
     changed on the model), in eval mode (dropout off), and the model's train / eval mode is
     restored afterwards. Works on a plain model, a PEFT ``PeftModel`` (LoRA adapter) or a merged
     checkpoint, and on a model inside a trainer (the training hook, :mod:`cpr.evaluation.callback`).
+    Generation is never collective (``synced_gpus=False``): under DeepSpeed ZeRO-3 transformers
+    would otherwise make every rank step in lock-step (an ``all_reduce`` per token), while cpr
+    generates on the main process only, with the full parameters gathered, so it would hang.
 ``vllm`` (:class:`VLLMGenerator`)
     vLLM's offline engine with ``temperature=0`` (greedy), LoRA adapters through
     ``LoRARequest``. Used by ``cpr eval`` when ``--backend auto`` finds vLLM importable and a
@@ -71,7 +74,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_NEW_TOKENS = 256
-"""Completion budget of the paper's scripts (SPEC section 6: max completion 256 tokens)."""
+"""Completion budget of the paper's scripts (docs/method.md section 6: max completion 256 tokens)."""
 
 BACKENDS: tuple[str, ...] = ("auto", "transformers", "vllm")
 
@@ -229,6 +232,7 @@ class TransformersGenerator:
             "top_k": None,
             "use_cache": True,
             "pad_token_id": self.processor.tokenizer.pad_token_id,
+            "synced_gpus": False,  # never collective (module docstring)
         }
         image_token_id = getattr(model.config, "image_token_id", None)
         if image_token_id is not None:
@@ -275,6 +279,7 @@ class VLLMGenerator:  # pragma: no cover - needs vLLM and a GPU
         max_new_tokens: new-token budget.
         max_images_per_prompt: vLLM's ``limit_mm_per_prompt["image"]``.
         seed: engine seed (greedy decoding does not depend on it).
+        mm_processor_kwargs: vLLM's processor arguments (``min_pixels`` / ``max_pixels`` for Qwen2.5-VL).
 
     Raises:
         ImportError: vLLM is not installed.
@@ -289,6 +294,7 @@ class VLLMGenerator:  # pragma: no cover - needs vLLM and a GPU
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         max_images_per_prompt: int = 1,
         seed: int = 0,
+        mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> None:
         from vllm import LLM, SamplingParams
 
@@ -297,6 +303,8 @@ class VLLMGenerator:  # pragma: no cover - needs vLLM and a GPU
             "seed": seed,
             "limit_mm_per_prompt": {"image": max(1, max_images_per_prompt)},
         }
+        if mm_processor_kwargs:
+            kwargs["mm_processor_kwargs"] = mm_processor_kwargs
         self.lora_request = None
         if adapter is not None:
             from vllm.lora.request import LoRARequest
@@ -374,6 +382,9 @@ def load_model_for_eval(
     *,
     device: str | None = None,
     dtype: str = "auto",
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    allow_base_mismatch: bool = False,
 ) -> tuple[Any, Any]:
     """Load a model (plus an optional LoRA adapter) and its processor for generation.
 
@@ -384,6 +395,9 @@ def load_model_for_eval(
             merged, so the evaluated weights are exactly the trained ones).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``; ``None``: CUDA if available, else CPU.
         dtype: see :func:`cpr.models.resolve_dtype`.
+        min_pixels, max_pixels: the processor's image size limits (:func:`cpr.models.apply_pixel_limits`).
+        allow_base_mismatch: put the adapter on ``model`` even if it was trained on another base
+            (:func:`cpr.models.check_adapter_base` then only warns).
 
     Returns:
         ``(model, processor)`` in eval mode, gradient checkpointing off.
@@ -391,14 +405,20 @@ def load_model_for_eval(
     Raises:
         ModelNotAvailableError / InputError: see :func:`cpr.models.load_model_and_processor`
             and :func:`resolve_model_and_adapter`.
+        ConfigError: the adapter was trained on another base model (field ``--adapter``).
     """
     import torch
 
-    from cpr.models import load_model_and_processor
+    from cpr.models import check_adapter_base, load_model_and_processor, resolve_model_path
 
     base, adapter = resolve_model_and_adapter(model, adapter)
+    path = resolve_model_path(base)
+    if adapter is not None:  # before the base loads
+        check_adapter_base(adapter, path, allow_mismatch=allow_base_mismatch, field="--adapter")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    net, processor = load_model_and_processor(base, dtype=dtype, device=device, gradient_checkpointing=False)
+    net, processor = load_model_and_processor(
+        path, dtype=dtype, device=device, gradient_checkpointing=False, min_pixels=min_pixels, max_pixels=max_pixels
+    )
     if adapter is not None:
         from peft import PeftModel
 

@@ -2,7 +2,7 @@
 
 :func:`render_markdown` writes, for any benchmark, a table of the overall numbers followed by
 one table per group (source, difficulty, domain, topic, task). For the CRYSTAL benchmark the
-overall table also lists the CRYSTAL paper's base-model rows (Table 4, SPEC section 9,
+overall table also lists the CRYSTAL paper's base-model rows (Table 4, docs/method.md section 9,
 :mod:`cpr.paper`), labelled as paper numbers: they are measured on the full CRYSTAL test set,
 not on the records evaluated here.
 """

@@ -38,7 +38,9 @@ Module names (transformers 5.24, both the real and the tiny models):
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -60,7 +62,11 @@ __all__ = [
     "load_model_and_processor",
     "lora_target_modules",
     "build_lora_config",
+    "base_fingerprint",
+    "check_adapter_base",
 ]
+
+logger = logging.getLogger("cpr.models")
 
 #: Model families cpr knows how to configure (pixel limits, LoRA targets).
 FAMILIES = ("qwen2_5_vl", "internvl")
@@ -389,3 +395,101 @@ def build_lora_config(
         bias="none",
         task_type="CAUSAL_LM",
     )
+
+
+#: Files whose bytes identify a model folder (:func:`base_fingerprint`); weights count when small.
+_FINGERPRINT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+_SMALL_WEIGHTS = 64 * 2**20
+
+
+def base_fingerprint(name_or_path: str | Path) -> str | None:
+    """What identifies a base model's content: the first 16 hex digits of the SHA-256 of its
+    ``config.json`` and tokenizer files, plus its ``*.safetensors`` when they total at most 64 MiB
+    (tiny models built from configs: two of them differ in their tokenizer or weights, not their
+    config). Read from a local folder, or from the Hugging Face cache for a hub id.
+
+    Returns:
+        The fingerprint, or ``None`` when the model's ``config.json`` is not at hand.
+    """
+    folder = Path(str(name_or_path)).expanduser()
+    if not folder.is_dir():
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            cached = try_to_load_from_cache(str(name_or_path), "config.json")
+        except Exception:  # a name that is no repo id is simply not cached
+            cached = None
+        if not isinstance(cached, str):
+            return None
+        folder = Path(cached).parent
+    if not (folder / "config.json").is_file():
+        return None
+    weights = sorted(folder.glob("*.safetensors"))
+    small = sum(w.stat().st_size for w in weights) <= _SMALL_WEIGHTS
+    h = hashlib.sha256()
+    for f in [folder / n for n in _FINGERPRINT_FILES] + (weights if small else []):
+        if f.is_file():
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def check_adapter_base(
+    adapter: str | Path, base: str | Path | None = None, *, allow_mismatch: bool = False, field: str = "adapter",
+    override: str = "--allow-base-mismatch",
+) -> str | None:
+    """Refuse to put a LoRA adapter on a base model other than the one it was trained on (it then
+    gives garbage: wrong vocabulary, no reward). Every place that loads an adapter onto a base calls it.
+
+    The adapter's base is ``base_model_name_or_path`` of its ``adapter_config.json`` (PEFT records
+    the path or hub id the base was loaded from). The two are the same when their
+    :func:`base_fingerprint` agree, or, where either fingerprint is not at hand (a hub id not in the
+    cache, a folder of another machine), when their names are equal, the folders resolve to the same
+    path, or ``base`` is a Hugging Face cache snapshot of the recorded hub id
+    (``.../models--Org--Name/snapshots/...``).
+
+    Args:
+        adapter: the adapter folder.
+        base: the path or hub id the base model is loaded from (``model.name_or_path``); ``None``:
+            only read the recorded base.
+        allow_mismatch: log a warning instead of raising (e.g. hub ids that differ only in revision).
+        field: the setting that gave the adapter, named in the error.
+        override: the flag or config key that sets ``allow_mismatch``, named in the error.
+
+    Returns:
+        The recorded base (``None`` when the adapter records none and ``base`` is given).
+
+    Raises:
+        InputError: ``adapter`` has no ``adapter_config.json``; or ``base`` is ``None`` and the adapter
+            records no base.
+        ConfigError: the bases differ (one line naming both), naming ``field``.
+    """
+    config = Path(adapter) / "adapter_config.json"
+    if not config.is_file():
+        raise InputError("not a LoRA adapter folder (no adapter_config.json)", path=adapter)
+    recorded = json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    if base is None and not recorded:
+        raise InputError("the adapter records no base model", path=config, field="base_model_name_or_path")
+    if base is None or not recorded:
+        return recorded
+    mine, theirs = base_fingerprint(base), base_fingerprint(recorded)
+    if mine is not None and theirs is not None:
+        if mine == theirs:
+            return recorded
+        why = f"config, tokenizer or weights differ: fingerprint {theirs} vs {mine}"
+    else:
+        given = Path(str(base)).expanduser().resolve()
+        if (
+            str(recorded) == str(base)
+            or Path(recorded).expanduser().resolve() == given
+            or "models--" + str(recorded).replace("/", "--") in given.parts
+        ):
+            return recorded
+        why = "the names differ and the recorded base is not here to compare"
+    message = (
+        f"LoRA adapter {adapter} was trained on base model {recorded!r}, not on {str(base)!r} ({why}); load "
+        f"it on its own base, or set {override} if both are the same model (e.g. hub ids that differ only in revision)"
+    )
+    if not allow_mismatch:
+        raise ConfigError(message, field=field)
+    logger.warning("%s: %s", override, message)
+    return recorded

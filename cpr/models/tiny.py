@@ -585,7 +585,9 @@ def ensure_tiny_model(
     The folder is ``<cache_dir>/<kind>-<hash>``, the hash covering the builder arguments
     (texts included), :data:`BUILDER_VERSION` and the transformers / tokenizers versions.  A
     model is built in a temporary folder next to it and renamed into place (atomic), under a
-    file lock, so concurrent processes neither corrupt nor rebuild it.
+    file lock, so concurrent processes neither corrupt nor rebuild it. Under ``torch.distributed``
+    transformers saves a model on rank 0 only: a build on another rank raises ``RuntimeError``
+    rather than cache a folder without weights (build on the main process first).
 
     Args:
         kind: ``"qwen2_5_vl"`` or ``"internvl"``.
@@ -617,6 +619,11 @@ def ensure_tiny_model(
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=root))
         try:
             _BUILDERS[kind](tmp, **params)
+            if not (tmp / "config.json").is_file():  # transformers writes a model on rank 0 only
+                raise RuntimeError(
+                    f"building {target.name} wrote no config.json: under torch.distributed only rank 0 saves a "
+                    "model, so build tiny models on the main process first (cpr.training.policy.resolve_model_path)"
+                )
             if target.exists():  # a half-written folder from an older, unlocked writer
                 shutil.rmtree(target)
             os.replace(tmp, target)

@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_config: str | None
     )
     parser.add_argument("--output-dir", help="shortcut for --set output_dir=...")
     parser.add_argument("--phases", help="comma-separated phases to run, e.g. cpr (shortcut for --set phases=[...])")
+    from cpr.training.check import add_check_arguments
+
+    add_check_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
@@ -54,6 +57,15 @@ def run(args: argparse.Namespace) -> int:
     Errors propagate: :func:`cpr.cli.run_command` prints them and exits 2, or 3 for
     :class:`cpr.training.guards.TrainingDivergedError` (a divergence guard stopped the run).
     """
+    if args.check:
+        from cpr.training.check import run_check
+
+        return run_check(args)
+    given = [f"--{k.replace('_', '-')}" for k in ("num_processes", "gpu_memory", "accelerate_config") if getattr(args, k)]
+    if given:
+        from cpr.errors import ConfigError
+
+        raise ConfigError(f"{given[0]} belongs to --check (the launcher sets the processes of a training run)", field=given[0])
     cfg = config_from_args(args)
     from cpr.training.runner import run_experiment
 
@@ -72,7 +84,8 @@ def register(subparsers: Any) -> None:
         help="train a model with GRPO (CPR-Curriculum) from a YAML config",
         description="Run an experiment from its YAML config, as recipes/cpr_curriculum.py does: the optional "
         "supervised warm start, the GRPO phases (answer-only, then CPR with the curriculum), checkpoint "
-        "selection and the final evaluation. Exit code 0 finished, 2 an error, 3 a divergence guard stopped it.",
+        "selection and the final evaluation. Exit code 0 finished, 2 an error, 3 a divergence guard stopped it. "
+        "With --check: validate the run and estimate its per-GPU memory without a GPU (exit 1: it does not fit).",
     )
     add_arguments(p)
     p.set_defaults(func=run)

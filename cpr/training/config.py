@@ -98,6 +98,10 @@ class ModelSettings:
     tiny_vocab_from_data: bool = _help(
         "tiny:* models only: train their tokenizer on the training records' texts too.", True
     )
+    allow_base_mismatch: bool = _help(
+        "Put an adapter (init_adapter, hand-over, evaluation) on this model even if it was trained on another base.",
+        False,
+    )
 
 
 @dataclass
@@ -195,11 +199,16 @@ class PhaseConfig:
 
 @dataclass
 class EvalBenchmarkConfig:
-    """One benchmark the eval hook scores."""
+    """One benchmark: scored by the final evaluation (its own ``data`` or the run's test split) and,
+    without its own ``data``, by the eval hook on the run's validation split."""
 
     name: str = _help("crystal, m3cot or vlrmbench.", "crystal")
-    data: list[DataSourceConfig] = _help("Datasets; empty = the run's test split.", factory=list)
-    limit: int | None = _help("Score at most this many records.", None)
+    data: list[DataSourceConfig] = _help(
+        "Datasets, a test set the final evaluation scores; empty = the run's test split (final evaluation) "
+        "and validation split (eval hook).",
+        factory=list,
+    )
+    limit: int | None = _help("Score at most this many records in the eval hook (the final evaluation scores all).", None)
 
 
 @dataclass
@@ -207,8 +216,12 @@ class EvaluationConfig:
     """Evaluation during and after training."""
 
     benchmarks: list[EvalBenchmarkConfig] = _help("Benchmarks to score.", factory=list)
-    eval_steps: int | None = _help("Score every N optimizer steps during GRPO phases (None = only at the end).", None)
-    metric_for_best: str = _help("Metric that picks the best checkpoint, e.g. crystal/match_f1.", "crystal/match_f1")
+    eval_steps: int | None = _help(
+        "Score the validation split every N optimizer steps during GRPO phases (None = no eval hook).", None
+    )
+    metric_for_best: str = _help(
+        "Eval hook metric (validation split) that picks best_checkpoint.json, e.g. crystal/match_f1.", "crystal/match_f1"
+    )
     greater_is_better: bool = _help("Whether a larger metric is better.", True)
     max_new_tokens: int = _help("Greedy decoding length.", 256)
     batch_size: int = _help("Generation batch size.", 8)
@@ -751,6 +764,20 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         _check_sources(b.data, f"evaluation.benchmarks[{i}].data", base)
     if ev.eval_steps is not None and ev.eval_steps < 1:
         raise ConfigError(f"must be >= 1, got {ev.eval_steps}", field="evaluation.eval_steps")
+    hooked = [b.name for b in ev.benchmarks if not b.data] if ev.benchmarks else ["crystal"]
+    if ev.eval_steps is not None and ev.metric_for_best.partition("/")[0] not in hooked:
+        raise ConfigError(
+            f"{ev.metric_for_best!r} would pick the best checkpoint on a benchmark the eval hook does not score: the "
+            f"hook scores the validation split ({', '.join(hooked) or 'no benchmark without its own data'}); a "
+            "benchmark with its own data is a test set, scored once by the final evaluation",
+            field="evaluation.metric_for_best",
+        )
+    if ev.eval_steps is not None and not (cfg.data.validation or cfg.data.validation_size):
+        raise ConfigError(
+            "the eval hook scores the validation split, which is empty: set data.validation or "
+            "data.validation_size, or evaluation.eval_steps: null",
+            field="evaluation.eval_steps",
+        )
     if ev.prompt_mode not in ("train", "eval"):
         raise ConfigError(f"must be train or eval, got {ev.prompt_mode!r}", field="evaluation.prompt_mode")
     if ev.answer_mode not in ("strict", "crystal"):

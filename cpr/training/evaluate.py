@@ -12,9 +12,13 @@ The benchmarks of a split (:func:`benchmark_records`):
   test split, or ``crystal`` on the test split when none is listed;
 * ``validation``: ``crystal`` on the run's validation split.
 
+The eval hook (:func:`eval_hook`) and the checkpoint choice made from it (``best_checkpoint.json``,
+``evaluation.metric_for_best``) score the **validation** split only (:func:`hook_benchmarks`); the
+test split is scored once, by the final evaluation, so no choice is ever made on it.
+
 :func:`evaluate_adapter` scores one split into ``<out_dir>/<benchmark>/{completions.jsonl,
 metrics.json, metrics.md}`` and ``<out_dir>/metrics.md`` (every record: the benchmarks' ``limit``
-caps only the eval hook, :func:`eval_hook`). :func:`final_evaluation` scores each split of
+caps only the eval hook). :func:`final_evaluation` scores each split of
 ``evaluation.final_splits`` into the run folder (:func:`final_eval_dir`)::
 
     final_eval/<benchmark>/...             test (the default)
@@ -47,6 +51,7 @@ __all__ = [
     "final_eval_key",
     "final_evaluation",
     "generation_settings",
+    "hook_benchmarks",
     "scoring_settings",
     "summary_entries",
 ]
@@ -82,9 +87,9 @@ def final_eval_key(split: str) -> str:
 
 
 def benchmark_records(cfg: ExperimentConfig, splits: DataSplits, split: str) -> list[tuple[str, list, int | None]]:
-    """``(benchmark, records, limit)`` scored on ``split`` (module docstring); benchmarks without
-    records are left out, so the list may be empty. ``limit`` is the benchmark's cap for the eval
-    hook (``None`` on validation).
+    """``(benchmark, records, limit)`` scored on ``split`` by the final evaluation (module docstring);
+    benchmarks without records are left out, so the list may be empty. ``limit`` is the benchmark's
+    cap for the eval hook (``None`` on validation), which the final evaluation ignores.
 
     Raises:
         ConfigError: an unknown split.
@@ -136,14 +141,25 @@ def generation_settings(cfg: ExperimentConfig, *, progress: bool, prompt_mode: s
     )
 
 
+def hook_benchmarks(cfg: ExperimentConfig, splits: DataSplits) -> list[tuple[str, list, int | None]]:
+    """``(benchmark, records, limit)`` the eval hook scores: each benchmark of ``evaluation.benchmarks``
+    without its own ``data`` (``crystal`` when none is listed) on the run's validation split, capped
+    at its ``limit``; ``[]`` without validation records. A benchmark with its own ``data`` is a test
+    set: only the final evaluation scores it."""
+    from cpr.training.config import EvalBenchmarkConfig
+
+    listed = [b for b in cfg.evaluation.benchmarks if not b.data] if cfg.evaluation.benchmarks else [EvalBenchmarkConfig()]
+    return [(b.name, list(splits.validation), b.limit) for b in listed] if splits.validation else []
+
+
 def eval_hook(cfg: ExperimentConfig, splits: DataSplits, templates: Any, output_dir: Path) -> Any:
-    """The eval hook of a GRPO phase (:class:`cpr.evaluation.callback.EvalCallback`): the test
-    split's benchmarks, each capped at its ``limit``, every ``evaluation.eval_steps`` steps, files in
+    """The eval hook of a GRPO phase (:class:`cpr.evaluation.callback.EvalCallback`): the validation
+    split's benchmarks (:func:`hook_benchmarks`), every ``evaluation.eval_steps`` steps, files in
     ``output_dir``; ``None`` when ``eval_steps`` is not set or there is nothing to score."""
     from cpr.evaluation.callback import BenchmarkSpec, EvalCallback
 
     ev = cfg.evaluation
-    specs = benchmark_records(cfg, splits, "test")
+    specs = hook_benchmarks(cfg, splits)
     if not ev.eval_steps or not specs:
         return None
     return EvalCallback(
@@ -190,8 +206,9 @@ def evaluate_adapter(
         process evaluates; the others wait and return ``{}``.
 
     Raises:
-        ConfigError: an unknown split, no records to score on it, or an adapter folder without
-            ``adapter_config.json``.
+        ConfigError: an unknown split, no records to score on it, an adapter folder without
+            ``adapter_config.json``, or an adapter trained on another base model
+            (:func:`cpr.training.policy.check_base`).
         TrainingOutOfMemoryError: out of memory (:mod:`cpr.training.oom`).
     """
     return _evaluate(
@@ -273,12 +290,14 @@ def _evaluate(
                 f"no {split} records to score: give data.{split} or data.{split}_size", field=f"data.{split}_size"
             )
     state = process_state()
+    model_path = model_path or policy.resolve_model_path(cfg, splits)  # every process (a tiny model is built once)
     results: dict[str, dict[str, dict[str, Any]]] = {split: {} for split, _ in outputs}
     if state.is_main_process:
         from cpr.data import load_templates
 
         templates = templates if templates is not None else load_templates(cfg.data.prompts)
-        model_path = model_path or policy.resolve_model_path(cfg, splits)
+        if adapter is not None:  # before the model loads
+            policy.check_base(adapter, model_path, cfg, field="adapter")
         generation = generation_settings(cfg, progress=True)
         scoring = scoring_settings(cfg, cfg.evaluation.answer_mode)
         with zero3_disabled(), explain_oom(cfg, "evaluation"):

@@ -1,6 +1,6 @@
 """Divergence guards for the GRPO phases, and the checkpoint completion marker.
 
-SPEC section 4 notes that the paper's Composite and Answer-Only runs diverge to NaN gradients;
+docs/method.md section 4 notes that the paper's Composite and Answer-Only runs diverge to NaN gradients;
 the guards notice that (and two quieter failures) at the optimizer step where it happens, and
 act as the ``guards:`` section of the experiment config says (:class:`cpr.training.config.GuardsConfig`).
 

@@ -32,7 +32,7 @@ from cpr.training.splits import DataSplits
 
 logger = logging.getLogger("cpr.training")
 
-__all__ = ["grpo_config", "reward_trend", "train_phase"]
+__all__ = ["check_launch_settings", "grpo_args", "grpo_config", "reward_trend", "train_phase"]
 
 
 def reward_trend(log_rows: Sequence[dict[str, Any]], share: float = 0.1) -> dict[str, float]:
@@ -65,37 +65,69 @@ def _report_to(args: dict[str, Any]) -> None:
             logger.info("wandb: no WANDB_API_KEY set, logging offline (sync later with `wandb sync`)")
 
 
-def grpo_config(cfg: ExperimentConfig, phase: PhaseConfig) -> Any:
-    """The phase's ``trl.GRPOConfig``: :func:`cpr.training.config.phase_training_args` with cpr's
-    defaults where unset (CPU / bf16 by device, activation checkpointing per
-    ``model.gradient_checkpointing`` (default: on GPU), the data columns kept for the reward
-    functions, no reports, a log row every step, a checkpoint every quarter of ``max_steps``).
-    wandb logs offline when no ``WANDB_API_KEY`` is set.
-
-    Raises:
-        ConfigError: TRL's own consistency checks fail (field ``phase_settings.<phase>.training``).
-    """
+def grpo_args(cfg: ExperimentConfig, name: str) -> dict[str, Any]:
+    """The keyword arguments of phase ``name``'s ``trl.GRPOConfig``:
+    :func:`cpr.training.config.phase_training_args` with cpr's defaults where unset (CPU / bf16 by
+    device, activation checkpointing per ``model.gradient_checkpointing`` (default: on GPU), the
+    data columns kept for the reward functions, no reports, a log row every step, a checkpoint every
+    quarter of ``max_steps``)."""
     import torch
-    from trl import GRPOConfig
 
-    args = phase_training_args(cfg, phase.name)
+    args = phase_training_args(cfg, name)
     on_gpu = torch.cuda.is_available()
     args.setdefault("use_cpu", not on_gpu)
-    if on_gpu:
-        args.setdefault("bf16", torch.cuda.is_bf16_supported())
-    else:
-        args.setdefault("bf16", False)
+    args.setdefault("bf16", on_gpu and torch.cuda.is_bf16_supported())
     gc = cfg.model.gradient_checkpointing
-    if gc is None:
-        gc = on_gpu
     args.setdefault("gradient_checkpointing", False)  # TRL's alias; we pass the transformers 5 name
-    args.setdefault("activation_checkpointing", gc)
+    args.setdefault("activation_checkpointing", on_gpu if gc is None else gc)
     args.setdefault("remove_unused_columns", False)  # the reward functions need the data columns
     args.setdefault("report_to", "none")
     args.setdefault("logging_steps", 1)
     args.setdefault("save_strategy", "steps")
     args.setdefault("save_steps", max(1, int(args.get("max_steps") or 100) // 4))
     args.setdefault("disable_tqdm", False)
+    return args
+
+
+def check_launch_settings(cfg: ExperimentConfig) -> None:
+    """:func:`cpr.distributed.check_launch` for the run's trainers: the warm start (mixed precision
+    from the model's dtype on a GPU, :func:`cpr.training.sft.build_sft_config`) and the GRPO phases
+    (their resolved ``bf16`` / ``fp16``, named by the config key that sets them; ``use_vllm``).
+
+    Raises:
+        ConfigError: see :func:`cpr.distributed.check_launch`.
+    """
+    import torch
+
+    from cpr.distributed import check_launch
+    from cpr.models.loading import resolve_dtype
+
+    precision, vllm = [], False
+    if cfg.warm_start.enabled:
+        cuda = torch.cuda.is_available()
+        dtype = resolve_dtype(cfg.model.dtype, "cuda" if cuda else "cpu")
+        extra = cfg.warm_start.extra
+        precision.append(("warm_start.extra", extra.get("bf16", cuda and dtype == torch.bfloat16),
+                          extra.get("fp16", cuda and dtype == torch.float16)))
+    for name in cfg.phases:
+        args = grpo_args(cfg, name)
+        own = cfg.phase(name).training
+        key = f"phase_settings.{name}.training" if "bf16" in own or "fp16" in own else "training"
+        precision.append((key, bool(args.get("bf16")), bool(args.get("fp16"))))
+        vllm = vllm or bool(args.get("use_vllm"))
+    check_launch(precision, use_vllm=vllm)
+
+
+def grpo_config(cfg: ExperimentConfig, phase: PhaseConfig) -> Any:
+    """The phase's ``trl.GRPOConfig`` of :func:`grpo_args`. wandb logs offline when no
+    ``WANDB_API_KEY`` is set.
+
+    Raises:
+        ConfigError: TRL's own consistency checks fail (field ``phase_settings.<phase>.training``).
+    """
+    from trl import GRPOConfig
+
+    args = grpo_args(cfg, phase.name)
     _report_to(args)
     try:
         return GRPOConfig(**args)
@@ -133,7 +165,7 @@ def train_phase(
     Args:
         cfg: the run's config.
         phase: the phase's resolved settings.
-        splits: the run's data splits (training records; the eval hook's test records).
+        splits: the run's data splits (training records; the eval hook's validation records).
         templates: prompt templates.
         model_path: the resolved model (:func:`cpr.training.policy.resolve_model_path`).
         init_adapter: the LoRA adapter the phase starts from (trainable), or ``None`` for a new one.
@@ -161,6 +193,7 @@ def train_phase(
     from cpr.training.guards import EVENTS_FILE, CheckpointCompleteCallback, GuardedGRPOTrainer
     from cpr.training.logs import JsonlLogCallback, ScoredCompletionLog, read_log
     from cpr.training.oom import explain_oom
+    from cpr.training.vllm import vllm_generation_kwargs
 
     phase_dir = Path(cfg.output_dir) / phase.name
     args = grpo_config(cfg, phase)
@@ -172,7 +205,9 @@ def train_phase(
     ckpt = prepare_resume(phase_dir, resume, state)
 
     model, processor = policy.load_policy(cfg, model_path)
-    model = policy.with_adapter(model, init_adapter)
+    if args.use_vllm:  # TRL's vLLM path does not suppress the vision placeholders (cpr.training.vllm)
+        args.generation_kwargs = vllm_generation_kwargs(model.config, processor.tokenizer, args.generation_kwargs)
+    model = policy.with_adapter(model, init_adapter, cfg, field=f"phase_settings.{phase.name}.init_adapter")
     peft_config = None if init_adapter is not None else policy.lora_config(cfg, model_path)
     dataset = to_grpo_dataset(splits.train, templates, mode="train")
 

@@ -18,7 +18,7 @@ from typing import Any
 from cpr.training.config import ExperimentConfig
 from cpr.training.splits import DataSplits
 
-__all__ = ["free_memory", "load_policy", "lora_config", "resolve_model_path", "with_adapter"]
+__all__ = ["check_base", "free_memory", "load_policy", "lora_config", "resolve_model_path", "with_adapter"]
 
 
 def resolve_model_path(cfg: ExperimentConfig, splits: DataSplits | None) -> str:
@@ -27,7 +27,8 @@ def resolve_model_path(cfg: ExperimentConfig, splits: DataSplits | None) -> str:
     A ``tiny:<kind>`` name builds (or reuses from the cache) a tiny model
     (:func:`cpr.models.tiny.ensure_tiny_model`); with ``model.tiny_vocab_from_data`` its tokenizer
     is trained on the default corpus plus the training records' questions and target JSON, so every
-    caller given the same ``splits`` gets the very same network.
+    caller given the same ``splits`` gets the very same network. In a distributed run every process
+    calls this (the main process builds the model while the others wait).
 
     Args:
         cfg: a validated experiment config.
@@ -41,12 +42,16 @@ def resolve_model_path(cfg: ExperimentConfig, splits: DataSplits | None) -> str:
     kind = parse_tiny_name(cfg.model.name_or_path)
     if kind is None:
         return cfg.model.name_or_path
+    from cpr.distributed import process_state
+
     texts = None
     if cfg.model.tiny_vocab_from_data and splits is not None:
         from cpr.data import render_target
 
         texts = default_corpus() + sorted({t for r in splits.train for t in (r.question, render_target(r))})
-    return str(ensure_tiny_model(kind, texts=texts))
+    # the main process builds it first: under torch.distributed only rank 0 writes a model's files
+    with process_state().main_process_first():
+        return str(ensure_tiny_model(kind, texts=texts))
 
 
 def load_policy(cfg: ExperimentConfig, model_path: str) -> tuple[Any, Any]:
@@ -88,14 +93,29 @@ def lora_config(cfg: ExperimentConfig, model_path: str) -> Any:
     return lc
 
 
-def with_adapter(model: Any, adapter: Path | None) -> Any:
+def with_adapter(model: Any, adapter: Path | None, cfg: ExperimentConfig, *, field: str = "init_adapter") -> Any:
     """Wrap ``model`` with a trainable copy of the LoRA adapter in folder ``adapter`` (a
-    ``peft.PeftModel``), or return ``model`` unchanged when ``adapter`` is ``None``."""
+    ``peft.PeftModel``), or return ``model`` unchanged when ``adapter`` is ``None``.
+
+    Raises:
+        ConfigError: the adapter was trained on another base model and ``model.allow_base_mismatch``
+            is not set (:func:`cpr.models.loading.check_adapter_base`; ``field`` names the setting).
+    """
     if adapter is None:
         return model
     from peft import PeftModel
 
+    check_base(adapter, model.name_or_path, cfg, field=field)
     return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+
+
+def check_base(adapter: str | Path, base: str, cfg: ExperimentConfig, *, field: str) -> None:
+    """:func:`cpr.models.loading.check_adapter_base` with the config's ``model.allow_base_mismatch``."""
+    from cpr.models.loading import check_adapter_base
+
+    check_adapter_base(
+        adapter, base, allow_mismatch=cfg.model.allow_base_mismatch, field=field, override="model.allow_base_mismatch"
+    )
 
 
 def free_memory() -> None:

@@ -23,7 +23,8 @@ Output folder of a run (``output_dir``)::
     <phase>/adapter/            the phase's final LoRA adapter
     <phase>/log.jsonl           every trainer log record (reward, KL, per-reward means, step metrics)
     <phase>/scored_completions.jsonl   one row per completion scored by cpr / step_f1
-    <phase>/eval_history.jsonl  the eval hook's scores (when evaluation.eval_steps is set)
+    <phase>/eval_history.jsonl  the eval hook's validation scores (when evaluation.eval_steps is set)
+    <phase>/best_checkpoint.json the eval hook's best step on the validation split (evaluation.metric_for_best)
     <phase>/guard_events.jsonl  divergence-guard events (cpr.training.guards), when any
     <phase>/selection.json      validation scores of each checkpoint and the one picked (select_best)
     <phase>/phase_done.json     written when the phase finished (a resumed run skips it)
@@ -38,7 +39,7 @@ Every JSON file is written atomically (temporary file, fsync, rename) and every 
 is appended a batch of lines per ``write`` with fsync (:mod:`cpr.io`), so a kill leaves the
 previous version of a file, or at worst a truncated last line that readers drop.
 
-Phases (SPEC.md section 6): each phase trains a LoRA adapter with TRL's ``GRPOTrainer``
+Phases (docs/method.md section 6): each phase trains a LoRA adapter with TRL's ``GRPOTrainer``
 (:class:`cpr.curriculum.CurriculumGRPOTrainer`, which only replaces the sampler). A phase
 starts from ``init_adapter`` if given, else from the adapter the previous phase handed on
 (its best checkpoint on the validation split when ``select_best`` is set, else its final
@@ -47,7 +48,9 @@ adapter), else from the warm-start adapter, else from a new LoRA adapter.
 Before anything long starts, :func:`run_experiment` checks that the model and the step encoder
 can be had (local folder, Hugging Face cache, or a reachable hub: one quick probe, so an
 unreachable hub gives one :class:`~cpr.errors.ModelNotAvailableError` naming the config key instead
-of minutes of retries) and loads the encoder. Out of memory in training, generation, the encoder or
+of minutes of retries) and loads the encoder, then loads the data and the templates and resolves the
+model (:func:`check_before_training`); with ``overwrite``, a previous run in ``output_dir`` is deleted
+only after all of this has passed. Out of memory in training, generation, the encoder or
 an evaluation becomes a :class:`cpr.training.oom.TrainingOutOfMemoryError` naming the settings to
 lower. The divergence guards (``guards:``, :mod:`cpr.training.guards`) end a phase with
 :class:`cpr.training.guards.TrainingDivergedError` when their action is ``stop``.
@@ -94,7 +97,14 @@ from cpr.training.splits import load_splits
 
 logger = logging.getLogger("cpr.training")
 
-__all__ = ["check_resumed_config", "claim_output_dir", "previous_run", "run_experiment"]
+__all__ = [
+    "check_before_training",
+    "check_resumed_config",
+    "claim_output_dir",
+    "delete_previous_run",
+    "previous_run",
+    "run_experiment",
+]
 
 
 def run_experiment(
@@ -105,10 +115,11 @@ def run_experiment(
     Args:
         cfg: a validated config (:func:`cpr.training.config.load_config`).
         resume: continue the run in ``cfg.output_dir`` (see the module docstring).
-        overwrite: delete a previous run in ``cfg.output_dir`` first (as transformers'
-            ``overwrite_output_dir`` did). Without it (and without ``resume``) a folder that holds a
-            previous run is refused, so a fresh run never mixes its logs, checkpoints or final
-            completions with an older run's.
+        overwrite: delete a previous run in ``cfg.output_dir`` (as transformers'
+            ``overwrite_output_dir`` did), once every check before training has passed
+            (:func:`check_before_training`; a failing check leaves the previous run untouched).
+            Without it (and without ``resume``) a folder that holds a previous run is refused, so a
+            fresh run never mixes its logs, checkpoints or final completions with an older run's.
         callbacks: extra ``transformers.TrainerCallback`` objects added to every GRPO phase's trainer
             (before the checkpoint completion marker).
 
@@ -127,20 +138,21 @@ def run_experiment(
             (:mod:`cpr.training.guards`); it carries the summary.
         TrainingOutOfMemoryError: out of memory, naming the settings to lower.
     """
-    from cpr.data import load_templates
     from cpr.distributed import process_state
     from cpr.training.evaluate import final_evaluation, summary_entries
     from cpr.training.guards import TrainingDivergedError
     from cpr.training.logs import close_run_log, open_run_log
-    from cpr.training.phase import train_phase
-    from cpr.training.policy import resolve_model_path
-    from cpr.training.preflight import preflight
+    from cpr.training.phase import check_launch_settings, train_phase
     from cpr.training.selection import select_best
     from cpr.training.warm_start import run_warm_start
 
+    check_launch_settings(cfg)  # before the process group forms: every process refuses alike
     state = process_state()
     out = Path(cfg.output_dir)
-    claim_output_dir(out, resume=resume, overwrite=overwrite, state=state)
+    checked = None
+    if claim_output_dir(out, resume=resume, overwrite=overwrite, state=state):
+        checked = check_before_training(cfg, state)  # nothing of the previous run is touched before this passed
+        delete_previous_run(out, state)
     handler = open_run_log(out, write=state.is_main_process)
     t_start = time.time()
     summary: dict[str, Any] = {
@@ -163,11 +175,8 @@ def run_experiment(
             out.mkdir(parents=True, exist_ok=True)
             atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True))
         logger.info("run %s -> %s", cfg.run_name, out.resolve())
-        preflight(cfg, str(state.device))
-        splits = load_splits(cfg.data)
+        splits, templates, model_path = checked or check_before_training(cfg, state)
         logger.info("data: %s", splits.counts())
-        templates = load_templates(cfg.data.prompts)
-        model_path = resolve_model_path(cfg, splits)
         logger.info("model: %s", model_path)
         summary["data"] = splits.counts()
 
@@ -305,19 +314,24 @@ def _failed_without_output(out: Path) -> bool:
     return status in ("failed", "interrupted")
 
 
-def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) -> None:
-    """Refuse, or with ``overwrite`` delete, a previous run in ``out`` before a fresh run starts
+def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) -> bool:
+    """Refuse a previous run in ``out`` before a fresh run starts, or tell the caller to replace it
     (used by :func:`run_experiment` and :func:`cpr.ablation.sft_baseline.run_sft_baseline`).
 
-    Every rank looks before any rank writes (a barrier separates the look from the main process's
-    first write), so all ranks raise or none does; the main process deletes and the others wait.
+    Nothing is deleted here: with ``overwrite`` (or a folder holding only a run that failed before
+    training) the caller first runs :func:`check_before_training`, then :func:`delete_previous_run`,
+    so a bad config, data file, model or adapter leaves the previous run as it was. Every rank
+    looks before any rank writes (a barrier follows the look), so all ranks raise or none does.
+
+    Returns:
+        Whether ``out`` holds a run to delete once the checks have passed.
 
     Raises:
         ConfigError: ``out`` holds a run and ``overwrite`` is not set; or ``overwrite`` would delete
             the working directory or a folder above it.
     """
     if resume:
-        return
+        return False
     from cpr.errors import ConfigError
 
     found = previous_run(out)
@@ -339,12 +353,54 @@ def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) ->
                 "of its own",
                 field="output_dir",
             )
-        if state.is_main_process:
-            logger.warning("overwrite: deleting the previous run in %s", out)
-            import shutil
+    return bool(found)
 
-            shutil.rmtree(out)
+
+def delete_previous_run(out: Path, state: Any) -> None:
+    """Delete the run in ``out`` (main process) once every process has got here, i.e. passed its
+    :func:`check_before_training` (a process whose check failed raised and never arrives)."""
     state.wait_for_everyone()
+    if state.is_main_process:
+        import shutil
+
+        logger.warning("overwrite: deleting the previous run in %s", out)
+        shutil.rmtree(out)
+    state.wait_for_everyone()
+
+
+def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = True) -> tuple[Any, Any, str]:
+    """Everything about a run that can be checked before anything trains: the model and the step
+    encoder can be had (:func:`cpr.training.preflight.preflight`, which loads the encoder), the data
+    load and validate, the prompt templates load, the model resolves (a ``tiny:`` model is built),
+    each phase's ``init_adapter`` was trained on that model (:func:`cpr.training.policy.check_base`)
+    and, with ``grpo`` (not for the SFT baseline), the warm start's settings and each phase's
+    ``trl.GRPOConfig`` pass their own checks.
+
+    Returns:
+        ``(splits, templates, model_path)``.
+
+    Raises:
+        ModelNotAvailableError, InputError, ConfigError: as the checks raise them.
+    """
+    from cpr.data import load_templates
+    from cpr.training.phase import grpo_config
+    from cpr.training.policy import check_base, resolve_model_path
+    from cpr.training.preflight import preflight
+    from cpr.training.warm_start import warm_start_settings
+
+    if grpo:
+        for name in cfg.phases:
+            grpo_config(cfg, cfg.phase(name))
+        if cfg.warm_start.enabled:
+            warm_start_settings(cfg)
+    preflight(cfg, str(state.device))
+    splits = load_splits(cfg.data)
+    templates = load_templates(cfg.data.prompts)
+    model_path = resolve_model_path(cfg, splits)
+    for name in cfg.phases:
+        if cfg.phase(name).init_adapter:
+            check_base(cfg.phase(name).init_adapter, model_path, cfg, field=f"phase_settings.{name}.init_adapter")
+    return splits, templates, model_path
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

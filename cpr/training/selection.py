@@ -1,7 +1,7 @@
 """Checkpoint selection: score a phase's checkpoints on the validation split and pick the best.
 
-A phase with ``select_best`` (the built-in ``answer_only`` phase, CPR-Curriculum's phase 1; SPEC
-section 6) hands the next phase its best adapter on the validation split rather than its last.
+A phase with ``select_best`` (the built-in ``answer_only`` phase, CPR-Curriculum's phase 1;
+docs/method.md section 6) hands the next phase its best adapter on the validation split rather than its last.
 :func:`select_best` scores every complete checkpoint of the phase and its final adapter with
 ``crystal`` on the validation split, with the training prompt and the rewards' answer checking
 (``rewards.answer_mode``), and picks the highest ``select_metric`` (``accuracy`` or ``match_f1``);
@@ -74,6 +74,7 @@ def select_best(
                 peft_model = None
                 for i, (step, path) in enumerate(candidates):
                     name = f"c{i}"
+                    policy.check_base(path, base.name_or_path, cfg, field=f"{phase.name} checkpoint")
                     if peft_model is None:
                         peft_model = PeftModel.from_pretrained(base, str(path), adapter_name=name)
                     else:

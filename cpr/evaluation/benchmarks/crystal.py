@@ -1,7 +1,7 @@
 """CRYSTAL-format benchmark: the paper's Table 2 columns overall, per source and per difficulty.
 
 Records may come from any adapter (``crystal``, ``mathvision``, ``tabmwp``, ``scienceqa``,
-``jsonl``, ...). Columns (SPEC section 3, paper Table 2, in this order): Accuracy (%), Match F1,
+``jsonl``, ...). Columns (docs/method.md section 3, paper Table 2, in this order): Accuracy (%), Match F1,
 Precision, Recall, Steps (mean predicted steps), LIS, Ordered F1. Scoring is
 :func:`cpr.scoring.score_records` (one encoder call for all samples; a missing completion counts
 as Match F1 0 and a wrong answer), answer mode ``crystal`` by default (paper protocol).
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 CRYSTAL_SOURCES: tuple[str, ...] = ("MathVision", "ScienceQA", "RealWorldQA", "MMVP", "PlotQA")
-"""CRYSTAL's sources, largest first (SPEC section 8); reports list them in this order."""
+"""CRYSTAL's sources, largest first (docs/method.md section 8); reports list them in this order."""
 
 
 def source_of(record: Record) -> str:

@@ -1,0 +1,167 @@
+"""``cpr export``: merge a run's LoRA adapter into its base model and write a folder to serve.
+
+The folder holds the merged model (``save_pretrained``: ``config.json``, safetensors weights,
+``generation_config.json``), the processor the run trained with (the adapter folder's, with the
+run's image-size limits), and a model card ``README.md`` with the run's config and its final
+evaluation table. It loads with ``AutoModelForImageTextToText.from_pretrained`` /
+``AutoProcessor.from_pretrained`` and with ``vllm serve <folder>``: it is a plain checkpoint of
+the base model's architecture (PEFT's ``merge_and_unload``: ``W + (alpha / r) B A`` in every
+adapted linear).
+
+An adapter is merged only into the base it records (``adapter_config.json``,
+:func:`cpr.models.loading.check_adapter_base`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from cpr.errors import InputError
+
+__all__ = ["export_merged", "model_card", "register"]
+
+
+def _run_files(run_dir: Path) -> tuple[Path, str | None, str | None, str]:
+    """(final adapter, config.yaml text, final table, run name) of a run folder."""
+    summary_file = run_dir / "summary.json"
+    if not summary_file.is_file():
+        raise InputError("not a run folder (no summary.json)", path=run_dir, field="--run")
+    summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    adapter = summary.get("final_adapter")
+    if summary.get("status") != "finished" or not adapter:
+        raise InputError(
+            f"the run has no final adapter (status {summary.get('status')!r}); pass a checkpoint with --adapter",
+            path=summary_file, field="final_adapter",
+        )
+    config = run_dir / "config.yaml"
+    table = run_dir / "final_eval" / "metrics.md"
+    return (
+        Path(adapter),
+        config.read_text(encoding="utf-8") if config.is_file() else None,
+        table.read_text(encoding="utf-8") if table.is_file() else None,
+        str(summary.get("run_name") or run_dir.name),
+    )
+
+
+def model_card(name: str, base: str, adapter: Path, config_yaml: str | None, table: str | None) -> str:
+    """The exported folder's ``README.md`` (Hugging Face model card with YAML front matter)."""
+    lines = [
+        "---",
+        f"base_model: {base}",
+        "library_name: transformers",
+        "pipeline_tag: image-text-to-text",
+        "tags: [cpr, grpo, lora, process-reward]",
+        "---",
+        f"# {name}",
+        "",
+        f"`{base}` with the LoRA adapter `{adapter}` merged into its weights. Trained by cpr with GRPO on process "
+        "rewards (Match F1 and the Causal Process Reward of the CRYSTAL paper).",
+        "",
+        "```python",
+        "from transformers import AutoModelForImageTextToText, AutoProcessor",
+        'model = AutoModelForImageTextToText.from_pretrained("<this folder>", dtype="auto")',
+        'processor = AutoProcessor.from_pretrained("<this folder>")',
+        "```",
+        "",
+        "Serve with `vllm serve <this folder>`.",
+        "",
+        "## Final evaluation",
+        "",
+        table.strip() if table else "The run has no final evaluation table.",
+        "",
+    ]
+    if config_yaml:
+        lines += ["## Training config", "", "```yaml", config_yaml.rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def export_merged(
+    adapter: str | Path,
+    output: str | Path,
+    *,
+    base: str | None = None,
+    dtype: str = "auto",
+    name: str | None = None,
+    config_yaml: str | None = None,
+    table: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Merge ``adapter`` into its base model and write the folder ``output`` (module docstring).
+
+    Args:
+        adapter: a LoRA adapter folder (``adapter_config.json``).
+        output: the folder to write; written as ``<output>.partial`` and renamed when complete.
+        base: the base model; ``None`` takes the one the adapter records. Another model is refused.
+        dtype: ``auto`` (the base checkpoint's own dtype, float32 when it names none) or a dtype name.
+        name, config_yaml, table: the model card's title, the run's ``config.yaml`` and final table.
+        overwrite: replace an existing ``output``.
+
+    Returns:
+        The output folder.
+
+    Raises:
+        InputError: not an adapter folder, or ``output`` exists and ``overwrite`` is not set.
+        ConfigError: ``base`` differs from the adapter's recorded base.
+        ModelNotAvailableError: the base model is neither local nor downloadable.
+    """
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoProcessor
+
+    from cpr.models.loading import check_adapter_base, load_model_and_processor, resolve_model_path
+
+    adapter, output = Path(adapter), Path(output)
+    recorded = check_adapter_base(adapter, base, field="base")
+    if output.exists() and any(output.iterdir()) and not overwrite:
+        raise InputError("the output folder exists and is not empty; pass --overwrite to replace it", path=output)
+    if dtype == "auto":
+        own = getattr(AutoConfig.from_pretrained(resolve_model_path(recorded)), "dtype", None)
+        dtype = str(own).removeprefix("torch.") if own is not None else "float32"
+    model, processor = load_model_and_processor(recorded, dtype=dtype, device="cpu", gradient_checkpointing=False)
+    if (adapter / "processor_config.json").is_file() or (adapter / "preprocessor_config.json").is_file():
+        processor = AutoProcessor.from_pretrained(adapter)
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    partial = output.with_name(output.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    merged.save_pretrained(partial)
+    processor.save_pretrained(partial)
+    (partial / "README.md").write_text(model_card(name or output.name, recorded, adapter, config_yaml, table), encoding="utf-8")
+    if output.exists():
+        shutil.rmtree(output)
+    partial.rename(output)
+    return output
+
+
+def _run(args: argparse.Namespace) -> int:
+    config_yaml = table = name = None
+    if args.run:
+        adapter, config_yaml, table, name = _run_files(Path(args.run))
+        adapter = Path(args.adapter) if args.adapter else adapter
+    elif args.adapter:
+        adapter = Path(args.adapter)
+    else:
+        raise InputError("pass a run folder (--run) or an adapter folder (--adapter)", field="--run")
+    out = export_merged(adapter, args.output, base=args.base, dtype=args.dtype, name=name, config_yaml=config_yaml,
+                        table=table, overwrite=args.overwrite)
+    print(f"merged {adapter} into its base model -> {out}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``cpr export`` to the ``cpr`` command line."""
+    p = subparsers.add_parser(
+        "export",
+        help="merge a run's LoRA adapter into its base model and write a folder to serve",
+        description="Merge a run's final LoRA adapter (or any adapter) into the base model it was trained on and "
+        "write model, processor and a model card (the run's config and final table) for transformers and vLLM.",
+    )
+    p.add_argument("--run", help="a run folder (its summary.json names the final adapter)")
+    p.add_argument("--adapter", help="an adapter folder (a checkpoint-N, or instead of the run's final adapter)")
+    p.add_argument("--base", help="the base model; default: the one the adapter records (another one is refused)")
+    p.add_argument("--output", required=True, help="the folder to write")
+    p.add_argument("--dtype", default="auto", help="auto (the base checkpoint's dtype), bfloat16, float16 or float32")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    p.set_defaults(func=_run)

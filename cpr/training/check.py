@@ -1,0 +1,541 @@
+"""``cpr train --check``: validate a run for N processes and estimate its per-GPU memory, without
+a GPU or weights (only the model's ``config.json``).
+
+Steps: the experiment config is validated as a launch on N processes would validate it
+(:func:`cpr.training.config.load_config` with ``WORLD_SIZE=N``); the architecture is built on
+the meta device (``torch.device("meta")``: shapes, no storage) and wrapped with the
+run's LoRA adapter by PEFT, which checks that the target modules exist; a vision or projector
+module among them is refused unless ``lora.include_vision`` is set; parameters are counted by
+part (vision, projector, language); and :func:`estimate_memory` gives the peak memory of one GPU
+during generation and during training, for plain DDP, DeepSpeed ZeRO-2 and ZeRO-3.
+
+The two paper models need no download: their ``config.json`` and ``preprocessor_config.json``
+ship in ``cpr/models/configs/`` (:data:`SHIPPED_CONFIGS`; where each number comes from is in
+that folder's README).
+
+What the estimate counts (bytes of one GPU; ``wb`` = bytes of the model dtype):
+
+* weights: every parameter x ``wb``, divided by N under ZeRO-3.
+* LoRA adapter: PEFT keeps adapter weights in fp32 (``autocast_adapter_dtype``). DDP: fp32
+  weights, gradients, DDP's gradient buckets and Adam's two moments (20 bytes a parameter).
+  DeepSpeed with bf16 casts the module to bf16 and keeps an fp32 master copy, Adam moments and an
+  fp32 gradient partition (16 bytes, divided by N) plus bf16 weights and gradients (4 bytes,
+  divided by N under ZeRO-3 only) (the ZeRO paper, Rajbhandari et al. 2020, section 3).
+* generation (transformers path of TRL): ZeRO-3 gathers every parameter for ``generate``
+  (``ds3_gather_for_generation``); the KV cache holds ``2 x layers x kv_heads x head_dim x wb``
+  a token for every generated sequence at full length; the prefill's working set is one decoder
+  layer for all prompts plus one vision block for all images; next-token logits are fp32.
+* training: the tensors autograd saves for backward (:func:`saved_activation_bytes`) for one
+  micro-batch of ``per_device_train_batch_size`` sequences, plus one decoder layer's saved tensors
+  again while it is recomputed and differentiated (its gradients); TRL 1.16 scores tokens with a
+  fused LM head (``trl.trainer.utils.add_fused_lm_head``), so the logits are tiles of at most
+  4096 tokens x 32768 vocabulary entries, never ``tokens x vocabulary``. ZeRO-3 holds the
+  gathered embedding / LM head and two decoder layers (the one computing, the one prefetched).
+* a fixed 1 GiB for the CUDA context, NCCL buffers and the step encoder.
+
+Attention is assumed to be a flash / memory-efficient kernel (``sdpa`` or ``flash_attention_2``):
+no ``tokens x tokens`` matrix. Sequences are counted at full length: prompt (text + image tokens)
+plus ``max_completion_length``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from cpr.errors import ConfigError, ModelNotAvailableError
+
+__all__ = [
+    "SHIPPED_CONFIGS",
+    "LAUNCHERS",
+    "Architecture",
+    "PhaseShape",
+    "config_folder",
+    "load_architecture",
+    "saved_activation_bytes",
+    "estimate_memory",
+    "launcher_from_accelerate_config",
+    "run_check",
+]
+
+#: Hub ids whose config ships with cpr -> folder under ``cpr/models/configs``.
+SHIPPED_CONFIGS = {
+    "Qwen/Qwen2.5-VL-3B-Instruct": "qwen2_5_vl_3b",
+    "OpenGVLab/InternVL3_5-4B-HF": "internvl3_5_4b",
+}
+LAUNCHERS = ("ddp", "zero2", "zero3")
+_LAUNCHER_NAMES = {"ddp": "DDP", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+GIB = 1024**3
+RUNTIME_OVERHEAD = 1 * GIB
+#: TRL's fused LM head tile (trl/kernels/chunked_logprob.py: TOKEN_CHUNK_SIZE, _CHUNKED_LOGPROB_CHUNK_SIZE).
+HEAD_TILE = (4096, 32768)
+
+
+def config_folder(name_or_path: str) -> Path:
+    """The folder holding the model's ``config.json``: a ``tiny:`` model's (built on first use), a
+    local folder, the shipped copy of a paper model, or the hub cache (``HF_HUB_OFFLINE`` allowed).
+
+    Raises:
+        ModelNotAvailableError: none of these has the config.
+    """
+    from cpr.models.loading import resolve_model_path
+
+    if name_or_path in SHIPPED_CONFIGS and not Path(name_or_path).is_dir():
+        return Path(__file__).resolve().parents[1] / "models" / "configs" / SHIPPED_CONFIGS[name_or_path]
+    path = resolve_model_path(name_or_path)
+    if Path(path).is_dir():
+        return Path(path)
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(path, "config.json")).parent
+    except Exception as err:  # noqa: BLE001 - any hub failure means "not available here"
+        raise ModelNotAvailableError(
+            f"no config.json for model {path!r} (not shipped with cpr: {', '.join(SHIPPED_CONFIGS)}; not a local "
+            f"folder; not in the hub cache: {type(err).__name__}). Pass a folder that holds its config.json."
+        ) from None
+
+
+@dataclasses.dataclass
+class Architecture:
+    """What the estimate needs from a model, read off its meta-device build with the LoRA adapter.
+
+    Counts are parameters; ``lm_lora_in`` / ``lm_lora_rank`` are the summed input widths and ranks
+    of the adapted linears of one decoder layer (``vision_lora_*`` of one vision block).
+    """
+
+    family: str
+    params: dict[str, int]  # part -> parameters (vision, projector, language)
+    trainable: dict[str, int]  # part -> LoRA parameters
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    qk_norm: bool
+    layer_params: int
+    embed_params: int
+    vision_layers: int
+    vision_hidden: int
+    vision_heads: int
+    vision_intermediate: int
+    vision_gated: bool
+    lm_lora_in: int
+    lm_lora_rank: int
+    vision_lora_in: int
+    vision_lora_rank: int
+    lora_modules: list[str]
+
+    @property
+    def total_params(self) -> int:
+        return sum(self.params.values())
+
+    @property
+    def lora_params(self) -> int:
+        return sum(self.trainable.values())
+
+
+def _part(name: str) -> str:
+    if "visual.merger" in name or "multi_modal_projector" in name:
+        return "projector"
+    return "vision" if ("visual." in name or "vision_tower" in name) else "language"
+
+
+def load_architecture(folder: Path, lora_config: Any, *, include_vision: bool) -> tuple[Architecture, Any]:
+    """Build the model of ``folder/config.json`` on the meta device, wrap it with ``lora_config``
+    (PEFT) and read off an :class:`Architecture`. Returns ``(architecture, transformers config)``.
+
+    Raises:
+        ConfigError: no module matches the LoRA targets, or a vision / projector module does while
+            ``include_vision`` is false (field ``lora.target_modules``).
+    """
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):  # not accelerate.init_empty_weights: its re-registered parameters untie the LM head
+        model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16)
+        try:
+            peft_model = get_peft_model(model, lora_config)
+        except ValueError as e:
+            raise ConfigError(f"no module matches the LoRA targets ({e})", field="lora.target_modules") from None
+    adapted = sorted({n.rsplit(".lora_", 1)[0].removeprefix("base_model.model.") for n, _ in peft_model.named_parameters()
+                      if ".lora_" in n})
+    vision = [n for n in adapted if _part(n) != "language"]
+    if vision and not include_vision:
+        raise ConfigError(
+            f"{len(vision)} vision / projector modules are LoRA targets (e.g. {vision[0]}) but lora.include_vision is false",
+            field="lora.target_modules",
+        )
+    params = {"vision": 0, "projector": 0, "language": 0}
+    trainable = dict.fromkeys(params, 0)
+    for n, p in peft_model.named_parameters():
+        (trainable if ".lora_" in n else params)[_part(n)] += p.numel()
+    text = config.get_text_config()
+    lm = model.model.language_model
+    layer = lm.layers[0]
+    vcfg = config.vision_config
+    blocks = model.model.visual.blocks if hasattr(model.model, "visual") else model.model.vision_tower.encoder.layer
+
+    def lora_sums(prefix: str) -> tuple[int, int]:  # one layer's adapted linears: summed input widths, ranks
+        mods = [m for n, m in peft_model.named_modules() if prefix in n and "default" in getattr(m, "lora_A", {})]
+        return sum(m.in_features for m in mods), sum(m.r["default"] for m in mods)
+
+    lm_in, lm_r = lora_sums("language_model.layers.0.")
+    v_in, v_r = lora_sums("visual.blocks.0." if hasattr(model.model, "visual") else "vision_tower.encoder.layer.0.")
+    arch = Architecture(
+        family=config.model_type,
+        params=params,
+        trainable=trainable,
+        layers=text.num_hidden_layers,
+        hidden=text.hidden_size,
+        heads=text.num_attention_heads,
+        kv_heads=text.num_key_value_heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+        intermediate=text.intermediate_size,
+        vocab=text.vocab_size,
+        qk_norm=hasattr(layer.self_attn, "q_norm"),
+        layer_params=sum(p.numel() for p in layer.parameters()),
+        embed_params=lm.embed_tokens.weight.numel(),
+        vision_layers=len(blocks),
+        vision_hidden=vcfg.hidden_size,
+        vision_heads=getattr(vcfg, "num_heads", None) or vcfg.num_attention_heads,
+        vision_intermediate=vcfg.intermediate_size,
+        vision_gated=hasattr(blocks[0].mlp, "gate_proj"),
+        lm_lora_in=lm_in,
+        lm_lora_rank=lm_r,
+        vision_lora_in=v_in,
+        vision_lora_rank=v_r,
+        lora_modules=adapted,
+    )
+    return arch, config
+
+
+@dataclasses.dataclass
+class PhaseShape:
+    """The sizes of one phase on one GPU. Tokens are per sequence."""
+
+    name: str
+    train_batch: int  # per_device_train_batch_size
+    gen_batch: int  # sequences generated at once on one GPU
+    text_tokens: int
+    image_tokens: int  # per image (one image a prompt)
+    patches: int  # vision-encoder positions per image
+    completion_tokens: int
+    checkpointing: bool
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.text_tokens + self.image_tokens
+
+    @property
+    def seq_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def _lora_bytes(device: str, wb: int) -> tuple[int, int]:
+    """(bytes a saved LoRA input / output element, bytes a dropout-mask element).
+
+    PEFT runs LoRA in the adapter's dtype (fp32; DeepSpeed's bf16 engine casts it to bf16); under
+    DDP with bf16, autocast makes the linear's saved input bf16. CUDA's fused dropout saves a bool
+    mask, the CPU kernel a mask of the input's dtype.
+    """
+    lora = 4 if (wb == 4 or device == "cpu") else 2
+    mask = lora if device == "cpu" else 1
+    return lora, mask
+
+
+def saved_activation_bytes(
+    arch: Architecture,
+    *,
+    batch: int,
+    tokens: int,
+    scored_tokens: int,
+    images: int,
+    patches: int,
+    image_tokens: int,
+    checkpointing: bool,
+    include_vision: bool,
+    dropout: bool,
+    wb: int,
+    device: str = "cuda",
+) -> dict[str, int]:
+    """Bytes of the tensors autograd keeps for backward after one training forward of ``batch``
+    sequences of ``tokens`` tokens with ``scored_tokens`` completion tokens each and ``images``
+    images in all, split into ``language``, ``vision`` and ``head``; ``layer`` is one decoder
+    layer's saved tensors (recomputed under gradient checkpointing), ``vision_block`` one vision
+    block's with its fp32 gradients.
+
+    Per token and decoder layer (transformers 5.24 Qwen2 / Qwen3 layers, PEFT LoRA): each RMSNorm
+    its fp32 input and inverse RMS (``4 h + 4``, twice; Qwen3 also on q and k), attention
+    q, k, v, output and log-sum-exp (``wb (2 q + 2 kv) + 4 heads``), the gated MLP's gate, SiLU
+    and up outputs (``3 i wb``), and each adapted linear's LoRA input, dropout mask and rank-r
+    intermediate. Gradient checkpointing keeps only each layer's input (``h wb``), and (transformers'
+    ``enable_input_require_grads``) makes the frozen vision tower keep its block inputs as well.
+    Measured against ``torch.autograd.graph.saved_tensors_hooks`` on the tiny models (tests); an fp32
+    model without LoRA dropout shares one input among q / k / v and gate / up, counted here per
+    linear (up to 26 % over).
+    """
+    h, q, kv, i = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.intermediate
+    lora_b, mask_b = _lora_bytes(device, wb)
+    per_in = lora_b + (mask_b if dropout else 0)
+    layer = 2 * (4 * h + 4) + wb * (2 * q + 2 * kv) + 4 * arch.heads + 3 * i * wb
+    layer += arch.lm_lora_in * per_in + arch.lm_lora_rank * lora_b
+    if arch.qk_norm:
+        layer += 4 * (q + kv) + 4 * (arch.heads + arch.kv_heads)
+    n = batch * tokens
+    language = n * arch.layers * (h * wb if checkpointing else layer)
+    head = n * (4 * h + 4) + batch * scored_tokens * (h * wb + 16)
+    hv, iv, vh = arch.vision_hidden, arch.vision_intermediate, arch.vision_heads
+    norm = (4 * hv + 4) if arch.vision_gated else (hv * wb + 8)  # RMSNorm (Qwen) or LayerNorm (InternViT)
+    full_block = 2 * norm + 4 * hv * wb + 4 * vh + (3 if arch.vision_gated else 1) * iv * wb
+    vision = 0
+    if include_vision or checkpointing:
+        block = hv * wb if checkpointing else full_block + arch.vision_lora_in * per_in + arch.vision_lora_rank * lora_b
+        merged = images * image_tokens
+        if arch.vision_gated:  # Qwen2.5-VL merger: RMSNorm on patches, GELU on merged tokens
+            proj = images * patches * (4 * hv + 4) + merged * 4 * hv * wb
+        else:  # InternVL projector: LayerNorm and GELU on pixel-shuffled tokens
+            proj = merged * (4 * hv * wb + 8 + h * wb)
+        vision = images * patches * arch.vision_layers * block + proj
+    return {"language": language, "vision": vision, "head": head, "layer": n * layer,
+            "vision_block": images * patches * (full_block + 8 * hv)}
+
+
+def estimate_memory(arch: Architecture, shape: PhaseShape, *, launcher: str, processes: int, wb: int = 2,
+                    include_vision: bool = False, dropout: bool = True) -> dict[str, int]:
+    """Peak bytes on one GPU for one phase under ``launcher`` (``ddp``, ``zero2``, ``zero3``), by
+    component (module docstring); ``generation`` and ``training`` are the two peaks' totals.
+
+    Raises:
+        ValueError: an unknown launcher.
+    """
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}; expected one of {LAUNCHERS}")
+    n, z3 = processes, launcher == "zero3"
+    h, i, kv = arch.hidden, arch.intermediate, arch.kv_heads * arch.head_dim
+    q = arch.heads * arch.head_dim
+    rows: dict[str, int] = {}
+    rows["weights (shard)"] = arch.total_params * wb // (n if z3 else 1)
+    p = arch.lora_params
+    rows["LoRA weights, grads, Adam"] = 20 * p if launcher == "ddp" else 16 * p // n + 4 * p // (n if z3 else 1)
+    g = shape.gen_batch
+    rows["gen: gathered weights"] = arch.total_params * wb if z3 else 0
+    rows["gen: KV cache"] = 2 * arch.layers * kv * wb * g * shape.seq_tokens
+    hv, iv, mlp_v = arch.vision_hidden, arch.vision_intermediate, 3 if arch.vision_gated else 2
+    # no-grad prefill: the residual stream and one block's larger half (attention: fp32 norm, q k v out, a LoRA
+    # input in fp32; MLP: gate, up, product and the down projection's fp32 LoRA input); the vision tower runs
+    # first, one block at a time over every image, and leaves its output for the language model
+    lm = wb * 2 * h + max(8 * h + wb * (2 * q + 2 * kv), wb * 3 * i + 4 * i)
+    vision = wb * 3 * hv + max(wb * 5 * hv + 4 * hv, wb * mlp_v * iv)
+    rows["gen: activations"] = g * max(shape.prompt_tokens * lm, shape.patches * vision)
+    rows["gen: logits"] = 3 * g * arch.vocab * 4
+    rows["train: gathered layers"] = (arch.embed_params + 2 * arch.layer_params) * wb if z3 else 0
+    saved = saved_activation_bytes(
+        arch, batch=shape.train_batch, tokens=shape.seq_tokens, scored_tokens=shape.completion_tokens,
+        images=shape.train_batch, patches=shape.patches, image_tokens=shape.image_tokens,
+        checkpointing=shape.checkpointing, include_vision=include_vision, dropout=dropout, wb=wb,
+    )
+    # backward: one decoder layer's (or, when its tower is differentiated, one vision block's) tensors again
+    # while it is recomputed, and the gradients flowing through it (fp32 at most)
+    block = saved["vision_block"] if (shape.checkpointing or include_vision) else 0
+    backward = max(saved["layer"] + shape.train_batch * shape.seq_tokens * 2 * h * 4, block)
+    rows["train: activations"] = saved["language"] + saved["vision"] + saved["head"] + backward
+    scored = shape.train_batch * shape.completion_tokens
+    rows["train: logits"] = 2 * min(scored, HEAD_TILE[0]) * min(arch.vocab, HEAD_TILE[1]) * wb + scored * h * 4
+    rows["runtime (CUDA context, NCCL, encoder)"] = RUNTIME_OVERHEAD
+    common = rows["weights (shard)"] + rows["LoRA weights, grads, Adam"] + RUNTIME_OVERHEAD
+    rows["generation"] = common + sum(v for k, v in rows.items() if k.startswith("gen:"))
+    rows["training"] = common + sum(v for k, v in rows.items() if k.startswith("train:"))
+    return rows
+
+
+def launcher_from_accelerate_config(path: str | Path) -> tuple[str, int | None]:
+    """``(launcher, num_processes)`` of an accelerate config file (``distributed_type`` and
+    ``deepspeed_config.zero_stage``); ``num_processes`` is ``None`` when the file does not set it.
+
+    Raises:
+        ConfigError: an unreadable file or a DeepSpeed stage other than 2 or 3.
+    """
+    from cpr.training.config import read_yaml
+
+    try:
+        data = read_yaml(path) or {}
+    except FileNotFoundError:
+        raise ConfigError("no such file", path=path, field="--accelerate-config") from None
+    kind = str(data.get("distributed_type", "NO")).upper()
+    launcher = "ddp"
+    if kind == "DEEPSPEED":
+        stage = (data.get("deepspeed_config") or {}).get("zero_stage")
+        if stage not in (2, 3):
+            raise ConfigError(f"zero_stage {stage!r}: the estimate knows ZeRO-2 and ZeRO-3", path=path, field="deepspeed_config.zero_stage")
+        launcher = f"zero{stage}"
+    n = data.get("num_processes")
+    return launcher, int(n) if isinstance(n, int) else None
+
+
+@contextlib.contextmanager
+def _world_size(n: int) -> Iterator[None]:
+    """Validate as a launch on ``n`` processes would (cpr.training.config.num_processes reads WORLD_SIZE)."""
+    old = os.environ.get("WORLD_SIZE")
+    os.environ["WORLD_SIZE"] = str(n)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("WORLD_SIZE", None)
+        else:
+            os.environ["WORLD_SIZE"] = old
+
+
+def _image_sizes(arch: Architecture, config: Any, folder: Path, cfg: Any) -> tuple[int, int, str, str | None]:
+    """(image tokens, vision positions, description, warning) of one image at the run's limits."""
+    pp: dict[str, Any] = {}  # the image processor's settings: preprocessor_config.json, or inside processor_config.json
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        if (folder / name).is_file():
+            data = json.loads((folder / name).read_text(encoding="utf-8"))
+            pp.update(data.get("image_processor", data))
+    if arch.family == "qwen2_5_vl":
+        v = config.vision_config
+        unit = (v.patch_size * v.spatial_merge_size) ** 2
+        limit = cfg.model.max_pixels or pp.get("max_pixels") or (pp.get("size") or {}).get("longest_edge")
+        if not limit:
+            raise ConfigError("no pixel limit: set model.max_pixels", field="model.max_pixels")
+        tokens = int(limit) // unit
+        warn = None if cfg.model.max_pixels else f"no model.max_pixels set: the processor allows {limit} pixels ({tokens} image tokens) an image"
+        return tokens, tokens * v.spatial_merge_size**2, f"max_pixels {limit} -> up to {tokens} image tokens an image", warn
+    if arch.family == "internvl":
+        tile = config.vision_config.image_size[0]
+        per_tile = config.image_seq_length
+        limit = cfg.model.max_pixels
+        most = max(1, limit // tile**2) if limit else int(pp.get("max_patches", 12))
+        tiles = most + 1 if most > 1 else 1  # a thumbnail tile when an image is cut into several
+        warn = None if limit else f"no tile limit set (model.max_pixels): up to {tiles} tiles an image ({most} + thumbnail)"
+        patches = tiles * ((tile // config.vision_config.patch_size[0]) ** 2 + 1)
+        return tiles * per_tile + 2, patches, f"up to {tiles} tiles x {per_tile} tokens + <img> </img> = {tiles * per_tile + 2} image tokens an image", warn
+    raise ConfigError(f"no image-size rule for model family {arch.family!r}", field="model.name_or_path")
+
+
+def _phase_shapes(cfg: Any, processes: int, image: tuple[int, int], text_tokens: int, on_gpu: bool) -> list[PhaseShape]:
+    from trl import GRPOConfig
+
+    from cpr.training.config import phase_training_args
+
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    shapes = []
+    for name in cfg.phases:
+        args = {**defaults, **phase_training_args(cfg, name)}
+        b = args["per_device_train_batch_size"]
+        spg = args["steps_per_generation"] or args["gradient_accumulation_steps"]
+        gen = args["generation_batch_size"] // processes if args["generation_batch_size"] else b * spg
+        ckpt = cfg.model.gradient_checkpointing
+        ckpt = on_gpu if ckpt is None else ckpt
+        shapes.append(PhaseShape(name, b, gen, text_tokens, image[0], image[1], args["max_completion_length"], bool(ckpt)))
+    return shapes
+
+
+def _fmt_params(n: int) -> str:
+    return f"{n / 1e6:,.1f} M"
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """``cpr train --check``: print the validation, the parameter table and the memory tables.
+
+    Returns 0, or 1 when ``--gpu-memory`` is given and no shown launcher fits in it.
+
+    Raises:
+        ConfigError: an invalid config for N processes, bad LoRA targets, or a bad option.
+        ModelNotAvailableError: no ``config.json`` for the model.
+    """
+    from cpr.training import policy
+    from cpr.training.cli import config_from_args
+    from cpr.training.config import phase_training_args
+
+    launchers, n = list(LAUNCHERS), args.num_processes
+    if n is not None and n < 1:
+        raise ConfigError(f"must be >= 1, got {n}", field="--num-processes")
+    if args.accelerate_config:
+        launcher, n_file = launcher_from_accelerate_config(args.accelerate_config)
+        launchers, n = [launcher], n or n_file
+    n = n or 1
+    with _world_size(n):
+        cfg = config_from_args(args)
+    folder = config_folder(cfg.model.name_or_path)
+    arch, config = load_architecture(folder, policy.lora_config(cfg, str(folder)), include_vision=cfg.lora.include_vision)
+    wb = 4 if cfg.model.dtype in ("float32", "fp32") else 2
+    image = _image_sizes(arch, config, folder, cfg)
+    shapes = _phase_shapes(cfg, n, image, args.prompt_tokens, on_gpu=True)
+    out = sys.stdout
+    print(f"config {args.config}: valid for {n} process{'es' if n > 1 else ''}; phases {', '.join(cfg.phases)}", file=out)
+    print(f"model {cfg.model.name_or_path}: {arch.family}, config from {folder}, {'bf16' if wb == 2 else 'fp32'} weights", file=out)
+    lm = [m for m in arch.lora_modules if _part(m) == "language"]
+    kinds = sorted({m.rsplit(".", 1)[-1] for m in arch.lora_modules})
+    print(
+        f"LoRA r {cfg.lora.r}, alpha {cfg.lora.alpha}: {len(arch.lora_modules)} modules ({', '.join(kinds)}); "
+        f"{len(lm)} in the language model, {len(arch.lora_modules) - len(lm)} in vision / projector", file=out,
+    )
+    print(f"\n{'parameters':<12}{'total':>14}{'trainable':>14}", file=out)
+    for part in ("vision", "projector", "language"):
+        print(f"  {part:<10}{_fmt_params(arch.params[part]):>14}{_fmt_params(arch.trainable[part]):>14}", file=out)
+    share = 100 * arch.lora_params / arch.total_params
+    print(f"  {'all':<10}{_fmt_params(arch.total_params):>14}{_fmt_params(arch.lora_params):>14} ({share:.2f} %)", file=out)
+    print(f"\nimages: {image[2]} ({image[1]} vision positions); prompt = {args.prompt_tokens} text tokens "
+          f"(--prompt-tokens) + one image", file=out)
+    if image[3]:
+        print(f"warning: {image[3]}", file=out)
+    if any(phase_training_args(cfg, name).get("use_vllm") for name in cfg.phases):
+        print("note: training.use_vllm: generation runs in vLLM, which reserves vllm_gpu_memory_utilization of each GPU "
+              "(colocate mode); the 'gen:' rows below are for transformers' generate", file=out)
+    fits = dict.fromkeys(launchers, True)
+    for shape in shapes:
+        print(
+            f"\nphase {shape.name}: {shape.gen_batch} sequences generated at once, {shape.train_batch} a micro-batch, "
+            f"{shape.seq_tokens} tokens each ({shape.prompt_tokens} prompt + {shape.completion_tokens} completion); "
+            f"gradient checkpointing {'on' if shape.checkpointing else 'off'}", file=out,
+        )
+        tables = {lc: estimate_memory(arch, shape, launcher=lc, processes=n, wb=wb, include_vision=cfg.lora.include_vision,
+                                      dropout=cfg.lora.dropout > 0) for lc in launchers}
+        head = f"  {'per-GPU memory (GiB), ' + str(n) + ' processes':<40}" + "".join(f"{_LAUNCHER_NAMES[lc]:>9}" for lc in launchers)
+        print(head, file=out)
+        for row in tables[launchers[0]]:
+            if row in ("generation", "training"):
+                continue
+            print(f"  {row:<40}" + "".join(f"{tables[lc][row] / GIB:>9.2f}" for lc in launchers), file=out)
+        for row in ("generation", "training"):
+            print(f"  {'peak in ' + row:<40}" + "".join(f"{tables[lc][row] / GIB:>9.2f}" for lc in launchers), file=out)
+        for lc in launchers:
+            peak = max(tables[lc]["generation"], tables[lc]["training"]) / GIB
+            if args.gpu_memory is not None and peak > args.gpu_memory:
+                fits[lc] = False
+    if args.gpu_memory is None:
+        return 0
+    ok = [_LAUNCHER_NAMES[lc] for lc, f in fits.items() if f]
+    if ok:
+        print(f"\nfits in {args.gpu_memory:g} GiB a GPU with {', '.join(ok)}", file=out)
+        return 0
+    print(f"\ndoes not fit in {args.gpu_memory:g} GiB a GPU with {', '.join(_LAUNCHER_NAMES[lc] for lc in launchers)}", file=out)
+    return 1
+
+
+def add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--check`` and its options (``cpr train`` and the recipe)."""
+    g = parser.add_argument_group("--check (no GPU, no weights: validate the run and estimate its per-GPU memory)")
+    g.add_argument("--check", action="store_true", help="validate the config for N processes, build the model on the "
+                   "meta device, check the LoRA targets, print parameters and a per-GPU memory estimate; train nothing")
+    g.add_argument("--num-processes", type=int, default=None, help="processes (GPUs) of the launch (default: the "
+                   "accelerate config's, else 1)")
+    g.add_argument("--gpu-memory", type=float, default=None, metavar="GIB", help="exit 1 when the estimate exceeds this")
+    g.add_argument("--accelerate-config", default=None, help="the launch's accelerate config: its DDP / ZeRO-2 / ZeRO-3 "
+                   "column only (default: all three)")
+    g.add_argument("--prompt-tokens", type=int, default=256, help="text tokens of a prompt besides the image (default 256)")
+

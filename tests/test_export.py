@@ -1,0 +1,112 @@
+"""``cpr export``: a run's adapter merged into its base gives the logits of base + adapter; a foreign base is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cpr.cli import main
+from cpr.errors import ConfigError, InputError
+from cpr.models.loading import check_adapter_base
+
+
+def _fake_run(tmp_path: Path, kind: str) -> tuple[Path, Path, str]:
+    """A finished run folder whose final adapter holds random (non-zero) LoRA weights on the tiny model."""
+    import torch
+    from peft import get_peft_model
+
+    from cpr.models.loading import build_lora_config, load_model_and_processor
+    from cpr.models.tiny import ensure_tiny_model
+
+    base = str(ensure_tiny_model(kind))
+    model, processor = load_model_and_processor(base, device="cpu", gradient_checkpointing=False)
+    lora = build_lora_config(kind, r=8, alpha=16, dropout=0.0)
+    lora.init_lora_weights = False  # random A and B: the merge must change the weights
+    torch.manual_seed(0)
+    run = tmp_path / "run"
+    adapter = run / "cpr" / "adapter"
+    get_peft_model(model, lora).save_pretrained(adapter)
+    processor.save_pretrained(adapter)
+    (run / "summary.json").write_text(json.dumps({"run_name": "tiny_run", "status": "finished", "final_adapter": str(adapter)}))
+    (run / "config.yaml").write_text(f"run_name: tiny_run\nmodel:\n  name_or_path: tiny:{kind}\nlora:\n  r: 8\n")
+    (run / "final_eval").mkdir()
+    (run / "final_eval" / "metrics.md").write_text("| Model | Acc | Match F1 |\n|---|---|---|\n| tiny_run | 0.125 | 0.250 |\n")
+    return run, adapter, base
+
+
+def _logits(model, processor):
+    import torch
+    from PIL import Image
+
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many squares?"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) + "Step 1: count."
+    inputs = processor(text=[text], images=[[Image.new("RGB", (84, 56), (200, 30, 30))]], return_tensors="pt")
+    with torch.no_grad():
+        return model.eval()(**inputs).logits
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "internvl"])
+def test_export_merges_the_final_adapter_into_its_base(tmp_path, kind, capsys):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from cpr.models.loading import load_model_and_processor
+
+    run, adapter, base = _fake_run(tmp_path, kind)
+    out = tmp_path / "merged"
+    assert main(["export", "--run", str(run), "--output", str(out)]) == 0
+    assert f"merged {adapter} into its base model -> {out}" in capsys.readouterr().out
+
+    merged = AutoModelForImageTextToText.from_pretrained(out)
+    processor = AutoProcessor.from_pretrained(out)
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    base_model, base_processor = load_model_and_processor(base, device="cpu", gradient_checkpointing=False)
+    reference = _logits(PeftModel.from_pretrained(base_model, str(adapter)), base_processor)
+    plain = _logits(load_model_and_processor(base, device="cpu", gradient_checkpointing=False)[0], base_processor)
+    got = _logits(merged, processor)
+    assert (reference - plain).abs().max() > 1e-2  # the adapter changes the output ...
+    torch.testing.assert_close(got, reference, atol=1e-4, rtol=1e-4)  # ... and the merged model reproduces it
+
+    card = (out / "README.md").read_text()
+    assert f"base_model: {base}" in card
+    assert "| tiny_run | 0.125 | 0.250 |" in card
+    assert f"name_or_path: tiny:{kind}" in card
+    assert not (tmp_path / "merged.partial").exists()
+
+
+def test_export_refuses_another_base_and_an_existing_output(tmp_path, capsys):
+    from cpr.models.tiny import ensure_tiny_model
+
+    run, adapter, base = _fake_run(tmp_path, "qwen2_5_vl")
+    other = str(ensure_tiny_model("internvl"))
+    code = main(["export", "--run", str(run), "--base", other, "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"field 'base': LoRA adapter {adapter} was trained on base model '{base}', not on '{other}'" in err
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("x")
+    assert main(["export", "--adapter", str(adapter), "--output", str(tmp_path / "out")]) == 2
+    assert "the output folder exists and is not empty; pass --overwrite" in capsys.readouterr().err
+    assert (tmp_path / "out" / "keep.txt").read_text() == "x"
+
+
+def test_check_adapter_base(tmp_path):
+    adapter = tmp_path / "a"
+    adapter.mkdir()
+    with pytest.raises(InputError, match="not a LoRA adapter folder"):
+        check_adapter_base(adapter, "Org/Model")
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "Org/Model"}))
+    assert check_adapter_base(adapter) == "Org/Model"
+    assert check_adapter_base(adapter, "Org/Model") == "Org/Model"
+    snapshot = tmp_path / "hub" / "models--Org--Model" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    assert check_adapter_base(adapter, str(snapshot)) == "Org/Model"  # the hub cache's copy of the recorded id
+    with pytest.raises(ConfigError, match="trained on base model 'Org/Model', not on 'Org/Other'"):
+        check_adapter_base(adapter, "Org/Other")
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    with pytest.raises(InputError, match="the adapter records no base model"):
+        check_adapter_base(adapter)
