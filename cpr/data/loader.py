@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cpr.data.adapters import RawRow, SkipRow, get_adapter
+from cpr.data.adapters import Adapter, RawRow, SkipRow, get_adapter
 from cpr.data.buckets import BucketConfig, assign_bucket
 from cpr.data.records import Record, Records, write_records
 from cpr.data.validation import BAD_VALUE, DUPLICATE_ID, RecordError, check_on_invalid, validate_record
@@ -118,7 +118,7 @@ def load_records_with_report(
 
 
 def _valid_records(
-    adapter: Any,
+    adapter: Adapter,
     rows: Iterator[RawRow],
     on_invalid: str,
     config: BucketConfig,
