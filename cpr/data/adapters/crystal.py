@@ -118,6 +118,7 @@ def _is_plain(value: Any) -> bool:
 
 
 def _parquet_rows(path: Path, split: str | None) -> Iterator[RawRow]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     # memory-mapped and not pre-buffered: only the batch being read is held in memory
@@ -125,3 +126,4 @@ def _parquet_rows(path: Path, split: str | None) -> Iterator[RawRow]:
     for row in arrow_rows(batches, path, base_dir=path.parent):
         if split is None or row.data.get("split") in (None, split):
             yield row
+    pa.default_memory_pool().release_unused()  # the decoded pages, kept by Arrow's allocator otherwise
