@@ -163,18 +163,15 @@ def open_image(ref: ImageRef) -> Image.Image:
     """
     if isinstance(ref, Image.Image):
         return ref
-    if isinstance(ref, DatasetImageRef):
-        ref = ref.encoded()
-    if isinstance(ref, dict):
-        data = ref.get("bytes")
-        if data is not None:
-            return Image.open(io.BytesIO(data))
-        path = ref.get("path")
-        if not path:
+    value = image_ref_to_encodable(ref)
+    if isinstance(value, dict):
+        if value.get("bytes") is not None:
+            return Image.open(io.BytesIO(value["bytes"]))
+        if not value.get("path"):
             raise TypeError("image dict has neither 'bytes' nor 'path'")
-        return Image.open(path)
-    if isinstance(ref, (str, Path)):
-        return Image.open(ref)
+        value = value["path"]
+    if isinstance(value, str):
+        return Image.open(value)
     raise TypeError(f"unsupported image reference of type {type(ref).__name__}")
 
 

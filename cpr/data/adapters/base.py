@@ -173,7 +173,7 @@ def pick_file(folder: Path, candidates: Sequence[str], source: str) -> Path:
     raise InputError(f"{source}: none of {list(candidates)} found in this folder", path=folder)
 
 
-def jsonl_rows(path: Path, *, id_key: str | None = "id", base_dir: Path | None = None) -> Iterator[RawRow]:
+def jsonl_rows(path: Path, *, base_dir: Path | None = None) -> Iterator[RawRow]:
     """Rows of a JSON-lines file, one per non-blank line. A line that is not valid JSON or not a
     JSON object gives a row with :attr:`RawRow.problem` set (reason ``malformed JSON`` /
     ``bad value``), so that ``on_invalid: skip`` skips it like any invalid record."""
@@ -188,8 +188,7 @@ def jsonl_rows(path: Path, *, id_key: str | None = "id", base_dir: Path | None =
                 row.problem = row.error(e.message, reason=MALFORMED_JSON)
             else:
                 if isinstance(obj, Mapping):
-                    rid = obj.get(id_key) if id_key else None
-                    row.data, row.record_id = obj, (str(rid) if rid is not None else None)
+                    row.data, row.record_id = obj, (None if obj.get("id") is None else str(obj["id"]))
                 else:
                     row.problem = row.error(
                         f"expected a JSON object, got {type(obj).__name__}", reason=BAD_VALUE
