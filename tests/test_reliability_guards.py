@@ -455,7 +455,8 @@ def test_constant_reward_warns_about_zero_std(tmp_path, monkeypatch, caplog, one
     from cpr.training.runner import run_experiment
 
     _register(monkeypatch)
-    cfg = config_from_dict(_config(tmp_path, ["constant"], steps=4, save_steps=10, guards={"zero_std": {"window": 2}}))
+    guards = {"zero_std": {"window": 2, "fraction": 0.5}}
+    cfg = config_from_dict(_config(tmp_path, ["constant"], steps=4, save_steps=10, guards=guards))
     with caplog.at_level(logging.WARNING, logger="cpr.training.guards"):
         summary = run_experiment(cfg)
     warnings = [r.message for r in caplog.records if r.name == "cpr.training.guards"]
@@ -467,3 +468,21 @@ def test_constant_reward_warns_about_zero_std(tmp_path, monkeypatch, caplog, one
     assert summary["status"] == "finished"
     assert summary["phases"][0]["frac_reward_zero_std"] == 1.0  # what TRL logged
     assert summary["phases"][0]["guards"]["counts"]["zero_std"] == {"steps": 3, "skipped": 0}
+
+
+def test_zero_std_window_scales_with_a_short_phase(tmp_path, caplog):
+    """The 50-step window would never fire in a phase shorter than 50 steps: it is
+    min(window, max(1, ceil(fraction * max_steps))), fraction 0.25 by default."""
+    z = ZeroStdGuardConfig()
+    assert [z.window_for(n) for n in (1, 4, 8, 30, 200, 1000, 0)] == [1, 1, 2, 8, 50, 50, 50]
+    assert ZeroStdGuardConfig(window=5, fraction=0.5).window_for(30) == 5
+    g, tr, p, opt, state, args = _guard(GuardsConfig(), tmp_path)
+    state.max_steps = 8
+    g.on_train_begin(args, state, TrainerControl())
+    with caplog.at_level(logging.WARNING, logger="cpr.training.guards"):
+        for frac in (1.0, 1.0, 0.5, 1.0, 1.0):
+            _step(g, tr, p, opt, state, args, frac=frac)
+    assert [r.message for r in caplog.records] == [
+        f"guard zero_std at step {s} (warning): every group's reward std was zero for 2 steps in a row "
+        "(no learning signal)" for s in (2, 5)
+    ]

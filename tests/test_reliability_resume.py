@@ -26,6 +26,7 @@ from conftest import tiny_run_config
 from cpr.training.checkpoints import (
     COMPLETE_MARKER,
     DIVERGED_MARKER,
+    GENERATION_BUFFER_FILE,
     checkpoint_status,
     has_curriculum_state,
     last_checkpoint,
@@ -166,7 +167,7 @@ runpy.run_path({recipe!r}, run_name="__main__")
 """
 
 
-def _write_config(tmp_path: Path, *, schedule: str, limit: int, steps: int) -> Path:
+def _write_config(tmp_path: Path, *, schedule: str, limit: int, steps: int, training: dict | None = None) -> Path:
     cfg = tiny_run_config(
         "resume", tmp_path / "unused", seed=5, lora_r=8, limit=limit, heldout=0,
         training={
@@ -182,7 +183,7 @@ def _write_config(tmp_path: Path, *, schedule: str, limit: int, steps: int) -> P
         phase_settings={"cpr": {
             "rewards": ["format", "cpr", "length"],
             "curriculum": {"schedule": schedule},
-            "training": {"max_steps": steps, "learning_rate": 1.0e-2, "save_steps": 2},
+            "training": {"max_steps": steps, "learning_rate": 1.0e-2, "save_steps": 2, **(training or {})},
         }},
         evaluation={"final": False},
     )
@@ -219,17 +220,21 @@ def _logged_steps(phase: Path) -> set[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("schedule", "limit", "steps", "ckpt", "kill_at"),
+    ("schedule", "limit", "steps", "ckpt", "kill_at", "training", "generations"),
     [
-        ("staged", 16, 4, 2, 3),  # killed after checkpoint-2, during step 4
-        ("none", 8, 6, 4, 5),  # 8 prompts = 4 generation batches an epoch: resumes at the epoch boundary
+        ("staged", 16, 4, 2, 3, {}, 4),  # killed after checkpoint-2, during step 4
+        ("none", 8, 6, 4, 5, {}, 6),  # 8 prompts = 4 generation batches an epoch: resumes at the epoch boundary
+        # a generation batch of 3 optimizer steps (steps 1-3, 4-6): checkpoint-4 falls inside the second
+        ("staged", 16, 6, 4, 5, {"steps_per_generation": 3}, 2),
+        # each generation trained on twice (steps 1-2, 3-4, 5): checkpoint-3 falls inside the second
+        ("none", 8, 5, 3, 4, {"num_iterations": 2, "save_steps": 3}, 3),
     ],
-    ids=["staged", "none_epoch_boundary"],
+    ids=["staged", "none_epoch_boundary", "inside_steps_per_generation", "inside_num_iterations"],
 )
-def test_sigkill_then_resume_equals_uninterrupted(tmp_path, schedule, limit, steps, ckpt, kill_at):
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path, schedule, limit, steps, ckpt, kill_at, training, generations):
     from safetensors.torch import load_file
 
-    config = _write_config(tmp_path, schedule=schedule, limit=limit, steps=steps)
+    config = _write_config(tmp_path, schedule=schedule, limit=limit, steps=steps, training=training)
     full, killed = tmp_path / "full", tmp_path / "killed"
     p_full = _start(tmp_path, config, full)
     p_kill = _start(tmp_path, config, killed)
@@ -245,8 +250,10 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, schedule, limit, ste
     p_kill.wait()
     assert p_kill.returncode == -signal.SIGKILL
     assert not (phase / "adapter").exists() and not (phase / f"checkpoint-{ckpt + 2}" / COMPLETE_MARKER).exists()
-    scored_at_kill = _rows(phase / "scored_completions.jsonl")
-    assert max(r["step"] for r in scored_at_kill) >= ckpt  # it had scored completions past the checkpoint
+    buffered = (phase / f"checkpoint-{ckpt}" / GENERATION_BUFFER_FILE.format(rank=0)).is_file()
+    assert buffered == bool(training)  # only a checkpoint inside a generation batch holds its buffer
+    if not training:
+        assert max(r["step"] for r in _rows(phase / "scored_completions.jsonl")) >= ckpt  # scored past the checkpoint
 
     _, err = p_full.communicate(timeout=240)
     assert p_full.returncode == 0, err[-3000:]
@@ -264,12 +271,12 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, schedule, limit, ste
     keys = ("step", "id", "reward", "match_f1", "correct")
     full_rows = [tuple(r[k] for k in keys) for r in _rows(full / "cpr" / "scored_completions.jsonl")]
     resumed_rows = [tuple(r[k] for k in keys) for r in _rows(phase / "scored_completions.jsonl")]
-    assert len(full_rows) == steps * 8
+    assert len(full_rows) == generations * 8 * training.get("steps_per_generation", 1)
     assert resumed_rows == full_rows
     after = [r[1] for r in full_rows if r[0] >= ckpt]
-    assert after and after == [r[1] for r in resumed_rows if r[0] >= ckpt]
+    assert (after or training) and after == [r[1] for r in resumed_rows if r[0] >= ckpt]
     # the trainer logs: same reward and loss at every step
-    by_step = lambda p: {r["step"]: (r["reward"], r["loss"]) for r in _rows(p / "log.jsonl") if "loss" in r}  # noqa: E731
+    by_step = lambda p: {r["step"]: (r.get("reward"), r["loss"]) for r in _rows(p / "log.jsonl") if "loss" in r}  # noqa: E731
     assert by_step(phase) == by_step(full / "cpr")
     assert sorted(by_step(phase)) == list(range(1, steps + 1))
     # the curriculum's own record of the order agrees

@@ -83,6 +83,18 @@ CASES = [
     (("training.seed", 1.5), "training.seed", "expected an integer, got 1.5"),
     (("training.bf16", "yes"), "training.bf16", "expected true or false, got 'yes'"),
     (("training.max_grad_norm", "nan"), "training.max_grad_norm", "expected a finite number, got 'nan'"),
+    # one switch for activation checkpointing: the model section's
+    (("training.gradient_checkpointing", True), "training.gradient_checkpointing",
+     "set model.gradient_checkpointing instead (one switch for the model and every phase's trainer)"),
+    (("phase_settings.cpr.training.activation_checkpointing", True),
+     "phase_settings.cpr.training.activation_checkpointing", "set model.gradient_checkpointing instead"),
+    # TRL's reward_weights apply to every phase's reward functions: the count is checked per phase
+    (("training.reward_weights", [1.0]), "training.reward_weights",
+     "phase answer_only: 1 reward weights for 2 reward functions ['format', 'accuracy']"),
+    (("phase_settings.cpr.training.reward_weights", [1.0, 2.0, 3.0]), "phase_settings.cpr.training.reward_weights",
+     "phase cpr: 3 reward weights for 2 reward functions ['format', 'cpr']"),
+    (("guards.zero_std.fraction", 0), "guards.zero_std.fraction", "must be in (0, 1], got 0"),
+    (("torch_threads", 0), "torch_threads", "must be >= 1 (or null: torch's default), got 0"),
 ]
 
 
@@ -228,3 +240,80 @@ def test_the_recipe_rejects_a_bad_override(tmp_path, monkeypatch, capsys, nothin
         f"cpr_curriculum: error: {path} (--set data.train=[{{source: tabmwp, path: data/nope}}]) field "
         "'data.train[0].path': dataset path does not exist: data/nope"
     )
+
+
+def test_training_reward_weights_weight_each_phase_unless_the_phase_sets_its_own(tmp_path):
+    """TRL's ``reward_weights`` in the shared ``training`` section reach every phase's GRPOConfig (the
+    reward sets' own weights used to replace them); a phase's ``reward_weights`` wins for that phase."""
+    from cpr.training.phase import grpo_config
+
+    data = copy.deepcopy(BASE)
+    data["training"]["reward_weights"] = [0.5, 2.0]
+    data["phase_settings"]["cpr"]["reward_weights"] = [3.0, 1.0]
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = load_config(path)
+    assert grpo_config(cfg, cfg.phase("answer_only")).reward_weights == [0.5, 2.0]
+    assert grpo_config(cfg, cfg.phase("cpr")).reward_weights == [3.0, 1.0]
+    del data["training"]["reward_weights"]
+    path.write_text(yaml.safe_dump(data))
+    cfg = load_config(path)
+    assert grpo_config(cfg, cfg.phase("answer_only")).reward_weights == [1.0, 1.0]  # the set's own
+
+
+def test_model_gradient_checkpointing_reaches_the_trainer_args_and_the_model(tmp_path):
+    from cpr.training.phase import grpo_config
+    from cpr.training.policy import load_policy
+
+    data = copy.deepcopy(BASE)
+    data["model"]["gradient_checkpointing"] = True
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = load_config(path)
+    args = grpo_config(cfg, cfg.phase("cpr"))
+    assert args.activation_checkpointing is True and args.gradient_checkpointing is True
+    model, _ = load_policy(cfg, "tiny:qwen2_5_vl")
+    assert model.is_activation_checkpointing
+    data["model"]["gradient_checkpointing"] = None  # CPU default: off, in both
+    path.write_text(yaml.safe_dump(data))
+    cfg = load_config(path)
+    assert grpo_config(cfg, cfg.phase("cpr")).activation_checkpointing is False
+
+
+def test_scienceqa_text_only_questions_are_refused_for_grpo(tmp_path):
+    """A generation batch mixing text-only and image prompts crashes inside TRL."""
+    (tmp_path / "problems.json").write_text("{}")
+    data = copy.deepcopy(BASE)
+    data["data"]["train"].append({"source": "scienceqa", "path": str(tmp_path), "options": {"text_only": "keep"}})
+    path = tmp_path / "sqa.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.field == "data.train[1].options.text_only"
+    assert e.value.message == (
+        "text-only questions cannot be trained with GRPO: TRL cannot generate for a batch mixing text-only and "
+        "image prompts; use text_only: skip"
+    )
+    data["data"]["train"][1]["options"]["text_only"] = "skip"
+    path.write_text(yaml.safe_dump(data))
+    assert load_config(path).data.train[1].options == {"text_only": "skip"}
+
+
+PAPER_CONFIGS = ["qwen2_5_vl_3b_cpr_curriculum.yaml", "internvl3_5_4b_cpr_curriculum.yaml"]
+
+
+@pytest.mark.parametrize("config", PAPER_CONFIGS)
+def test_paper_configs_pin_every_setting_that_changes_the_loss(config):
+    """The official scripts' values, and TRL's current defaults pinned where the paper is silent, so a TRL
+    release that changes a default does not change the experiment."""
+    cfg = load_config(REPO / "recipes" / "configs" / config)
+    t = cfg.training
+    assert (t["beta"], t["epsilon"], t["max_completion_length"], t["bf16"]) == (0.04, 0.2, 256, True)
+    assert cfg.model.gradient_checkpointing is True
+    pinned = ("loss_type", "scale_rewards", "epsilon_high", "delta", "importance_sampling_level",
+              "mask_truncated_completions", "top_entropy_quantile", "num_iterations", "steps_per_generation",
+              "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "multi_objective_aggregation",
+              "use_bias_correction_kl", "disable_dropout", "entropy_coef", "sync_ref_model", "off_policy_mask_threshold",
+              "optim", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm")
+    assert [k for k in pinned if k not in t] == []
+    assert (t["loss_type"], t["scale_rewards"], t["epsilon_high"], t["steps_per_generation"]) == ("dapo", "group", 0.2, 2)

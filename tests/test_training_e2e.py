@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import tiny_run_config
 from safetensors.torch import load_file
+from transformers import TrainerCallback
 
 import cpr.rewards as rewards_mod
 import cpr.training.policy as policy
@@ -187,3 +189,129 @@ def test_single_phase_and_resume_skips_finished_phases(tmp_path, samples_dir, wi
     assert [p["phase"] for p in first["phases"]] == ["cpr"] and first["phases"][0]["init_adapter"] is None
     again = runner.run_experiment(config_from_dict(data), resume=True)  # nothing left to train
     assert again["phases"][0]["wall_time_s"] == first["phases"][0]["wall_time_s"]
+
+
+@pytest.fixture
+def trainers(monkeypatch):
+    """Every GRPO trainer the runner builds."""
+    import cpr.training.guards as guards
+
+    made = []
+
+    class Recording(guards.GuardedGRPOTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(guards, "GuardedGRPOTrainer", Recording)
+    return made
+
+
+class _Threads(TrainerCallback):
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.seen.append(torch.get_num_threads())
+
+
+@pytest.mark.slow
+def test_training_settings_reach_the_trainer_and_config_yaml(tmp_path, samples_dir, with_test_reward, trainers):
+    """training.reward_weights (TRL's field) weights every reward function of the phase;
+    model.gradient_checkpointing reaches the trainer's args and model; torch_threads is applied; and
+    config.yaml's training_effective holds the values the trainer trained with."""
+    data = _config(tmp_path, samples_dir, "tiny:qwen2_5_vl")
+    data["phases"] = ["cpr"]
+    data["phase_settings"] = {"cpr": {"rewards": ["format", "cpr", "distinct_chars"], "curriculum": {"schedule": "none"},
+                                      "training": {"max_steps": 2, "learning_rate": 2e-3}}}
+    data["training"].update(reward_weights=[0.5, 2.0, 1.0], scale_rewards="batch")
+    data["model"]["gradient_checkpointing"] = True
+    data["evaluation"]["final"] = False
+    threads, before = _Threads(), torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        summary = runner.run_experiment(config_from_dict(data), callbacks=[threads])
+    finally:
+        torch.set_num_threads(before)
+    (trainer,) = trainers
+    assert trainer.reward_weights.tolist() == [0.5, 2.0, 1.0] == summary["phases"][0]["reward_weights"]
+    assert trainer.args.activation_checkpointing and trainer.model.get_base_model().is_activation_checkpointing
+    assert threads.seen == [1, 1]  # torch_threads' default, whatever the process had before
+
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["torch_threads"] == 1
+    eff = saved["training_effective"]["cpr"]
+    used = {
+        "beta": trainer.beta, "epsilon": trainer.epsilon_low, "epsilon_high": trainer.epsilon_high,
+        "loss_type": trainer.loss_type, "scale_rewards": trainer.scale_rewards,
+        "importance_sampling_level": trainer.importance_sampling_level,
+        "mask_truncated_completions": trainer.mask_truncated_completions,
+        "top_entropy_quantile": trainer.top_entropy_quantile, "num_iterations": trainer.num_iterations,
+        "temperature": trainer.temperature, "top_p": trainer.top_p, "num_generations": trainer.num_generations,
+        "max_completion_length": trainer.max_completion_length, "reward_weights": trainer.reward_weights.tolist(),
+        "multi_objective_aggregation": trainer.multi_objective_aggregation,
+        "steps_per_generation": trainer.args.steps_per_generation, "learning_rate": trainer.args.learning_rate,
+        "max_grad_norm": trainer.args.max_grad_norm, "activation_checkpointing": True,
+    }
+    assert {k: eff[k] for k in used} == used
+    assert (eff["beta"], eff["scale_rewards"], eff["epsilon_high"], eff["max_completion_length"]) == (0.04, "batch", 0.2, 16)
+
+
+CONSOLE_WRAPPER = """
+import runpy, sys, warnings
+import cpr.rewards as R
+from cpr.steps import completion_text
+
+
+class Noisy(R.RewardFunction):
+    name = "noisy"
+
+    def __init__(self, **_):
+        pass
+
+    def score(self, completions, kwargs):
+        warnings.warn("noisy reward is deprecated", FutureWarning)
+        return [len(set(completion_text(c))) / 100 for c in completions]
+
+
+R.REWARD_FUNCTIONS["noisy"] = Noisy
+sys.argv = ["cpr_curriculum.py", *sys.argv[1:]]
+runpy.run_path({recipe!r}, run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_console_shows_the_bar_and_one_line_a_step_and_run_log_keeps_everything(tmp_path, samples_dir):
+    import os
+    import re
+    import subprocess
+    import sys
+
+    data = _config(tmp_path, samples_dir, "tiny:qwen2_5_vl")
+    data["phases"] = ["cpr"]
+    data["phase_settings"] = {"cpr": {"rewards": ["format", "cpr", "noisy"], "curriculum": {"schedule": "none"},
+                                      "training": {"max_steps": 3, "learning_rate": 2e-3, "save_steps": 10}}}
+    data["evaluation"]["final"] = False
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "cpr_curriculum.py"
+    (tmp_path / "wrapper.py").write_text(CONSOLE_WRAPPER.format(recipe=str(recipe)))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    done = subprocess.run([sys.executable, str(tmp_path / "wrapper.py"), "--config", str(tmp_path / "run.yaml")],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:]
+    bar = re.compile(r"\d+%\|.*\|")  # a tqdm progress bar (training, weight loading)
+    lines = [x.strip() for x in re.split(r"[\r\n]", done.stdout) if x.strip() and not bar.search(x)]
+    assert not [x for x in lines if "'loss'" in x or "Warning" in x or "noisy reward" in x], lines
+    start = next(i for i, x in enumerate(lines) if x.startswith("[cpr] phase cpr: 3 steps"))
+    end = next(i for i, x in enumerate(lines) if x.startswith("run e2e finished"))
+    during = lines[start + 1:end]
+    assert [x.split(":")[0] for x in during] == ["step 1/3", "step 2/3", "step 3/3"], during
+    assert all("reward " in x and "loss " in x and "kl " in x for x in during)
+
+    # run.log: every warning and every trainer log record, as log.jsonl has it
+    run_log = (tmp_path / "run" / "run.log").read_text()
+    assert run_log.count("FutureWarning: noisy reward is deprecated") >= 1
+    records = [json.loads(m) for m in re.findall(r"cpr\.trainer_log: step \d+: (\{.*\})", run_log)]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "cpr" / "log.jsonl").read_text().splitlines()]
+    assert len(records) == len(rows) == 4  # 3 steps and the closing train_runtime record
+    assert records == [{k: v for k, v in r.items() if k != "step"} for r in rows]

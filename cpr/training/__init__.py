@@ -11,7 +11,7 @@ lazily, so import what you need from the submodule, e.g. ``from cpr.training.sft
 * :mod:`~cpr.training.warm_start`: the supervised LoRA warm start, and supervised LoRA training;
 * :mod:`~cpr.training.sft`: ``SFTSettings`` and ``run_sft`` (TRL's ``SFTTrainer``);
 * :mod:`~cpr.training.phase`: one GRPO phase (``GRPOConfig``, trainer, final adapter);
-* :mod:`~cpr.training.guards`: divergence guards and the checkpoint completion marker;
+* :mod:`~cpr.training.guards`: divergence guards, TRL's generation-batch state, the checkpoint completion marker;
 * :mod:`~cpr.training.checkpoints`: checkpoint markers and status, resume preparation;
 * :mod:`~cpr.training.selection`: the best checkpoint of a phase on the validation split;
 * :mod:`~cpr.training.evaluate`: the eval hook, scoring an adapter on a split, the final evaluation;

@@ -10,16 +10,15 @@ Resume (:func:`prepare_resume`): a phase continues from its last *complete*, not
 checkpoint (:func:`last_checkpoint`); the phase's JSON lines logs are cut back to that
 checkpoint's step (:func:`cpr.training.logs.rollback_logs`) and the later checkpoint folders
 (incomplete or diverged) are renamed ``abandoned-checkpoint-N-<time>``, so the resumed run never
-mixes with the lost interval. :func:`warn_inexact_resume` says when a checkpoint may fall inside
-a generation batch (then the resumed run does not repeat the uninterrupted one exactly; see
-:mod:`cpr.training.runner`).
+mixes with the lost interval. A checkpoint that falls inside a generation batch also holds TRL's
+buffered generation batch (:data:`GENERATION_BUFFER_FILE`, written by
+:class:`cpr.training.guards.GenerationStateCallback`), so it resumes exactly.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import time
@@ -33,6 +32,7 @@ logger = logging.getLogger("cpr.training")
 __all__ = [
     "COMPLETE_MARKER",
     "DIVERGED_MARKER",
+    "GENERATION_BUFFER_FILE",
     "GUARD_STATE_FILE",
     "adapter_folder",
     "checkpoint_status",
@@ -41,7 +41,6 @@ __all__ = [
     "has_curriculum_state",
     "last_checkpoint",
     "prepare_resume",
-    "warn_inexact_resume",
 ]
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
@@ -52,6 +51,8 @@ COMPLETE_MARKER = "checkpoint_complete.json"
 DIVERGED_MARKER = "diverged.json"
 #: The divergence guard's counters, in every checkpoint.
 GUARD_STATE_FILE = "guard_state.json"
+#: A process's buffered generation batch, in a checkpoint that falls inside one ({rank}: process index).
+GENERATION_BUFFER_FILE = "generation_buffer.rank{rank}.pt"
 
 
 def checkpoint_step(ckpt: str | Path) -> int:
@@ -171,24 +172,3 @@ def prepare_resume(phase_dir: Path, resume: bool, state: Any) -> Path | None:
             logger.info("phase %s: dropped log rows written after step %d: %s", phase_dir.name, start, dropped)
     state.wait_for_everyone()
     return ckpt
-
-
-def warn_inexact_resume(args: Any) -> None:
-    """Log a warning when a checkpoint may fall inside a generation batch: ``save_steps x
-    gradient_accumulation_steps`` not a multiple of ``steps_per_generation x num_iterations``
-    (``args``: a ``trl.GRPOConfig``)."""
-    per_generation = args.steps_per_generation * args.num_iterations
-    save = args.save_steps
-    if save is None or args.save_strategy != "steps":
-        return
-    if isinstance(save, float) and save < 1:
-        save = max(1, math.ceil(save * max(args.max_steps, 1)))
-    if (int(save) * args.gradient_accumulation_steps) % per_generation:
-        logger.warning(
-            "save_steps %s x gradient_accumulation_steps %d is not a multiple of steps_per_generation x "
-            "num_iterations (%d): a resumed run regenerates completions mid generation batch and will not "
-            "repeat the uninterrupted run exactly",
-            save,
-            args.gradient_accumulation_steps,
-            per_generation,
-        )

@@ -5,6 +5,7 @@ Layout of a config file (every key optional except ``model.name_or_path`` and ``
     run_name: demo
     output_dir: outputs/demo
     seed: 42
+    torch_threads: 1                                          # torch.set_num_threads at the start
     model:        {name_or_path, dtype, min_pixels, max_pixels, gradient_checkpointing, ...}
     lora:         {r, alpha, dropout, include_vision, target_modules}
     data:         {train: [{source, path, split, limit, options}], validation: [...], test: [...],
@@ -18,7 +19,7 @@ Layout of a config file (every key optional except ``model.name_or_path`` and ``
       cpr:         {...}
     evaluation:   {benchmarks: [...], eval_steps, metric_for_best, max_new_tokens, ..., final, final_splits}
     guards:       {enabled, action, nan: {action}, kl: {limit, consecutive_steps, action},
-                   zero_std: {window, action}}                # divergence guards (cpr.training.guards)
+                   zero_std: {window, fraction, action}}      # divergence guards (cpr.training.guards)
 
 Built-in phases (:data:`PHASE_PRESETS`) fill what ``phase_settings`` leaves out, so
 ``phases: [cpr]`` alone is a valid single-phase run:
@@ -73,6 +74,7 @@ __all__ = [
     "config_from_dict",
     "apply_overrides",
     "num_processes",
+    "phase_reward_weights",
     "phase_training_args",
     "read_yaml",
 ]
@@ -186,7 +188,9 @@ class PhaseConfig:
 
     name: str = _help("Phase name (folder name under output_dir).", "")
     rewards: str | list[str] = _help("A reward set (answer_only, composite, cpr) or reward function names.", "cpr")
-    reward_weights: list[float] | None = _help("One weight per reward function (TRL reward_weights).", None)
+    reward_weights: list[float] | None = _help(
+        "One weight per reward function; None = TRL's training.reward_weights if set, else the reward set's.", None
+    )
     reward_params: dict[str, dict[str, Any]] = _help("Per-function parameters, e.g. {cpr: {answer_weight}}.", factory=dict)
     curriculum: dict[str, Any] = _help("cpr.curriculum.CurriculumConfig fields.", factory=dict)
     select_best: bool = _help(
@@ -267,7 +271,19 @@ class ZeroStdGuardConfig:
 
     enabled: bool = _help("Check TRL's frac_reward_zero_std every optimizer step.", True)
     window: int = _help("The condition holds after this many optimizer steps in a row without signal.", 50)
+    fraction: float = _help(
+        "In a shorter phase the window is this share of the phase's max_steps instead (at least 1 step): "
+        "min(window, max(1, ceil(fraction x max_steps))).",
+        0.25,
+    )
     action: str | None = _help("warn, skip_step or stop; None = guards.action, else warn.", None)
+
+    def window_for(self, max_steps: int) -> int:
+        """The window in a phase of ``max_steps`` optimizer steps: ``min(window, max(1, ceil(fraction *
+        max_steps)))`` (``window`` when ``max_steps`` is not positive, i.e. unknown)."""
+        if max_steps <= 0:
+            return self.window
+        return min(self.window, max(1, math.ceil(self.fraction * max_steps)))
 
 
 @dataclass
@@ -306,6 +322,11 @@ class ExperimentConfig:
     run_name: str = _help("Run name (logs, summary).", "cpr")
     output_dir: str = _help("Output folder of the run.", "outputs/cpr")
     seed: int = _help("Seed for data splits, sampling order and initialisation.", 42)
+    torch_threads: int | None = _help(
+        "torch's CPU threads (torch.set_num_threads, set when the run starts); None = torch's own default "
+        "(OMP_NUM_THREADS, else one per core). 1 measured fastest for the CPU demo on a shared machine (README).",
+        1,
+    )
     model: ModelSettings = _help("Policy model.", factory=ModelSettings)
     lora: LoraSettings = _help("LoRA adapter.", factory=LoraSettings)
     data: DataConfig = _help("Datasets.", factory=DataConfig)
@@ -590,6 +611,11 @@ def _check_training_args(args: dict[str, Any], phase_key: str, phase_args: Mappi
     for k in args:
         if k not in fields:
             raise ConfigError(f"not a trl.GRPOConfig field ({k!r})", field=where(k))
+        if k in ("gradient_checkpointing", "activation_checkpointing"):
+            raise ConfigError(
+                "set model.gradient_checkpointing instead (one switch for the model and every phase's trainer)",
+                field=where(k),
+            )
     for k in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
               "save_steps", "logging_steps", "steps_per_generation", "num_iterations"):
         v = args.get(k)
@@ -648,6 +674,8 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         v = getattr(cfg.model, k)
         if v is not None and v <= 0:
             raise ConfigError(f"must be > 0, got {v}", field=f"model.{k}")
+    if cfg.torch_threads is not None and cfg.torch_threads < 1:
+        raise ConfigError(f"must be >= 1 (or null: torch's default), got {cfg.torch_threads}", field="torch_threads")
     ws = cfg.warm_start
     if ws.max_records is not None and ws.max_records < 1:
         raise ConfigError(f"must be >= 1, got {ws.max_records}", field="warm_start.max_records")
@@ -669,6 +697,13 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         v = getattr(cfg.data, k)
         if v < 0:
             raise ConfigError(f"must be >= 0, got {v}", field=f"data.{k}")
+    for i, src in enumerate(cfg.data.train):
+        if src.options.get("text_only") == "keep":
+            raise ConfigError(
+                "text-only questions cannot be trained with GRPO: TRL cannot generate for a batch mixing "
+                "text-only and image prompts; use text_only: skip",
+                field=f"data.train[{i}].options.text_only",
+            )
     if cfg.data.on_invalid not in ("error", "skip"):
         raise ConfigError(f"must be 'error' or 'skip', got {cfg.data.on_invalid!r}", field="data.on_invalid")
     BucketConfig.from_dict(cfg.data.buckets)
@@ -721,14 +756,14 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         merged["name"] = name
         phase = _build(PhaseConfig, merged, f"phase_settings.{name}")
         key = f"phase_settings.{name}"
+        coerce_training_types(phase.training, f"{key}.training")
+        args = _deep_merge(cfg.training, phase.training)
+        weights, weights_key = phase_reward_weights(phase, args)
         try:
-            get_reward_set(
-                phase.rewards,
-                phase.reward_weights,
-                phase.reward_params,
-                **_reward_shared(cfg.rewards),
-            )
+            get_reward_set(phase.rewards, weights, phase.reward_params, **_reward_shared(cfg.rewards))
         except ConfigError as e:
+            if e.field == "reward_weights":
+                raise ConfigError(f"phase {name}: {e.message}", field=weights_key) from None
             raise ConfigError(e.message, field=_reward_key(e.field, key, phase)) from None
         try:
             curriculum = CurriculumConfig.from_dict(phase.curriculum, prefix=f"{key}.curriculum")
@@ -744,8 +779,6 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
                     f"no LoRA adapter (adapter_config.json) in {phase.init_adapter}", field=f"{key}.init_adapter"
                 )
         resolved[name] = phase
-        coerce_training_types(phase.training, f"{key}.training")
-        args = _deep_merge(cfg.training, phase.training)
         _check_training_args(args, key, phase.training)
         sched = curriculum.schedule
         if sched != "none" and not (args.get("max_steps") or 0) > 0:
@@ -799,6 +832,19 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     return cfg
 
 
+def phase_reward_weights(phase: PhaseConfig, args: Mapping[str, Any]) -> tuple[list[float] | None, str]:
+    """A phase's reward weights and the config key that gave them: ``phase_settings.<phase>.reward_weights``
+    if set, else TRL's ``reward_weights`` from the phase's merged ``training`` arguments ``args`` (the
+    phase's own ``training`` over the shared one), else ``None`` (the reward set's own weights)."""
+    key = f"phase_settings.{phase.name}"
+    if phase.reward_weights is not None:
+        return phase.reward_weights, f"{key}.reward_weights"
+    if args.get("reward_weights") is not None:
+        own = "reward_weights" in phase.training
+        return args["reward_weights"], f"{key}.training.reward_weights" if own else "training.reward_weights"
+    return None, f"{key}.reward_weights"
+
+
 def _reward_key(field_: str | None, key: str, phase: PhaseConfig) -> str:
     """The dotted config key of an error raised by :func:`cpr.rewards.get_reward_set` for phase ``key``.
 
@@ -840,6 +886,8 @@ def _check_guards(g: GuardsConfig) -> None:
         raise ConfigError(f"must be >= 1, got {g.kl.consecutive_steps}", field="guards.kl.consecutive_steps")
     if g.zero_std.window < 1:
         raise ConfigError(f"must be >= 1, got {g.zero_std.window}", field="guards.zero_std.window")
+    if not (0 < g.zero_std.fraction <= 1):
+        raise ConfigError(f"must be in (0, 1], got {g.zero_std.fraction}", field="guards.zero_std.fraction")
 
 
 def _reward_shared(r: RewardsConfig) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Divergence guards for the GRPO phases, and the checkpoint completion marker.
+"""Divergence guards for the GRPO phases, the generation-batch state and the checkpoint completion marker.
 
 docs/method.md section 4 notes that the paper's Composite and Answer-Only runs diverge to NaN gradients;
 the guards notice that (and two quieter failures) at the optimizer step where it happens, and
@@ -19,9 +19,11 @@ accumulated and clipped, before ``optimizer.step()``):
     above ``guards.kl.limit`` for ``guards.kl.consecutive_steps`` steps in a row.
 ``zero_std``
     no learning signal: every group of the step's generation batches has a reward standard
-    deviation of zero (TRL's ``frac_reward_zero_std`` = 1) for ``guards.zero_std.window`` steps in
-    a row. A step that reuses buffered completions (``steps_per_generation`` or
-    ``num_iterations`` > 1) keeps the value of the generation batch it trains on.
+    deviation of zero (TRL's ``frac_reward_zero_std`` = 1) for a window of steps in a row:
+    ``guards.zero_std.window`` (50), or in a shorter phase ``guards.zero_std.fraction`` (0.25) of its
+    ``max_steps``, at least 1 (:meth:`cpr.training.config.ZeroStdGuardConfig.window_for`). A step
+    that reuses buffered completions (``steps_per_generation`` or ``num_iterations`` > 1) keeps the
+    value of the generation batch it trains on.
 
 Actions (per condition, or ``guards.action`` for all):
 
@@ -53,6 +55,9 @@ Every event goes to ``<phase>/guard_events.jsonl``; the counters go to the train
 (``guards/*``), to ``guard_state.json`` in every checkpoint (so a resumed run continues its runs
 of KL / zero-std steps) and to the phase's entry in ``summary.json``.
 
+:class:`GenerationStateCallback` keeps TRL's position inside a generation batch (and the buffered
+batch) in the checkpoints, so a resumed run continues it exactly.
+
 :class:`CheckpointCompleteCallback` writes ``checkpoint_complete.json`` into a checkpoint after
 every process has saved and every other callback has written its files: transformers 5.24's
 ``Trainer._save_checkpoint`` writes the folder in place (no temporary folder and rename), so a
@@ -78,12 +83,18 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from cpr.curriculum import CurriculumGRPOTrainer
 from cpr.errors import ConfigError, CprError
 from cpr.io import append_jsonl, atomic_write_json
-from cpr.training.checkpoints import COMPLETE_MARKER, DIVERGED_MARKER, GUARD_STATE_FILE
+from cpr.training.checkpoints import (
+    COMPLETE_MARKER,
+    DIVERGED_MARKER,
+    GENERATION_BUFFER_FILE,
+    GUARD_STATE_FILE,
+)
 from cpr.training.config import DEFAULT_GUARD_ACTIONS, GuardsConfig
 
 logger = logging.getLogger("cpr.training.guards")
@@ -92,6 +103,7 @@ __all__ = [
     "EVENTS_FILE",
     "CheckpointCompleteCallback",
     "DivergenceGuard",
+    "GenerationStateCallback",
     "GuardEvent",
     "GuardedGRPOTrainer",
     "TrainingDivergedError",
@@ -206,6 +218,7 @@ class DivergenceGuard(TrainerCallback):
         self.kl_streak = 0
         self.zero_std_run = 0
         self.last_frac_zero_std: float | None = None
+        self.zero_std_window = config.zero_std.window  # scaled to the phase's length in on_train_begin
         self.stopped: GuardEvent | None = None
         self.events: list[GuardEvent] = []
         self._reset_step()
@@ -349,7 +362,7 @@ class DivergenceGuard(TrainerCallback):
             if self.last_frac_zero_std is not None:
                 no_signal = self.last_frac_zero_std >= 1.0 - 1e-9
                 self.zero_std_run = self.zero_std_run + 1 if no_signal else 0
-                w = cfg.zero_std.window
+                w = self.zero_std_window
                 if self.zero_std_run >= w:
                     held.append(
                         (
@@ -365,6 +378,7 @@ class DivergenceGuard(TrainerCallback):
     # -- callback events --------------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, **kwargs):  # noqa: D102
+        self.zero_std_window = self.config.zero_std.window_for(state.max_steps)
         if state.global_step > 0:
             path = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}" / GUARD_STATE_FILE
             if path.is_file():
@@ -494,6 +508,74 @@ class CheckpointCompleteCallback(TrainerCallback):
             folder / COMPLETE_MARKER,
             {"step": state.global_step, "files": sorted(os.listdir(folder)), "time": time.time()},
         )
+
+
+class GenerationStateCallback(TrainerCallback, ExportableState):
+    """Saves TRL's position inside a generation batch in each checkpoint and restores it on resume.
+
+    ``trl.GRPOTrainer`` generates completions for a whole generation batch once every
+    ``steps_per_generation x num_iterations`` micro-steps (its ``_step`` counter), keeps them in
+    ``_buffered_inputs`` and trains the following micro-steps on slices of that buffer. Neither is in
+    TRL's checkpoints, so a run resumed from a checkpoint inside a generation batch would generate
+    again at once, one generation early, and train on different completions from then on.
+
+    Restoring the buffer is the only exact way: between the generation and the checkpoint at least one
+    optimizer step changed the policy, so generating again, even from the RNG state of the generation,
+    would sample from other weights (and recompute other ``old_per_token_logps``). So:
+
+    - ``_step`` is kept in ``trainer_state.json`` (``ExportableState``: ``{"micro_step": N}``);
+    - a checkpoint inside a generation batch (``_step % (steps_per_generation x num_iterations) != 0``)
+      also holds each process's buffer, ``torch.save``'d as :data:`GENERATION_BUFFER_FILE`
+      (the process's share of the generation batch: prompt and completion ids, masks, advantages, old
+      and reference log-probabilities, pixel values); a checkpoint at a generation boundary holds
+      none, the resumed run generates there as the uninterrupted one does;
+    - ``on_train_begin`` of a resumed run sets ``_step`` and ``_buffered_inputs`` back (torch's and the
+      sampler's RNG states come back with transformers' and the curriculum's checkpoint state).
+
+    Add it before :class:`CheckpointCompleteCallback`, so that the completion marker is written after
+    the buffer.
+
+    Args:
+        trainer: the ``GRPOTrainer`` (for ``_step``, ``_buffered_inputs`` and the accelerator).
+
+    Raises:
+        FileNotFoundError: on resume, a checkpoint inside a generation batch without the buffer of
+            this process (saved with another number of processes).
+    """
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def state(self) -> dict[str, Any]:  # noqa: D102
+        return {"args": {}, "attributes": {"micro_step": int(self.trainer._step)}}
+
+    def _inside(self, step: int) -> bool:
+        return step % (self.trainer.args.steps_per_generation * self.trainer.num_iterations) != 0
+
+    def _buffer_path(self, folder: Path) -> Path:
+        return folder / GENERATION_BUFFER_FILE.format(rank=self.trainer.accelerator.process_index)
+
+    def on_save(self, args, state, control, **kwargs):  # noqa: D102
+        if self._inside(self.trainer._step) and self.trainer._buffered_inputs is not None:
+            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            folder.mkdir(parents=True, exist_ok=True)
+            path = self._buffer_path(folder)
+            torch.save(self.trainer._buffered_inputs, path.with_suffix(".tmp"))
+            os.replace(path.with_suffix(".tmp"), path)
+
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: D102
+        name = type(self).__name__
+        saved = state.stateful_callbacks.get(name)
+        if state.global_step <= 0 or not saved:  # a fresh run, or a checkpoint from before this state
+            state.stateful_callbacks[name] = self.state()
+            return
+        step = int((saved[-1] if isinstance(saved, list) else saved)["attributes"]["micro_step"])
+        self.trainer._step = step
+        if self._inside(step):
+            path = self._buffer_path(Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            if not path.is_file():
+                raise FileNotFoundError(f"{path} not found: the checkpoint falls inside a generation batch")
+            self.trainer._buffered_inputs = torch.load(path, map_location=self.trainer.accelerator.device)
 
 
 class GuardedGRPOTrainer(CurriculumGRPOTrainer):

@@ -1,7 +1,11 @@
 """Run logs: the run's text log, the trainer's log records as JSON lines, and every scored completion.
 
 * :func:`open_run_log` sends the ``cpr`` loggers' records to the console and to a run folder's
-  text log (``run.log``; the ablation's ``ablation.log``); :func:`close_run_log` ends it.
+  text log (``run.log``; the ablation's ``ablation.log``), and Python warnings (the libraries'
+  ``FutureWarning`` s, ...) and every trainer log record to that file only; :func:`close_run_log` ends it.
+* :func:`quiet_console` gives a trainer the console of :class:`ConsoleProgressCallback`: the
+  progress bar and one short line per logged step (:func:`console_line`) instead of transformers'
+  printed dict of every logged value.
 * :class:`JsonlLogCallback` appends each ``Trainer.log`` record (loss, reward, KL, the
   per-reward means, cpr's ``steps/*`` / ``answer/*`` metrics, ...) to ``<phase>/log.jsonl``.
 * :class:`ScoredCompletionLog` receives, through :func:`cpr.rewards.set_completion_recorder`,
@@ -19,6 +23,7 @@ readers drop and the next append removes.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import sys
@@ -26,10 +31,27 @@ from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from cpr.io import append_jsonl, append_jsonl_many, read_jsonl, rewrite_jsonl
 
-__all__ = ["JsonlLogCallback", "ScoredCompletionLog", "close_run_log", "open_run_log", "read_log", "rollback_logs"]
+__all__ = [
+    "ConsoleLogCallback",
+    "ConsoleProgressCallback",
+    "JsonlLogCallback",
+    "ScoredCompletionLog",
+    "close_run_log",
+    "console_line",
+    "open_run_log",
+    "quiet_console",
+    "read_log",
+    "rollback_logs",
+]
+
+#: Loggers written to the run's log file only, never to the console: Python warnings
+#: (``logging.captureWarnings``) and every trainer log record (:class:`ConsoleProgressCallback`).
+FILE_ONLY_LOGGERS = ("py.warnings", "cpr.trainer_log")
+logging.getLogger("cpr.trainer_log").propagate = False  # never to the console, run log or not
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -59,6 +81,9 @@ def open_run_log(folder: str | Path, name: str = "run.log", *, write: bool = Tru
         write: write the file (``False`` on processes other than the main one, which then log
             warnings and errors only, so the console shows each message once).
 
+    With ``write``, Python warnings (``logging.captureWarnings``) and the trainer's log records go to
+    the file only (:data:`FILE_ONLY_LOGGERS`), so the console keeps the progress bar and short lines.
+
     Returns:
         The file handler, for :func:`close_run_log`; ``None`` when ``write`` is false.
     """
@@ -76,14 +101,75 @@ def open_run_log(folder: str | Path, name: str = "run.log", *, write: bool = Tru
     handler = logging.FileHandler(folder / name, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
+    for name in FILE_ONLY_LOGGERS:
+        file_only = logging.getLogger(name)
+        file_only.propagate = False
+        file_only.setLevel(logging.INFO)
+        file_only.addHandler(handler)
+    logging.captureWarnings(True)
     return handler
 
 
 def close_run_log(handler: logging.Handler | None) -> None:
-    """Stop writing the log file of :func:`open_run_log` (nothing for ``None``)."""
+    """Stop writing the log file of :func:`open_run_log` (nothing for ``None``); Python warnings go back
+    to standard error once no run log is open."""
     if handler is not None:
-        logging.getLogger("cpr").removeHandler(handler)
+        for name in ("cpr", *FILE_ONLY_LOGGERS):
+            logging.getLogger(name).removeHandler(handler)
         handler.close()
+        if not logging.getLogger("py.warnings").handlers:
+            logging.captureWarnings(False)
+
+
+#: The values of a training log record shown on the console (TRL's names, as in ``log.jsonl``).
+CONSOLE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "loss", "grad_norm", "kl", "completions/mean_length",
+                "mean_token_accuracy")
+
+
+def console_line(state: Any, logs: dict[str, Any]) -> str | None:
+    """One short console line for a trainer log record: ``step N/M:`` then the :data:`CONSOLE_KEYS` it
+    holds and the eval hook's ``eval_<benchmark>/accuracy`` and ``/match_f1``, as ``key value`` pairs
+    (4 significant digits); ``None`` when the record holds none of them."""
+    keys = [k for k in CONSOLE_KEYS if k in logs]
+    keys += [k for k in logs if k.startswith("eval_") and k.endswith(("/accuracy", "/match_f1"))]
+    if not keys:
+        return None
+    values = ", ".join(f"{k} {logs[k]:.4g}" if isinstance(logs[k], float) else f"{k} {logs[k]}" for k in keys)
+    return f"step {state.global_step}/{state.max_steps}: {values}"
+
+
+class _ShortLines:
+    """``on_log``: the whole record to ``run.log`` (logger ``cpr.trainer_log``), one short line to the console."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D102
+        if not state.is_world_process_zero or not logs:
+            return
+        record = {k: _finite(v) for k, v in logs.items()}
+        logging.getLogger("cpr.trainer_log").info("step %d: %s", state.global_step, json.dumps(record))
+        line = console_line(state, logs)
+        bar = getattr(self, "training_bar", None)
+        if line is not None and bar is not None:
+            bar.write(line)
+        elif line is not None:
+            print(line, flush=True)
+
+
+class ConsoleProgressCallback(_ShortLines, ProgressCallback):
+    """transformers' ``ProgressCallback`` (the progress bar) printing :func:`console_line` above the bar
+    instead of every logged value; the whole record goes to ``run.log`` (and ``log.jsonl``)."""
+
+
+class ConsoleLogCallback(_ShortLines, PrinterCallback):
+    """transformers' ``PrinterCallback`` (``disable_tqdm: true``) printing :func:`console_line` instead
+    of every logged value; the whole record goes to ``run.log`` (and ``log.jsonl``)."""
+
+
+def quiet_console(trainer: Any) -> None:
+    """Replace a trainer's ``ProgressCallback`` / ``PrinterCallback`` (they print every log record as a
+    dict) with :class:`ConsoleProgressCallback` / :class:`ConsoleLogCallback`."""
+    for old, new in ((ProgressCallback, ConsoleProgressCallback), (PrinterCallback, ConsoleLogCallback)):
+        if trainer.pop_callback(old) is not None:
+            trainer.add_callback(new)
 
 
 def _finite(v: Any) -> Any:

@@ -10,6 +10,7 @@ LoRA adapter (``lora`` section). Files in ``<output_dir>/<phase>/``: see :mod:`c
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -21,18 +22,22 @@ from typing import Any
 
 from cpr.errors import ConfigError
 from cpr.training import policy
-from cpr.training.checkpoints import (
-    DIVERGED_MARKER,
-    has_curriculum_state,
-    prepare_resume,
-    warn_inexact_resume,
+from cpr.training.checkpoints import DIVERGED_MARKER, has_curriculum_state, prepare_resume
+from cpr.training.config import (
+    ExperimentConfig,
+    PhaseConfig,
+    _reward_shared,
+    phase_reward_weights,
+    phase_training_args,
 )
-from cpr.training.config import ExperimentConfig, PhaseConfig, _reward_shared, phase_training_args
 from cpr.training.splits import DataSplits
 
 logger = logging.getLogger("cpr.training")
 
-__all__ = ["check_launch_settings", "grpo_args", "grpo_config", "reward_trend", "train_phase"]
+__all__ = [
+    "check_launch_settings", "effective_training_args", "grpo_args", "grpo_config", "resolved_config",
+    "reward_trend", "train_phase",
+]
 
 
 def reward_trend(log_rows: Sequence[dict[str, Any]], share: float = 0.1) -> dict[str, float]:
@@ -68,18 +73,25 @@ def _report_to(args: dict[str, Any]) -> None:
 def grpo_args(cfg: ExperimentConfig, name: str) -> dict[str, Any]:
     """The keyword arguments of phase ``name``'s ``trl.GRPOConfig``:
     :func:`cpr.training.config.phase_training_args` with cpr's defaults where unset (CPU / bf16 by
-    device, activation checkpointing per ``model.gradient_checkpointing`` (default: on GPU), the
-    data columns kept for the reward functions, no reports, a log row every step, a checkpoint every
-    quarter of ``max_steps``)."""
+    device, the data columns kept for the reward functions, no reports, a log row every step, a
+    checkpoint every quarter of ``max_steps``), activation checkpointing from
+    ``model.gradient_checkpointing`` (default: on GPU; the ``training`` sections may not set it), and
+    ``reward_weights`` resolved (:func:`cpr.training.config.phase_reward_weights`, else the reward
+    set's weights)."""
     import torch
 
+    from cpr.rewards import get_reward_set
+
+    phase = cfg.phase(name)
     args = phase_training_args(cfg, name)
     on_gpu = torch.cuda.is_available()
     args.setdefault("use_cpu", not on_gpu)
     args.setdefault("bf16", on_gpu and torch.cuda.is_bf16_supported())
     gc = cfg.model.gradient_checkpointing
     args.setdefault("gradient_checkpointing", False)  # TRL's alias; we pass the transformers 5 name
-    args.setdefault("activation_checkpointing", on_gpu if gc is None else gc)
+    args["activation_checkpointing"] = on_gpu if gc is None else gc
+    weights = phase_reward_weights(phase, args)[0]
+    args["reward_weights"] = get_reward_set(phase.rewards, weights, phase.reward_params, **_reward_shared(cfg.rewards))[1]
     args.setdefault("remove_unused_columns", False)  # the reward functions need the data columns
     args.setdefault("report_to", "none")
     args.setdefault("logging_steps", 1)
@@ -133,6 +145,45 @@ def grpo_config(cfg: ExperimentConfig, phase: PhaseConfig) -> Any:
         return GRPOConfig(**args)
     except ValueError as e:  # TRL's own consistency checks
         raise ConfigError(str(e), field=f"phase_settings.{phase.name}.training") from None
+
+
+#: TrainingArguments fields that change a GRPO phase's result (besides every GRPO-specific field).
+_RESULT_FIELDS = (
+    "seed", "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "weight_decay", "optim",
+    "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "max_steps", "num_train_epochs",
+    "per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "activation_checkpointing",
+)
+#: GRPO-specific fields that do not change the result (logging, vLLM server plumbing, ...).
+_PLUMBING_PREFIXES = ("vllm_", "log_", "num_completions_to_print", "ds3_", "use_transformers_", "transformers_",
+                      "model_init_kwargs", "trust_remote_code", "cache_implementation", "pad_to_multiple_of")
+
+
+def effective_training_args(args: Any) -> dict[str, Any]:
+    """The values of a ``trl.GRPOConfig`` that change a phase's result, as the trainer uses them: every
+    GRPO-specific field (``loss_type``, ``scale_rewards``, ``beta``, ``epsilon`` / ``epsilon_high``,
+    ``importance_sampling_level``, ``mask_truncated_completions``, ``num_iterations``,
+    ``steps_per_generation``, ``temperature``, ``top_p``, ``reward_weights``, ...; logging and vLLM
+    plumbing left out) and the optimizer / batch fields of ``transformers.TrainingArguments``
+    (:data:`_RESULT_FIELDS`). Enums are given as their values (``TrainingArguments.to_dict``);
+    ``epsilon_high: None`` as the value GRPOTrainer uses for it (``epsilon``)."""
+    from transformers import TrainingArguments
+
+    base = {f.name for f in dataclasses.fields(TrainingArguments)}
+    values = args.to_dict()
+    if values.get("epsilon_high") is None:  # GRPOTrainer clips at epsilon on both sides then
+        values["epsilon_high"] = values.get("epsilon")
+    return {
+        k: v for k, v in values.items()
+        if k in _RESULT_FIELDS or (k not in base and not k.startswith(_PLUMBING_PREFIXES))
+    }
+
+
+def resolved_config(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The run's ``config.yaml``: the config with every default filled in, plus ``training_effective``:
+    per phase, :func:`effective_training_args` of the ``trl.GRPOConfig`` the phase trains with (TRL's own
+    defaults included, so a TRL release that changes one shows in the record)."""
+    effective = {name: effective_training_args(grpo_config(cfg, cfg.phase(name))) for name in cfg.phases}
+    return {**cfg.to_dict(), "training_effective": effective}
 
 
 def _save_adapter(trainer: Any, processor: Any, adapter_dir: Path, state: Any) -> None:
@@ -190,18 +241,21 @@ def train_phase(
     from cpr.distributed import process_state
     from cpr.rewards import get_reward_set, set_completion_recorder
     from cpr.training.evaluate import eval_hook
-    from cpr.training.guards import EVENTS_FILE, CheckpointCompleteCallback, GuardedGRPOTrainer
-    from cpr.training.logs import JsonlLogCallback, ScoredCompletionLog, read_log
+    from cpr.training.guards import (
+        EVENTS_FILE,
+        CheckpointCompleteCallback,
+        GenerationStateCallback,
+        GuardedGRPOTrainer,
+    )
+    from cpr.training.logs import JsonlLogCallback, ScoredCompletionLog, quiet_console, read_log
     from cpr.training.oom import explain_oom
     from cpr.training.vllm import vllm_generation_kwargs
 
     phase_dir = Path(cfg.output_dir) / phase.name
     args = grpo_config(cfg, phase)
     state = process_state()
-    funcs, weights = get_reward_set(phase.rewards, phase.reward_weights, phase.reward_params, **_reward_shared(cfg.rewards))
-    args.reward_weights = weights
+    funcs, weights = get_reward_set(phase.rewards, args.reward_weights, phase.reward_params, **_reward_shared(cfg.rewards))
     curriculum = CurriculumConfig.from_dict(phase.curriculum, prefix=f"phase_settings.{phase.name}.curriculum")
-    warn_inexact_resume(args)
     ckpt = prepare_resume(phase_dir, resume, state)
 
     model, processor = policy.load_policy(cfg, model_path)
@@ -236,8 +290,10 @@ def train_phase(
     hook = eval_hook(cfg, splits, templates, phase_dir)
     if hook is not None:
         hook.attach(trainer)
+    quiet_console(trainer)
     for cb in callbacks:
         trainer.add_callback(cb)
+    trainer.add_callback(GenerationStateCallback(trainer))
     trainer.add_callback(CheckpointCompleteCallback(trainer))  # last: after every writer of checkpoint files
 
     if ckpt is not None:

@@ -14,11 +14,13 @@ the pieces of :mod:`cpr.training`:
 
 Output folder of a run (``output_dir``)::
 
-    config.yaml                 the resolved config (every default filled in)
-    run.log                     the run's log
+    config.yaml                 the resolved config (every default filled in; training_effective:
+                                each phase's GRPOConfig values that change the result)
+    run.log                     the run's log: cpr's messages, library warnings, every trainer log record
     warm_start/adapter/         supervised LoRA warm start (when enabled)
     <phase>/checkpoint-N/       TRL checkpoints (LoRA adapter, optimizer, trainer and sampler state,
-                                guard_state.json; checkpoint_complete.json once whole;
+                                guard_state.json, generation_buffer.rank<N>.pt inside a generation
+                                batch; checkpoint_complete.json once whole;
                                 diverged.json when a guard stopped the phase there)
     <phase>/adapter/            the phase's final LoRA adapter
     <phase>/log.jsonl           every trainer log record (reward, KL, per-reward means, step metrics)
@@ -67,13 +69,10 @@ Exact resume: every phase samples its prompts with :class:`cpr.curriculum.Curric
 (``schedule: none`` included: the same order as TRL's ``RepeatSampler``, but one that continues
 correctly past an epoch boundary on resume), and the checkpoint restores the torch / numpy /
 Python RNG states that TRL's generation samples from. On CPU with a fixed thread count
-(``OMP_NUM_THREADS``) a killed and resumed run reproduces the uninterrupted run's adapter
-weights and prompt order exactly (tests/test_reliability_resume.py). TRL restarts its
-micro-step counter on resume, so the resumed run regenerates completions at its first
-micro-step: exactness needs checkpoints at optimizer steps ``N`` with ``N *
-gradient_accumulation_steps`` a multiple of ``steps_per_generation * num_iterations`` (always
-true with the defaults ``steps_per_generation = gradient_accumulation_steps``, ``num_iterations
-= 1``; the runner warns otherwise). GPU kernels are not bitwise deterministic unless
+(``torch_threads``) a killed and resumed run reproduces the uninterrupted run's adapter
+weights and prompt order exactly (tests/test_reliability_resume.py), also from a checkpoint
+inside a generation batch (:class:`cpr.training.guards.GenerationStateCallback` restores
+TRL's micro-step counter and buffered completions). GPU kernels are not bitwise deterministic unless
 ``training.full_determinism: true`` (transformers' ``enable_full_determinism``).
 """
 
@@ -138,15 +137,19 @@ def run_experiment(
             (:mod:`cpr.training.guards`); it carries the summary.
         TrainingOutOfMemoryError: out of memory, naming the settings to lower.
     """
+    import torch
+
     from cpr.distributed import process_state
     from cpr.training.evaluate import final_evaluation, summary_entries
     from cpr.training.guards import TrainingDivergedError
     from cpr.training.logs import close_run_log, open_run_log
-    from cpr.training.phase import check_launch_settings, train_phase
+    from cpr.training.phase import check_launch_settings, resolved_config, train_phase
     from cpr.training.selection import select_best
     from cpr.training.warm_start import run_warm_start
 
     check_launch_settings(cfg)  # before the process group forms: every process refuses alike
+    if cfg.torch_threads is not None:
+        torch.set_num_threads(cfg.torch_threads)
     state = process_state()
     out = Path(cfg.output_dir)
     checked = None
@@ -173,8 +176,8 @@ def run_experiment(
             check_resumed_config(out, cfg)
         if state.is_main_process:
             out.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True))
-        logger.info("run %s -> %s", cfg.run_name, out.resolve())
+            atomic_write_text(out / "config.yaml", yaml.safe_dump(resolved_config(cfg), sort_keys=False, allow_unicode=True))
+        logger.info("run %s -> %s (torch threads: %d)", cfg.run_name, out.resolve(), torch.get_num_threads())
         splits, templates, model_path = checked or check_before_training(cfg, state)
         logger.info("data: %s", splits.counts())
         logger.info("model: %s", model_path)
@@ -290,7 +293,8 @@ def check_resumed_config(out: Path, cfg: ExperimentConfig) -> None:
         return
     saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
     current = yaml.safe_load(yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True))
-    diffs = [d for d in _differences(saved, current) if d[0] != "config_path"]
+    # training_effective is derived (the GRPOConfig values of the config under the installed TRL)
+    diffs = [d for d in _differences(saved, current) if d[0] != "config_path" and d[0].split(".")[0] != "training_effective"]
     if diffs:
         key, old, new = diffs[0]
         more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""

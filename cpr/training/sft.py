@@ -421,6 +421,8 @@ def run_sft(
     """
     from trl import SFTTrainer
 
+    from cpr.training.logs import quiet_console
+
     settings.validate()
     if not records:
         raise InputError("no training records for SFT")
@@ -453,6 +455,7 @@ def run_sft(
         peft_config=peft_config,
         callbacks=list(callbacks) or None,
     )
+    quiet_console(trainer)
     trainer.train()
     adapter_dir = output_dir / ADAPTER_DIRNAME
     trainer.save_model(str(adapter_dir))
