@@ -97,7 +97,7 @@ def test_tabmwp_samples(samples_dir):
 def test_tabmwp_split_filter_and_folder(samples_dir):
     folder = samples_dir / "tabmwp"
     assert len(load_records("tabmwp", folder, split="test", validate_images=False)) == 114
-    assert load_records("tabmwp", folder, split="train", validate_images=False) == []
+    assert list(load_records("tabmwp", folder, split="train", validate_images=False)) == []
 
 
 # --------------------------------------------------------------------------- ScienceQA

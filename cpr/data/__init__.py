@@ -20,7 +20,7 @@ from cpr.data.prompts import (
     render_target,
     user_text,
 )
-from cpr.data.records import DIFFICULTIES, DatasetImageRef, Record, open_image
+from cpr.data.records import DIFFICULTIES, DatasetImageRef, Record, Records, open_image, write_records
 from cpr.data.text import split_sentences
 from cpr.data.validation import RecordError, check_image, validate_record
 
@@ -36,6 +36,7 @@ __all__ = [
     "RawRow",
     "Record",
     "RecordError",
+    "Records",
     "SkipRow",
     "StepThresholds",
     "assign_bucket",
@@ -55,4 +56,5 @@ __all__ = [
     "to_grpo_dataset",
     "user_text",
     "validate_record",
+    "write_records",
 ]

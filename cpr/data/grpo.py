@@ -12,11 +12,13 @@ What TRL 1.16 expects (``trl/trainer/grpo_trainer.py``, ``trl/data_utils.py``):
 - every other column is handed to the reward functions as a keyword argument of per-row lists
   (``GRPOConfig.remove_unused_columns`` defaults to ``False``, which keeps them).
 
-Here ``images`` is a ``datasets`` ``List(Image())`` feature: file images are stored as paths
-and decoded only when a row is read (``datasets`` returns PIL images). Images are not converted
-to RGB at decode (``Image(mode=None)``): the model's image processor does that, compositing
-transparent PNGs on white, where a plain ``convert("RGB")`` would turn them black. Each message
-is stored as a ``Json`` value so image blocks keep no spurious ``"text": None`` key (Arrow
+The dataset is made by ``Dataset.map`` over the record dataset (:class:`cpr.data.records.Records`)
+and written to a memory-mapped Arrow file. ``images`` is a ``datasets`` ``List(Image())``
+feature: file images are stored as paths, embedded ones as their encoded bytes, and each is
+decoded only when its row is read, i.e. per batch (``datasets`` returns PIL images). Images
+are not converted to RGB at decode (``Image(mode=None)``): the model's image processor does
+that, compositing transparent PNGs on white, where a plain ``convert("RGB")`` would turn them
+black. Each message is stored as a ``Json`` value so image blocks keep no spurious ``"text": None`` key (Arrow
 structs would add one; see ``trl.trainer.utils.remove_none_values``).
 """
 
@@ -26,19 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cpr.data.prompts import PromptTemplates, build_messages, check_mode
-from cpr.data.records import Record, image_ref_to_encodable
-
-GRPO_COLUMNS: tuple[str, ...] = (
-    "prompt",
-    "images",
-    "answer",
-    "reference_steps",
-    "options",
-    "question",
-    "id",
-    "difficulty",
-    "source",
-)
+from cpr.data.records import WRITER_BATCH_SIZE, Record, Records, row_record, write_records
 
 
 def grpo_features() -> Any:
@@ -64,31 +54,32 @@ def to_grpo_dataset(records: Sequence[Record], templates: PromptTemplates, *, mo
     """Build the GRPO training (or evaluation) dataset.
 
     Args:
-        records: validated records (:func:`cpr.data.load_records`).
+        records: validated records (:func:`cpr.data.load_records`); a list of :class:`Record`
+            is written to a record dataset first.
         templates: prompt templates; ``mode`` picks the training or the evaluation prompt.
         mode: ``"train"`` or ``"eval"``.
 
     Returns:
-        A ``datasets.Dataset`` with columns ``prompt`` (system + user messages, one
+        A memory-mapped ``datasets.Dataset`` with columns ``prompt`` (system + user messages, one
         ``{"type": "image"}`` placeholder per image), ``images`` (list of images, decoded to PIL
-        lazily), and the reward columns ``answer``, ``reference_steps``, ``options``,
-        ``question``, plus ``id``, ``difficulty``, ``source``.
+        when a row is read), and the reward columns ``answer``, ``reference_steps``,
+        ``options``, ``question``, plus ``id``, ``difficulty``, ``source``.
 
     Raises:
         ValueError: unknown ``mode``.
     """
-    from datasets import Dataset
-
     check_mode(mode)
-    columns: dict[str, list[Any]] = {name: [] for name in GRPO_COLUMNS}
-    for r in records:
-        columns["prompt"].append(build_messages(r, templates, mode=mode))
-        columns["images"].append([image_ref_to_encodable(ref) for ref in r.images])
-        columns["answer"].append(r.answer)
-        columns["reference_steps"].append(list(r.reference_steps))
-        columns["options"].append(list(r.options))
-        columns["question"].append(r.question)
-        columns["id"].append(r.id)
-        columns["difficulty"].append(r.difficulty)
-        columns["source"].append(r.source)
-    return Dataset.from_dict(columns, features=grpo_features())
+    data = (records if isinstance(records, Records) else write_records(records)).dataset
+    return data.map(
+        _grpo_row,
+        fn_kwargs={"templates": templates, "mode": mode},
+        remove_columns=data.column_names,
+        features=grpo_features(),
+        writer_batch_size=WRITER_BATCH_SIZE,
+        desc="GRPO prompts",
+    )
+
+
+def _grpo_row(row: dict[str, Any], templates: PromptTemplates, mode: str) -> dict[str, Any]:
+    prompt = build_messages(row_record(row), templates, mode=mode)  # uses the number of images only
+    return {"prompt": prompt, **{k: v for k, v in row.items() if k != "meta"}}

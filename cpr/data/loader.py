@@ -1,17 +1,21 @@
-"""``load_records``: read a source with its adapter, validate, bucket, and report what was skipped."""
+"""``load_records``: read a source with its adapter, validate, bucket, and report what was skipped.
+
+Rows are read, converted and validated one at a time and written straight to a memory-mapped
+record dataset (:func:`cpr.data.records.write_records`), so loading holds no image bytes.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cpr.data.adapters import SkipRow, get_adapter
+from cpr.data.adapters import Adapter, RawRow, SkipRow, get_adapter
 from cpr.data.buckets import BucketConfig, assign_bucket
-from cpr.data.records import Record
+from cpr.data.records import Record, Records, write_records
 from cpr.data.validation import BAD_VALUE, DUPLICATE_ID, RecordError, check_on_invalid, validate_record
 from cpr.errors import InputError
 
@@ -52,7 +56,12 @@ class LoadReport:
         return text
 
 
-def load_records(
+def load_records(source: str, path: str | Path, **kwargs: Any) -> Records:
+    """:func:`load_records_with_report` without the report (same arguments and errors)."""
+    return load_records_with_report(source, path, **kwargs)[0]
+
+
+def load_records_with_report(
     source: str,
     path: str | Path,
     *,
@@ -62,8 +71,8 @@ def load_records(
     limit: int | None = None,
     validate_images: bool = True,
     options: Mapping[str, Any] | None = None,
-) -> list[Record]:
-    """Load a dataset in its published layout as validated, bucketed records.
+) -> tuple[Records, LoadReport]:
+    """Load a dataset in its published layout as validated, bucketed records, with a :class:`LoadReport`.
 
     Args:
         source: adapter name: ``crystal``, ``mathvision``, ``tabmwp``, ``scienceqa``, ``m3cot``,
@@ -81,48 +90,46 @@ def load_records(
         options: adapter options (e.g. ``{"text_only": "keep"}`` for ScienceQA).
 
     Returns:
-        The records, in file order.
+        The records in file order (a sequence of :class:`Record` stored in a memory-mapped
+        dataset, images as paths or embedded bytes, decoded only when opened) and the report.
 
     Raises:
         RecordError / InputError: invalid input (file, line or id, and field in the message).
         ValueError: ``on_invalid`` is neither ``"error"`` nor ``"skip"``.
         ConfigError: unknown source or adapter option.
     """
-    records, _ = load_records_with_report(
-        source,
-        path,
-        split=split,
-        on_invalid=on_invalid,
-        buckets=buckets,
-        limit=limit,
-        validate_images=validate_images,
-        options=options,
-    )
-    return records
-
-
-def load_records_with_report(
-    source: str,
-    path: str | Path,
-    *,
-    split: str | None = None,
-    on_invalid: str = "error",
-    buckets: BucketConfig | None = None,
-    limit: int | None = None,
-    validate_images: bool = True,
-    options: Mapping[str, Any] | None = None,
-) -> tuple[list[Record], LoadReport]:
-    """:func:`load_records` that also returns the :class:`LoadReport`."""
     check_on_invalid(on_invalid)
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     adapter = get_adapter(source, **dict(options or {}))
     config = buckets if buckets is not None else BucketConfig()
     report = LoadReport(source=source, path=str(path))
-    records: list[Record] = []
+    records = write_records(
+        _valid_records(adapter, adapter.rows(path, split), on_invalid, config, limit, validate_images, report)
+    )
+    report.loaded = len(records)
+    if report.skipped:
+        logger.warning("%s", report.summary())
+        for reason, message in report.first_errors.items():
+            logger.warning("first %s: %s", reason, message)
+    elif report.filtered:
+        logger.info("%s", report.summary())
+    return records, report
+
+
+def _valid_records(
+    adapter: Adapter,
+    rows: Iterator[RawRow],
+    on_invalid: str,
+    config: BucketConfig,
+    limit: int | None,
+    validate_images: bool,
+    report: LoadReport,
+) -> Iterator[Record]:
+    """The valid records of ``rows`` (converted, validated, bucketed), counting the rest in ``report``."""
     seen: dict[str, str] = {}
-    for row in adapter.rows(path, split):
-        if limit is not None and len(records) >= limit:
+    for row in rows:
+        if limit is not None and len(seen) >= limit:
             break
         report.rows += 1
         try:
@@ -159,15 +166,7 @@ def load_records_with_report(
             report.first_errors.setdefault(e.reason, str(e))
             continue
         seen[record.id] = f"line {row.line}" if row.line is not None else f"row {row.index}"
-        records.append(record)
-    report.loaded = len(records)
-    if report.skipped:
-        logger.warning("%s", report.summary())
-        for reason, message in report.first_errors.items():
-            logger.warning("first %s: %s", reason, message)
-    elif report.filtered:
-        logger.info("%s", report.summary())
-    return records, report
+        yield record
 
 
 def _bucket(record: Record, config: BucketConfig, path: str | Path, line: int | None) -> str:

@@ -1,16 +1,22 @@
-"""The record every adapter produces, and the image references it carries.
+"""The record every adapter produces, the image references it carries, and record datasets.
 
 A :class:`Record` is one question with its image(s), options, gold answer and the ordered
 reference reasoning steps the step metrics (Match F1, docs/method.md section 2) compare against.
 Images are *references* (a file path, an in-memory PIL image, an encoded ``{"bytes", "path"}``
 dict, or a :class:`DatasetImageRef` row of a Hugging Face dataset); :func:`open_image` decodes
-one when it is needed, so loading a large dataset does not decode every image.
+one when it is needed.
+
+Loaded records are kept in a memory-mapped Arrow file (:func:`write_records`), one row per
+record with its images embedded or as paths, and read back one at a time through
+:class:`Records`: a loaded dataset holds no image bytes and no per-record Python objects.
 """
 
 from __future__ import annotations
 
 import io
 import string
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,36 +32,26 @@ OPTION_LETTERS: str = string.ascii_uppercase
 
 @dataclass(frozen=True)
 class DatasetImageRef:
-    """A lazy reference to an image stored in a row of a Hugging Face ``datasets.Dataset``.
-
-    The dataset's image column must have been cast to ``Image(decode=False)`` (so a row gives
-    ``{"bytes": ..., "path": ...}``); nothing is read until :meth:`encoded` is called.
+    """A lazy reference to an image embedded in a record dataset (:class:`Records`): nothing is
+    read until :meth:`encoded` is called.
 
     Attributes:
-        dataset: the ``datasets.Dataset`` (memory-mapped, so holding it costs no RAM).
+        dataset: the ``datasets.Dataset`` of :func:`record_features` (memory-mapped).
         row: 0-based row index.
-        column: the image column name.
-        position: index inside the cell when the column holds a list of images, else ``None``.
+        position: index in the row's ``images``.
     """
 
     dataset: Any
     row: int
-    column: str
-    position: int | None = None
+    position: int
 
     def encoded(self) -> dict[str, Any]:
-        """The image cell as ``{"bytes": bytes | None, "path": str | None}``."""
-        cell = self.dataset[self.row][self.column]
-        if self.position is not None:
-            cell = cell[self.position]
-        if isinstance(cell, str):
-            return {"bytes": None, "path": cell}
-        return dict(cell)
+        """The image as ``{"bytes": bytes | None, "path": str | None}``."""
+        return dict(self.dataset[self.row]["images"][self.position])
 
     def describe(self) -> str:
         """Short human-readable location, used in error messages."""
-        where = f"row {self.row} column '{self.column}'"
-        return where if self.position is None else f"{where}[{self.position}]"
+        return f"row {self.row} image {self.position}"
 
 
 ImageRef = str | Path | Image.Image | dict | DatasetImageRef
@@ -167,16 +163,123 @@ def open_image(ref: ImageRef) -> Image.Image:
     """
     if isinstance(ref, Image.Image):
         return ref
-    if isinstance(ref, DatasetImageRef):
-        ref = ref.encoded()
-    if isinstance(ref, dict):
-        data = ref.get("bytes")
-        if data is not None:
-            return Image.open(io.BytesIO(data))
-        path = ref.get("path")
-        if not path:
+    value = image_ref_to_encodable(ref)
+    if isinstance(value, dict):
+        if value.get("bytes") is not None:
+            return Image.open(io.BytesIO(value["bytes"]))
+        if not value.get("path"):
             raise TypeError("image dict has neither 'bytes' nor 'path'")
-        return Image.open(path)
-    if isinstance(ref, (str, Path)):
-        return Image.open(ref)
+        value = value["path"]
+    if isinstance(value, str):
+        return Image.open(value)
     raise TypeError(f"unsupported image reference of type {type(ref).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Record datasets
+
+WRITER_BATCH_SIZE = 32
+"""Rows per Arrow record batch written: bounds the image bytes held in memory while writing."""
+
+
+def record_features() -> Any:
+    """The ``datasets.Features`` of a record dataset: one column per :class:`Record` field;
+    ``images`` holds ``{"bytes", "path"}`` (not decoded), ``meta`` a JSON object."""
+    from datasets import Features, Image, Json, List, Value
+
+    strings = List(Value("string"))
+    return Features(
+        {
+            "id": Value("string"),
+            "images": List(Image(decode=False)),
+            "question": Value("string"),
+            "options": strings,
+            "answer": Value("string"),
+            "reference_steps": strings,
+            "difficulty": Value("string"),
+            "source": Value("string"),
+            "meta": Json(),
+        }
+    )
+
+
+def write_records(records: Iterable[Record]) -> Records:
+    """Write records, as they come, to a memory-mapped Arrow file and return them as :class:`Records`.
+
+    Images are stored as their paths (files) or encoded bytes (embedded, in-memory or dataset
+    images); at most :data:`WRITER_BATCH_SIZE` records are held in memory at a time. The file
+    lives in ``datasets``' temporary cache folder (deleted when the process exits). An error
+    raised while ``records`` is iterated propagates unchanged.
+    """
+    from datasets import Dataset
+    from datasets.arrow_writer import ArrowWriter
+    from datasets.fingerprint import get_temporary_cache_files_directory
+
+    features = record_features()
+    path = str(Path(get_temporary_cache_files_directory()) / f"records-{uuid.uuid4().hex}.arrow")
+    with ArrowWriter(features=features, path=path, writer_batch_size=WRITER_BATCH_SIZE) as writer:
+        for r in records:
+            row = {name: getattr(r, name) for name in features}
+            row["images"] = [image_ref_to_encodable(ref) for ref in r.images]
+            writer.write(features.encode_example(row))
+        writer.finalize()
+    return Records(Dataset.from_file(path))
+
+
+class Records(Sequence[Record]):
+    """Records stored one per row in a ``datasets.Dataset`` of :func:`record_features`.
+
+    A sequence of :class:`Record`: each is built when read, with file images as paths and
+    embedded images as :class:`DatasetImageRef` (nothing is decoded). Slicing and
+    :meth:`select` return :class:`Records` over the same memory-mapped rows.
+
+    Attributes:
+        dataset: the rows (memory-mapped; possibly a selection of another dataset's rows).
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int | slice) -> Record | Records:
+        rows = range(len(self))[index]  # IndexError when out of range
+        if isinstance(rows, range):
+            return self.select(rows)
+        return self._record(self.dataset[rows], rows)
+
+    def __iter__(self) -> Iterator[Record]:
+        for i, row in enumerate(self.dataset):
+            yield self._record(row, i)
+
+    def select(self, indices: Iterable[int]) -> Records:
+        """The records at ``indices`` (0-based, in that order)."""
+        return Records(self.dataset.select(list(indices)))
+
+    def column(self, name: str) -> list[Any]:
+        """One field of every record (e.g. ``"id"``, ``"difficulty"``), without reading images."""
+        return list(self.dataset[name])
+
+    @staticmethod
+    def concatenate(parts: Sequence[Records]) -> Records:
+        """The records of ``parts``, one after the other."""
+        from datasets import concatenate_datasets
+
+        if len(parts) == 1:
+            return parts[0]
+        return Records(concatenate_datasets([p.dataset for p in parts])) if parts else write_records([])
+
+    def _record(self, row: dict[str, Any], index: int) -> Record:
+        record = row_record(row)
+        record.images = [
+            Path(cell["path"]) if cell["bytes"] is None else DatasetImageRef(self.dataset, index, k)
+            for k, cell in enumerate(row["images"])
+        ]
+        return record
+
+
+def row_record(row: dict[str, Any]) -> Record:
+    """The :class:`Record` of one record-dataset row, its images left as the row's encoded
+    ``{"bytes", "path"}`` dicts (for ``Dataset.map`` functions that pass them on)."""
+    return Record(**{**row, "meta": row["meta"] or {}})

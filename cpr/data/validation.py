@@ -15,7 +15,6 @@ positive, and the mode must convert to RGB.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
@@ -164,14 +163,3 @@ def validate_record(
                 raise RecordError(str(e), reason=MISSING_IMAGE, field=field, **where) from None
             except ValueError as e:
                 raise RecordError(str(e), reason=UNREADABLE_IMAGE, field=field, **where) from e
-
-
-def find_duplicate_ids(records: Iterable[Record]) -> list[str]:
-    """Ids that occur more than once, in order of their second occurrence."""
-    seen: set[str] = set()
-    dups: list[str] = []
-    for r in records:
-        if r.id in seen:
-            dups.append(r.id)
-        seen.add(r.id)
-    return dups

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cpr.data.prompts import PromptTemplates, build_messages, render_target
-from cpr.data.records import Record, image_ref_to_encodable
+from cpr.data.records import WRITER_BATCH_SIZE, Record, Records, row_record, write_records
 from cpr.errors import ConfigError, InputError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -223,8 +223,9 @@ def to_sft_dataset(records: Sequence[Record], templates: PromptTemplates) -> dat
         templates: prompt templates; the training prompt (``mode="train"``) is used, as in GRPO.
 
     Returns:
-        A ``datasets.Dataset`` with columns ``prompt`` (system + user messages, one
-        ``{"type": "image"}`` placeholder per image, as :func:`cpr.data.to_grpo_dataset`),
+        A memory-mapped ``datasets.Dataset`` (made by ``Dataset.map``) with columns ``prompt``
+        (system + user messages, one ``{"type": "image"}`` placeholder per image, as
+        :func:`cpr.data.to_grpo_dataset`),
         ``completion`` (``[{"role": "assistant", "content": [{"type": "text", "text":
         render_target(record)}]}]``), ``images`` (the record's images, decoded lazily) and ``id``.
         Messages are stored as ``Json`` values so image blocks carry no spurious ``"text": None``.
@@ -233,19 +234,25 @@ def to_sft_dataset(records: Sequence[Record], templates: PromptTemplates) -> dat
         InputError: a record without an answer (``field="answer"``, its id in the message):
             there would be no target to learn.
     """
-    from datasets import Dataset
+    data = records if isinstance(records, Records) else write_records(records)
+    for rid, answer in zip(data.column("id"), data.column("answer"), strict=True):
+        if not answer.strip():
+            raise InputError("has no answer, so there is no SFT target", record_id=rid, field="answer")
+    return data.dataset.map(
+        _sft_row,
+        fn_kwargs={"templates": templates},
+        remove_columns=data.dataset.column_names,
+        features=sft_features(),
+        writer_batch_size=WRITER_BATCH_SIZE,
+        desc="SFT examples",
+    )
 
-    columns: dict[str, list[Any]] = {name: [] for name in SFT_COLUMNS}
-    for record in records:
-        if not record.answer.strip():
-            raise InputError("has no answer, so there is no SFT target", record_id=record.id, field="answer")
-        columns["prompt"].append(build_messages(record, templates, mode="train"))
-        columns["completion"].append(
-            [{"role": "assistant", "content": [{"type": "text", "text": render_target(record)}]}]
-        )
-        columns["images"].append([image_ref_to_encodable(ref) for ref in record.images])
-        columns["id"].append(record.id)
-    return Dataset.from_dict(columns, features=sft_features())
+
+def _sft_row(row: dict[str, Any], templates: PromptTemplates) -> dict[str, Any]:
+    record = row_record(row)
+    completion = [{"role": "assistant", "content": [{"type": "text", "text": render_target(record)}]}]
+    prompt = build_messages(record, templates, mode="train")
+    return {"prompt": prompt, "completion": completion, "images": row["images"], "id": record.id}
 
 
 def example_lengths(dataset: datasets.Dataset, processor: ProcessorMixin) -> list[tuple[int, int, int]]:

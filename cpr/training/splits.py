@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cpr.data import BucketConfig, Record, load_records
+from cpr.data import BucketConfig, Records, load_records
 from cpr.errors import ConfigError, InputError
 from cpr.training.config import DataConfig, DataSourceConfig
 
@@ -25,11 +25,11 @@ __all__ = ["DataSplits", "load_sources", "hold_out", "load_splits"]
 
 @dataclass
 class DataSplits:
-    """The records of one experiment: ``train``, ``validation`` and ``test`` (lists of Record)."""
+    """The records of one experiment: ``train``, ``validation`` and ``test`` (:class:`cpr.data.Records`)."""
 
-    train: list[Record]
-    validation: list[Record]
-    test: list[Record]
+    train: Records
+    validation: Records
+    test: Records
 
     def counts(self) -> dict[str, int]:
         """Number of records per split."""
@@ -38,14 +38,14 @@ class DataSplits:
 
 def load_sources(
     sources: Sequence[DataSourceConfig], data: DataConfig, *, key: str, validate_images: bool | None = None
-) -> list[Record]:
+) -> Records:
     """Load and concatenate datasets; ids must be unique across them.
 
     Raises:
         InputError: invalid records (from the adapters) or an id present in two datasets.
     """
     buckets = BucketConfig.from_dict(data.buckets)
-    out: list[Record] = []
+    out: list[Records] = []
     seen: dict[str, str] = {}
     for i, src in enumerate(sources):
         recs = load_records(
@@ -58,38 +58,38 @@ def load_sources(
             validate_images=data.validate_images if validate_images is None else validate_images,
             options=src.options or None,
         )
-        for r in recs:
-            if r.id in seen:
+        for rid in recs.column("id"):
+            if rid in seen:
                 raise InputError(
-                    f"duplicate id across datasets (also in {seen[r.id]})", path=src.path, record_id=r.id, field="id"
+                    f"duplicate id across datasets (also in {seen[rid]})", path=src.path, record_id=rid, field="id"
                 )
-            seen[r.id] = src.path
+            seen[rid] = src.path
         logger.info("%s[%d]: %d records from %s (%s)", key, i, len(recs), src.path, src.source)
-        out.extend(recs)
-    return out
+        out.append(recs)
+    return Records.concatenate(out)
 
 
 def _count(size: float, n: int) -> int:
     return int(size) if size >= 1 else int(round(size * n))
 
 
-def hold_out(records: Sequence[Record], size: float, seed: int) -> tuple[list[Record], list[Record]]:
+def hold_out(records: Records, size: float, seed: int) -> tuple[Records, Records]:
     """Split ``records`` into (kept, held_out), holding out ``size`` (a share < 1 or a count
-    >= 1) stratified by difficulty bucket, seeded. Both lists keep the input order.
+    >= 1) stratified by difficulty bucket, seeded. Both keep the input order.
 
     Raises:
         ConfigError: the hold-out would leave no record to keep.
     """
     n_out = _count(size, len(records))
     if n_out == 0:
-        return list(records), []
+        return records, records.select([])
     if n_out >= len(records):
         raise ConfigError(
             f"holding out {n_out} of {len(records)} records leaves none to train on", field="data.validation_size"
         )
     by_bucket: dict[str, list[int]] = defaultdict(list)
-    for i, r in enumerate(records):
-        by_bucket[r.difficulty or ""].append(i)
+    for i, difficulty in enumerate(records.column("difficulty")):
+        by_bucket[difficulty or ""].append(i)
     rng = random.Random(seed)
     chosen: set[int] = set()
     # largest-remainder allocation of n_out over buckets, proportional to bucket size
@@ -101,9 +101,7 @@ def hold_out(records: Sequence[Record], size: float, seed: int) -> tuple[list[Re
         ix = list(by_bucket[b])
         rng.shuffle(ix)
         chosen.update(ix[: alloc[b]])
-    kept = [r for i, r in enumerate(records) if i not in chosen]
-    held = [r for i, r in enumerate(records) if i in chosen]
-    return kept, held
+    return records.select(i for i in range(len(records)) if i not in chosen), records.select(sorted(chosen))
 
 
 def load_splits(data: DataConfig, seed_offset: int = 0) -> DataSplits:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from PIL import Image
 
-from cpr.data.records import OPTION_LETTERS, DatasetImageRef, ImageRef, Record
+from cpr.data.records import OPTION_LETTERS, ImageRef, Record
 from cpr.data.validation import (
     ANSWER_NOT_OPTION,
     BAD_VALUE,
@@ -37,8 +37,8 @@ class RawRow:
     """One row as published, with where it came from.
 
     Attributes:
-        data: the row's fields, unchanged (images of Hugging Face datasets are replaced by
-            :class:`~cpr.data.records.DatasetImageRef` so nothing is decoded).
+        data: the row's fields, unchanged (an embedded image of a Hugging Face dataset or a
+            parquet file is its encoded ``{"bytes", "path"}`` dict: nothing is decoded).
         path: the file, dataset folder or hub name the row came from (for messages).
         line: 1-based line number for JSON-lines files, else ``None``.
         record_id: the row's id when known before conversion.
@@ -173,27 +173,27 @@ def pick_file(folder: Path, candidates: Sequence[str], source: str) -> Path:
     raise InputError(f"{source}: none of {list(candidates)} found in this folder", path=folder)
 
 
-def jsonl_rows(path: Path, *, id_key: str | None = "id", base_dir: Path | None = None) -> Iterator[RawRow]:
+def jsonl_rows(path: Path, *, base_dir: Path | None = None) -> Iterator[RawRow]:
     """Rows of a JSON-lines file, one per non-blank line. A line that is not valid JSON or not a
     JSON object gives a row with :attr:`RawRow.problem` set (reason ``malformed JSON`` /
     ``bad value``), so that ``on_invalid: skip`` skips it like any invalid record."""
     with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
-    for line, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        row = RawRow(data={}, path=path, line=line, base_dir=base_dir or path.parent, index=line - 1)
-        try:
-            obj = parse_jsonl_line(raw, path, line)
-        except InputError as e:
-            row.problem = row.error(e.message, reason=MALFORMED_JSON)
-        else:
-            if isinstance(obj, Mapping):
-                rid = obj.get(id_key) if id_key else None
-                row.data, row.record_id = obj, (str(rid) if rid is not None else None)
+        for line, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            row = RawRow(data={}, path=path, line=line, base_dir=base_dir or path.parent, index=line - 1)
+            try:
+                obj = parse_jsonl_line(raw, path, line)
+            except InputError as e:
+                row.problem = row.error(e.message, reason=MALFORMED_JSON)
             else:
-                row.problem = row.error(f"expected a JSON object, got {type(obj).__name__}", reason=BAD_VALUE)
-        yield row
+                if isinstance(obj, Mapping):
+                    row.data, row.record_id = obj, (None if obj.get("id") is None else str(obj["id"]))
+                else:
+                    row.problem = row.error(
+                        f"expected a JSON object, got {type(obj).__name__}", reason=BAD_VALUE
+                    )
+            yield row
 
 
 def json_object(path: Path) -> dict[str, Any]:
@@ -235,13 +235,12 @@ def resolve_image_path(rel: str, base_dirs: Sequence[Path]) -> Path:
 
 def image_refs(value: Any, row: RawRow, field: str, base_dirs: Sequence[Path] = ()) -> list[ImageRef]:
     """Image references from a cell: ``None``, a path string (resolved against ``base_dirs``,
-    else ``row.base_dir``), an encoded ``{"bytes", "path"}`` dict, a PIL image, a
-    :class:`DatasetImageRef`, or a list of those."""
+    else ``row.base_dir``), an encoded ``{"bytes", "path"}`` dict, a PIL image, or a list of those."""
     if value is None:
         return []
     if isinstance(value, (list, tuple)):
         return [ref for item in value for ref in image_refs(item, row, field, base_dirs)]
-    if isinstance(value, (DatasetImageRef, Image.Image)):
+    if isinstance(value, Image.Image):
         return [value]
     dirs = list(base_dirs) or ([row.base_dir] if row.base_dir else [Path.cwd()])
     if isinstance(value, str):

@@ -34,7 +34,7 @@ from cpr.data.adapters.base import (
     reject_split,
     strip_option_labels,
 )
-from cpr.data.adapters.hf import hf_rows, is_saved_dataset, load_hf, looks_like_hub_name
+from cpr.data.adapters.hf import arrow_rows, hf_rows, is_saved_dataset, looks_like_hub_name
 from cpr.data.records import Record
 from cpr.data.validation import BAD_VALUE, EMPTY_STEPS
 
@@ -51,10 +51,7 @@ class CrystalAdapter(Adapter):
         text = str(path)
         p = Path(text).expanduser()
         if looks_like_hub_name(text) or is_saved_dataset(p):
-            dataset, where, folder, split_name = load_hf(
-                text, split, self.name, alternatives="a parquet or JSON-lines export"
-            )
-            yield from hf_rows(dataset, where, base_dir=folder, split=split_name)
+            yield from hf_rows(text, split, self.name, alternatives="a parquet or JSON-lines export")
             return
         p = existing_path(p, self.name)
         if p.is_dir():
@@ -121,20 +118,12 @@ def _is_plain(value: Any) -> bool:
 
 
 def _parquet_rows(path: Path, split: str | None) -> Iterator[RawRow]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    index = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
-        for data in batch.to_pylist():
-            if split is not None and data.get("split") not in (None, split):
-                index += 1
-                continue
-            rid = data.get("id")
-            yield RawRow(
-                data=data,
-                path=path,
-                record_id=str(rid) if rid is not None else None,
-                base_dir=path.parent,
-                index=index,
-            )
-            index += 1
+    # memory-mapped and not pre-buffered: only the batch being read is held in memory
+    batches = pq.ParquetFile(path, memory_map=True, pre_buffer=False).iter_batches(batch_size=32)
+    for row in arrow_rows(batches, path, base_dir=path.parent):
+        if split is None or row.data.get("split") in (None, split):
+            yield row
+    pa.default_memory_pool().release_unused()  # the decoded pages, kept by Arrow's allocator otherwise

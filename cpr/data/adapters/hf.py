@@ -1,7 +1,7 @@
 """Reading Hugging Face datasets: a ``save_to_disk`` folder, or a hub name via ``load_dataset``.
 
-Image columns are cast to ``Image(decode=False)`` and handed to adapters as
-:class:`~cpr.data.records.DatasetImageRef` values, so loading decodes no image. A hub name
+Rows are read as stored, a few at a time from the memory-mapped Arrow table: an image cell is
+its encoded ``{"bytes", "path"}`` dict, so loading decodes no image. A hub name
 that cannot be reached (offline machines, gated datasets) raises an :class:`InputError` that
 names the dataset and says how to give a local copy instead.
 """
@@ -9,12 +9,11 @@ names the dataset and says how to give a local copy instead.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from cpr.data.adapters.base import RawRow
-from cpr.data.records import DatasetImageRef
 from cpr.errors import InputError
 
 _HUB_NAME_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -42,22 +41,20 @@ def offline_message(name: str, source: str, error: BaseException, alternatives: 
     )
 
 
-def load_hf(
+def hf_rows(
     path_or_name: str | Path, split: str | None, source: str, *, alternatives: str = ""
-) -> tuple[Any, str, Path | None, str | None]:
-    """Load a dataset and select ``split``.
+) -> Iterator[RawRow]:
+    """Rows of the ``split`` of a ``save_to_disk`` folder or an ``owner/name`` hub dataset.
+
+    Rows are read as stored, 32 at a time from the memory-mapped table (see :func:`arrow_rows`);
+    their ``path`` names the dataset and split (``DIR[test]``), their ``base_dir`` is the local
+    folder (string image paths are relative to it) and their ``split`` the split's name.
 
     Args:
         path_or_name: a ``save_to_disk`` folder or an ``owner/name`` hub id.
         split: the split to use; may be ``None`` when the dataset has exactly one.
         source: adapter name, for messages.
         alternatives: other local formats the adapter reads, named in the offline message.
-
-    Returns:
-        ``(dataset, where, folder, split)``: a ``datasets.Dataset`` with image columns not
-        decoded, a string naming where it came from (used as the error path), the local folder
-        (for string image paths relative to it) or ``None`` for a hub dataset, and the split
-        name when known.
 
     Raises:
         InputError: unreachable hub dataset, unknown split, or several splits and none chosen.
@@ -103,60 +100,18 @@ def load_hf(
         )
     elif split is None and obj.split is not None:
         split = str(obj.split)
-    return _undecoded_images(obj), where, folder, split
+    batches = obj.with_format("arrow").iter(batch_size=32)
+    yield from arrow_rows(batches, where, base_dir=folder, split=split)
 
 
-def image_columns(dataset: Any) -> dict[str, bool]:
-    """Image columns of ``dataset``: name -> True when the column holds a list of images."""
-    import datasets
-
-    cols: dict[str, bool] = {}
-    for name, feat in dataset.features.items():
-        if isinstance(feat, datasets.Image):
-            cols[name] = False
-        elif isinstance(feat, (datasets.Sequence, datasets.List)) and isinstance(
-            feat.feature, datasets.Image
-        ):
-            cols[name] = True
-    return cols
-
-
-def _undecoded_images(dataset: Any) -> Any:
-    import datasets
-
-    for name, is_list in image_columns(dataset).items():
-        feat = datasets.List(datasets.Image(decode=False)) if is_list else datasets.Image(decode=False)
-        dataset = dataset.cast_column(name, feat)
-    return dataset
-
-
-def hf_rows(
-    dataset: Any,
-    where: str,
-    *,
-    base_dir: Path | None = None,
-    split: str | None = None,
-    id_key: str | None = "id",
+def arrow_rows(
+    batches: Iterable[Any], where: str | Path, *, base_dir: Path | None = None, split: str | None = None
 ) -> Iterator[RawRow]:
-    """Rows of a loaded dataset; image cells become :class:`DatasetImageRef` (``None`` stays)."""
-    img_cols = image_columns(dataset)
-    for i, row in enumerate(dataset):
-        data = dict(row)
-        for col, is_list in img_cols.items():
-            cell = data.get(col)
-            if cell is None:
-                continue
-            if is_list:
-                data[col] = [DatasetImageRef(dataset, i, col, k) for k in range(len(cell))]
-            else:
-                data[col] = DatasetImageRef(dataset, i, col)
-        rid = data.get(id_key) if id_key else None
-        yield RawRow(
-            data=data,
-            path=where,
-            line=None,
-            record_id=str(rid) if rid is not None else None,
-            base_dir=base_dir,
-            index=i,
-            split=split,
-        )
+    """Rows of Arrow record batches (or tables) as stored: image cells stay encoded
+    ``{"bytes", "path"}`` dicts and only one batch is held in memory."""
+    index = 0
+    for batch in batches:
+        for data in batch.to_pylist():
+            rid = None if data.get("id") is None else str(data["id"])
+            yield RawRow(data, where, record_id=rid, base_dir=base_dir, index=index, split=split)
+            index += 1

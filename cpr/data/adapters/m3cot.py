@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from cpr.data.adapters.base import Adapter, RawRow, existing_path, jsonl_rows, parse_options, pick_file
-from cpr.data.adapters.hf import hf_rows, is_saved_dataset, load_hf, looks_like_hub_name
+from cpr.data.adapters.hf import hf_rows, is_saved_dataset, looks_like_hub_name
 from cpr.data.records import Record
 from cpr.data.text import split_sentences
 
@@ -35,10 +35,7 @@ class M3CoTAdapter(Adapter):
         text = str(path)
         p = Path(text).expanduser()
         if looks_like_hub_name(text) or is_saved_dataset(p):
-            dataset, where, folder, split_name = load_hf(
-                text, split, self.name, alternatives="a JSON-lines export"
-            )
-            yield from hf_rows(dataset, where, base_dir=folder, split=split_name)
+            yield from hf_rows(text, split, self.name, alternatives="a JSON-lines export")
             return
         p = existing_path(p, self.name)
         if p.is_dir():
