@@ -132,10 +132,6 @@ _CR_YES_WORDS = ("yes", "true", "correct", "affirmative")
 _CR_NO_WORDS = ("no", "false", "incorrect", "negative")
 _HAS_OPTION_LINE = re.compile(r"^[ \t]*A\)", re.MULTILINE)
 
-_CR_ABS_TOL = 0.05
-_CR_REL_TOL = 0.1
-_CR_DELTA = 1e-10
-
 
 def _render_options(question: str, options: list[str]) -> str:
     """The question with ``"A) option"`` lines appended (unless it has an ``A)`` line)."""
@@ -146,10 +142,8 @@ def _render_options(question: str, options: list[str]) -> str:
 
 
 def _cr_normalize(text: str) -> str:
-    out = text.strip().lower().translate(_CR_QUOTES)
-    out = _CR_LONE_PERIOD.sub("", out)
-    out = _CR_DROPPED.sub("", out)
-    return _CR_SPACES.sub(" ", out)
+    out = _CR_LONE_PERIOD.sub("", text.strip().lower().translate(_CR_QUOTES))
+    return _CR_SPACES.sub(" ", _CR_DROPPED.sub("", out))
 
 
 def _cr_first_number(text: str) -> float | None:
@@ -165,8 +159,8 @@ def _cr_numbers_match(pred: float, gold: float) -> tuple[bool, str]:
     if pred == gold:
         return True, "numeric_exact"
     diff = abs(pred - gold)
-    rel = diff / max(abs(gold), _CR_DELTA)
-    if diff <= _CR_ABS_TOL or rel <= _CR_REL_TOL or diff < 0.01:
+    rel = diff / max(abs(gold), 1e-10)
+    if diff <= 0.05 or rel <= 0.1 or diff < 0.01:
         return True, "numeric_rounded"
     if gold != 0:
         decimals = len(str(pred).rstrip("0").rstrip(".").partition(".")[2])  # decimals shown
@@ -177,11 +171,7 @@ def _cr_numbers_match(pred: float, gold: float) -> tuple[bool, str]:
 
 def _cr_yes_no(text: str) -> str:
     norm = _cr_normalize(text)
-    if any(word in norm for word in _CR_YES_WORDS):
-        return "yes"
-    if any(word in norm for word in _CR_NO_WORDS):
-        return "no"
-    return norm
+    return "yes" if any(w in norm for w in _CR_YES_WORDS) else "no" if any(w in norm for w in _CR_NO_WORDS) else norm
 
 
 def _cr_option_letter(answer: str, problem: str) -> str | None:
@@ -209,28 +199,24 @@ def _cr_choice(text: str, problem: str) -> str | None:
 
 
 def _crystal_check(prediction: str, reference: str, problem: str) -> AnswerCheck:
-    pred_num = _cr_first_number(prediction)
-    gold_num = _cr_first_number(reference)
+    pred_num, gold_num = _cr_first_number(prediction), _cr_first_number(reference)
     if pred_num is not None and gold_num is not None:
         ok, kind = _cr_numbers_match(pred_num, gold_num)
         return AnswerCheck(ok, kind, str(pred_num), str(gold_num))
 
-    pred_norm = _cr_normalize(prediction)
-    gold_norm = _cr_normalize(reference)
+    pred_norm, gold_norm = _cr_normalize(prediction), _cr_normalize(reference)
     if _cr_normalize(gold_norm) in _CR_YES_NO:
         pred_yn, gold_yn = _cr_yes_no(prediction), _cr_yes_no(reference)
         return AnswerCheck(pred_yn == gold_yn, "yes_no", pred_yn, gold_yn)
 
-    pred_letter = _cr_choice(prediction, problem)
-    gold_letter = _cr_choice(reference, problem)
+    pred_letter, gold_letter = _cr_choice(prediction, problem), _cr_choice(reference, problem)
     if pred_letter is not None and gold_letter is not None:
         return AnswerCheck(pred_letter == gold_letter, "choice", pred_letter, gold_letter)
 
-    if pred_norm == gold_norm:
-        return AnswerCheck(True, "exact", pred_norm, gold_norm)
-    if len(pred_norm.split()) == 1 and len(gold_norm.split()) == 1:
-        return AnswerCheck(False, "exact", pred_norm, gold_norm)
-    return AnswerCheck(pred_norm in gold_norm or gold_norm in pred_norm, "exact", pred_norm, gold_norm)
+    # exact match; two single words must be equal, anything else may contain the other (the fallback)
+    single = len(pred_norm.split()) == len(gold_norm.split()) == 1
+    ok = pred_norm == gold_norm if single else pred_norm in gold_norm or gold_norm in pred_norm
+    return AnswerCheck(ok, "exact", pred_norm, gold_norm)
 
 
 # --- strict mode ----------------------------------------------------------------------------------------

@@ -55,13 +55,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is not None and name != only:
             sub.add_parser(name, add_help=False)
             continue
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue  # command not built yet
-        mod.register(sub)
+        importlib.import_module(module).register(sub)
     return parser
 
 

@@ -34,13 +34,8 @@ from cpr.matching import StepEncoder, StepScores, match_pairs
 _EPS = 1e-6
 
 #: Per-batch hack monitors logged through TRL's ``log_metric`` (README, "Reward hacking").
-MONITORS = (
-    "hacking/duplicate_rate",
-    "hacking/restatement_rate",
-    "hacking/precision_minus_recall",
-    "hacking/non_answer_rate",
-    "steps/count",
-)
+MONITORS = ("hacking/duplicate_rate", "hacking/restatement_rate", "hacking/precision_minus_recall",
+            "hacking/non_answer_rate", "steps/count")
 
 
 @dataclass(frozen=True)

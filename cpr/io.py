@@ -38,12 +38,7 @@ def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Non
 
 
 def _json_default(obj: Any) -> Any:
-    # numpy scalars / arrays and Paths appear in metrics dicts.
-    if hasattr(obj, "item") and callable(obj.item):
-        try:
-            return obj.item()
-        except (ValueError, TypeError):
-            pass
+    # numpy / torch scalars and arrays and Paths appear in metrics dicts.
     if hasattr(obj, "tolist"):
         return obj.tolist()
     if isinstance(obj, Path):

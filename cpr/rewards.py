@@ -33,18 +33,9 @@ from cpr.steps import ParsedCompletion, completion_text, parse_completion
 
 #: Metric names passed to TRL's ``log_metric`` (averaged by TRL over a logging step).
 LOGGED_METRICS = (
-    "format/valid_rate",
-    "answer/accuracy",
-    "steps/precision",
-    "steps/recall",
-    "steps/match_f1",
-    "steps/lis",
-    "steps/count",
-    "cpr/discrimination",
-    "hacking/duplicate_rate",
-    "hacking/restatement_rate",
-    "hacking/precision_minus_recall",
-    "hacking/non_answer_rate",
+    "format/valid_rate", "answer/accuracy", "steps/precision", "steps/recall", "steps/match_f1", "steps/lis",
+    "steps/count", "cpr/discrimination", "hacking/duplicate_rate", "hacking/restatement_rate",
+    "hacking/precision_minus_recall", "hacking/non_answer_rate",
 )
 
 _recorder: Callable[[list[dict[str, Any]]], None] | None = None
