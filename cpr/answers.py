@@ -1,21 +1,11 @@
-"""Final-answer correctness: a hard-to-game ``strict`` checker and the paper's ``crystal`` protocol.
+"""Final-answer correctness (docs/method.md section 5 gives every rule with examples).
 
-docs/method.md section 5 gives every rule with examples. In both modes both sides are cleaned first
-(whitespace, one ``Answer:`` / ``The answer is`` prefix, surrounding ``$..$``, ``\\(..\\)``, ``\\[..\\]``,
-``\\boxed{..}``) and a *non-answer* (empty, only punctuation or symbols, ``insufficient information``,
-``none``, ``n/a``, ``unknown``, ``null``, ``nil``) is never correct (``match_type="invalid"``).
-
-``"strict"`` (**choice**, default, for rewards), the first rule that applies decides: multiple choice
-(``"choice"``), yes / no (``"yes_no"``), one number or LaTeX value read and compared by math-verify
-with its own normalisation and held to the reference's vocabulary (``"numeric"`` / ``"math"``),
-normalised exact text (``"exact"``). math-verify's ``signal.alarm`` timeouts (5 s) apply in the main
-thread only; a timeout counts as "not math" (parse) or "not equivalent" (compare) and is logged.
-
-``"crystal"`` (the paper's evaluation protocol) reproduces crystal-metrics 0.2.0
-``AccuracyCalculator().evaluate_single(question, prediction, reference)`` (LLM judge off; parity:
-tests/test_answers_parity.py), with its ``match_type`` labels; options passed as ``options`` are
-appended to a question without an ``A)`` line as ``"A) text"`` lines. Lenient (``"A B C D"`` contains
-``"B"``): for evaluation tables only.
+``"strict"`` (**choice**, default, for rewards): multiple choice, yes / no, one number or LaTeX value
+read and compared by math-verify (with its own normalisation, held to the reference's vocabulary),
+normalised exact text; the first rule that applies decides. ``"crystal"``: the paper's lenient
+evaluation protocol, crystal-metrics 0.2.0 ``AccuracyCalculator().evaluate_single`` (LLM judge off;
+parity: tests/test_answers_parity.py). In both modes a *non-answer* (empty, only punctuation,
+``insufficient information``, ``none``, ``n/a``, ...) is never correct (``match_type="invalid"``).
 """
 
 from __future__ import annotations
@@ -82,15 +72,13 @@ def check_answer(
     """
     if mode not in ANSWER_MODES:
         raise ValueError(f"unknown answer mode {mode!r}; allowed modes: {', '.join(ANSWER_MODES)}")
-    for name, value in (("prediction", prediction), ("reference", reference), ("question", question)):
-        if not isinstance(value, str):
-            raise TypeError(f"{name} must be str, got {type(value).__name__}")
     if isinstance(options, str):
         raise TypeError("options must be a sequence of option texts, got a single str")
     opts = list(options)
-    for i, opt in enumerate(opts):
-        if not isinstance(opt, str):
-            raise TypeError(f"option {i} must be str, got {type(opt).__name__}")
+    texts = {"prediction": prediction, "reference": reference, "question": question}
+    for name, value in [*texts.items(), *((f"option {i}", o) for i, o in enumerate(opts))]:
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be str, got {type(value).__name__}")
     if len(opts) > len(LETTERS):
         raise ValueError(f"at most {len(LETTERS)} options can be lettered, got {len(opts)}")
     ref = _clean(reference)
@@ -112,10 +100,10 @@ def is_non_answer(prediction: str) -> bool:
 
 # --- crystal mode: crystal-metrics 0.2.0 AccuracyCalculator -------------------------------------------
 
-_CR_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "`": "'"})
+_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "`": "'"})
+_SPACES = re.compile(r"\s+")
 _CR_LONE_PERIOD = re.compile(r"(?<!\d)\.(?!\d)")
 _CR_DROPPED = re.compile(r"""[,()"\[\]{}']""")
-_CR_SPACES = re.compile(r"\s+")
 # Lead-ins deleted (in this order, everywhere) before the first number is read.
 _CR_LEAD_INS = tuple(re.compile(rf"{w}:?\s*", re.IGNORECASE) for w in (
     "the answer is", "the result is", "answer", "result", "approximately", "about"))
@@ -142,8 +130,8 @@ def _render_options(question: str, options: list[str]) -> str:
 
 
 def _cr_normalize(text: str) -> str:
-    out = _CR_LONE_PERIOD.sub("", text.strip().lower().translate(_CR_QUOTES))
-    return _CR_SPACES.sub(" ", _CR_DROPPED.sub("", out))
+    out = _CR_LONE_PERIOD.sub("", text.strip().lower().translate(_QUOTES))
+    return _SPACES.sub(" ", _CR_DROPPED.sub("", out))
 
 
 def _cr_first_number(text: str) -> float | None:
@@ -171,7 +159,9 @@ def _cr_numbers_match(pred: float, gold: float) -> tuple[bool, str]:
 
 def _cr_yes_no(text: str) -> str:
     norm = _cr_normalize(text)
-    return "yes" if any(w in norm for w in _CR_YES_WORDS) else "no" if any(w in norm for w in _CR_NO_WORDS) else norm
+    if any(w in norm for w in _CR_YES_WORDS):
+        return "yes"
+    return "no" if any(w in norm for w in _CR_NO_WORDS) else norm
 
 
 def _cr_option_letter(answer: str, problem: str) -> str | None:
@@ -234,8 +224,6 @@ _WRAPPERS = (
     re.compile(r"\\boxed\s*\{(.*)\}", re.DOTALL),
 )
 _ARTICLE = re.compile(r"(?:a|an|the)\s+")
-_SPACES = re.compile(r"\s+")
-_TEXT_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "`": "'"})
 
 # Letter forms (matched in full on the cleaned answer, after an optional "option"/"choice").
 _CHOICE_WORD = re.compile(r"(?:option|choice)\b\s*[:#]?\s*", re.IGNORECASE)
@@ -277,15 +265,10 @@ def _clean(text: str) -> str:
     prefix = _PREFIX.match(out)
     if prefix is not None:
         out = out[prefix.end():].strip()
-    for _ in range(4):
-        before = out
-        for wrapper in _WRAPPERS:
-            found = wrapper.fullmatch(out)
-            if found is not None:
-                out = found.group(1).strip()
-                break
-        if out == before:
+    for _ in range(4):  # surrounding $..$, \(..\), \[..\], \boxed{..}, nested up to four deep
+        if (found := next((m for w in _WRAPPERS if (m := w.fullmatch(out))), None)) is None:
             break
+        out = found.group(1).strip()
     return out
 
 
@@ -303,7 +286,7 @@ def _strip_punctuation(text: str) -> str:
 
 def _norm_text(text: str) -> str:
     """NFKC, case-folded, ASCII quotes, collapsed spaces, outer punctuation and a leading article gone."""
-    out = unicodedata.normalize("NFKC", text).casefold().translate(_TEXT_QUOTES)
+    out = unicodedata.normalize("NFKC", text).casefold().translate(_QUOTES)
     out = _strip_punctuation(_SPACES.sub(" ", out))
     article = _ARTICLE.match(out)
     if article is not None:
@@ -372,7 +355,10 @@ def _check_choice(pred: str, ref_letter: str, ref_text: str | None, options: lis
     form = _letter_form(pred)
     pred_letter: str | None = None
     if form is not None and (not options or _letter_index(form.letter) < len(options)):
-        text = options[_letter_index(form.letter)] if options else ref_text if form.letter == ref_letter else None
+        if options:
+            text = options[_letter_index(form.letter)]
+        else:
+            text = ref_text if form.letter == ref_letter else None
         # text after the letter must agree with that option, or (option unknown) name no other letter
         if form.rest and not (
             _values_equal(form.rest, text).correct if text is not None
@@ -449,7 +435,8 @@ _LETTER_RUN = re.compile(r"[A-Za-z]+")
 _BRACED = re.compile(r"\{[^{}]*\}")
 # Commands a prediction may always use (plus any its reference uses).
 _ALWAYS_ALLOWED_COMMANDS = frozenset("frac sqrt pi cdot times div infty circ".split())
-_FUNCTION_NAMES = frozenset("sin cos tan cot sec csc log ln exp arcsin arccos arctan sinh cosh tanh sqrt pi".split())
+_FUNCTION_NAMES = frozenset(
+    "sin cos tan cot sec csc log ln exp arcsin arccos arctan sinh cosh tanh sqrt pi".split())
 _SPACED_NUMBERS = re.compile(r"[\d}\)\]]\s+[\d.]")
 _NESTED_EXPONENT = re.compile(r"\^\s*\{[^{}]*\^|\^\s*[\d.]*\s*\^|\*\*")
 _EXPONENT_DIGITS = re.compile(r"\^\s*\{?\s*[-+]?(\d+)")

@@ -29,7 +29,8 @@ from cpr.errors import InputError
 FILLER_SENTENCES = (
     "Let me think about this step by step.", "First, look at the image carefully.",
     "We need to find the answer to the question.", "Consider all the information given.",
-    "Let's analyze the problem.", "This step is important for the solution.", "Now we move on to the next step.",
+    "Let's analyze the problem.", "This step is important for the solution.",
+    "Now we move on to the next step.",
     "Check the calculation again.", "Use the information from the figure.", "Identify the relevant values.",
     "Apply the appropriate formula.", "Compare the options carefully.", "Recall the relevant definition.",
     "Organize the known quantities.", "Verify that the result makes sense.", "Combine the previous results.",
@@ -47,8 +48,8 @@ def reworded(step: str) -> list[str]:
     """Eight near-duplicate rewordings of ``step`` (prefixes, a suffix, the last word dropped)."""
     low, words = step[:1].lower() + step[1:], step.split()
     return [f"In other words, {step}", f"{step} This is the key step.", f"Note that {low}", f"So {low}",
-            f"Again: {step}", f"We can see that {low}", " ".join(words[:-1]) if len(words) > 3 else f"{step} indeed",
-            f"Step: {step}"]
+            f"Again: {step}", f"We can see that {low}",
+            " ".join(words[:-1]) if len(words) > 3 else f"{step} indeed", f"Step: {step}"]
 
 
 @dataclass(frozen=True)
@@ -286,16 +287,11 @@ def audit(
     beam: int = 8,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Search every item (module docstring) and summarise.
-
-    Args:
-        items: the items to attack.
-        pool_items: every loaded item (other items' steps and answers come from here).
-        score: ``score(texts, item)`` -> total reward of each completion text for ``item``.
-        encoder: the reward's :class:`cpr.matching.StepEncoder` (picks the closest foreign steps).
-        budget: at most this many distinct completions scored per item (>= 2).
-        beam: completions kept per degenerate class.
-        seed: the search's seed (the same arguments give the same report).
+    """Search every item of ``items`` (module docstring) and summarise. ``pool_items``: every loaded item
+    (other items' steps and answers); ``score(texts, item)``: total reward of each completion text;
+    ``encoder``: the reward's :class:`cpr.matching.StepEncoder` (picks the closest foreign steps);
+    ``budget``: distinct completions scored per item (>= 2); ``beam``: completions kept per degenerate
+    class; ``seed``: the same arguments give the same report.
 
     Returns:
         ``{"items": [per item: id, honest_reward, evaluations, best per family / class],

@@ -144,23 +144,16 @@ def guarded_scores(
     alpha: float,
     matching: str = "greedy",
 ) -> tuple[list[StepScores], dict[str, float]]:
-    """Step scores of a batch under ``guard``, and the batch's step-level hack monitors, with one
-    encoder call (reference steps and prompt pieces pinned in its cache, completion steps in its LRU).
-
-    Args:
-        predicted: per sample, the predicted steps (may be empty).
-        references: per sample, the reference steps (non-empty, checked by the caller).
-        prompts: per sample, the prompt pieces (:func:`prompt_pieces`); empty: no restatement rule or
-            monitor for that sample.
-        encoder, threshold, alpha, matching: as :func:`cpr.matching.score_batch`.
-        guard: the settings.
+    """Step scores of a batch under ``guard`` with one encoder call, as :func:`cpr.matching.score_batch`
+    (non-empty references checked by the caller); ``prompts``: per sample the :func:`prompt_pieces`
+    (empty: no restatement rule or monitor for it).
 
     Returns:
         ``(scores, monitors)``: one :class:`~cpr.matching.StepScores` per sample, and the shares of the
-        batch's predicted steps that are near-duplicates (``>= duplicate_threshold``) of an earlier step
-        of their completion (``hacking/duplicate_rate``), resp. above tau to the prompt and zeroed by the
-        restatement rule against every reference step (``hacking/restatement_rate``), whatever the
-        settings apply; a rate with no step to count is left out.
+        predicted steps that are near-duplicates of an earlier step of their completion
+        (``hacking/duplicate_rate``), resp. above tau to the prompt and zeroed by the restatement rule
+        against every reference step (``hacking/restatement_rate``), whatever ``guard`` applies; a rate
+        with no step to count is left out.
     """
     table, index = encoder.embedding_table([
         ([t for ref in references for t in ref], True),

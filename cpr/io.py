@@ -46,6 +46,10 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
 
+def _json_lines(objs: Iterable[Any]) -> str:
+    return "".join(json.dumps(o, ensure_ascii=False, default=_json_default) + "\n" for o in objs)
+
+
 def append_jsonl(path: str | Path, obj: Any) -> None:
     """Append one JSON object as a line to ``path`` (:func:`append_jsonl_many`)."""
     append_jsonl_many(path, [obj])
@@ -55,7 +59,7 @@ def append_jsonl_many(path: str | Path, objs: Iterable[Any]) -> None:
     """Append JSON objects, one a line, to ``path`` in one ``write`` on an ``O_APPEND`` descriptor, then
     fsync; a truncated last line (a writer killed mid-line) is cut off first. Creates the parent folder.
     Raises ``OSError`` from the file system, ``TypeError`` for an object JSON cannot encode."""
-    data = "".join(json.dumps(o, ensure_ascii=False, default=_json_default) + "\n" for o in objs).encode("utf-8")
+    data = _json_lines(objs).encode("utf-8")
     if not data:
         return
     path = Path(path)
@@ -105,9 +109,7 @@ def rewrite_jsonl(path: str | Path, keep: Callable[[Any], bool]) -> tuple[int, i
         return 0, 0
     rows = [row for _, row in read_jsonl(path, skip_truncated_tail=True)]
     kept = [r for r in rows if keep(r)]
-    atomic_write_text(
-        path, "".join(json.dumps(r, ensure_ascii=False, default=_json_default) + "\n" for r in kept)
-    )
+    atomic_write_text(path, _json_lines(kept))
     return len(kept), len(rows) - len(kept)
 
 

