@@ -56,15 +56,10 @@ class AnswerCheck:
 def check_answer(
     prediction: str, reference: str, *, options: Sequence[str] = (), question: str = "", mode: str = "strict"
 ) -> AnswerCheck:
-    """Judge a predicted final answer against the reference answer.
-
-    Args:
-        prediction: the model's answer text (e.g. ``ParsedCompletion.answer``).
-        reference: a letter (``"B"``), a letter with its option (``"B (60°)"``), an option text, a
-            number / LaTeX value or text.
-        options: option texts, lettered A, B, ... (at most 26); empty for free-form questions.
-        question: the question text (options written as ``A) ...`` lines; the crystal protocol).
-        mode: ``"strict"`` (default, for rewards) or ``"crystal"`` (paper evaluation).
+    """Judge a predicted final answer (e.g. ``ParsedCompletion.answer``) against the ``reference``: a
+    letter (``"B"``), a letter with its option (``"B (60°)"``), an option text, a number / LaTeX value
+    or text. ``options``: option texts lettered A, B, ... (at most 26); ``question``: its text (options
+    as ``A) ...`` lines; the crystal protocol); ``mode``: ``"strict"`` (rewards) or ``"crystal"``.
 
     Raises:
         ValueError: unknown ``mode``; more than 26 options; in strict mode, an empty reference.

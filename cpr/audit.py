@@ -1,7 +1,5 @@
 """``cpr audit-reward``: an adversarial search for completions that game a reward configuration
-(README, "Reward hacking").
-
-Per sampled item, a seeded evolutionary beam search, bounded in reward evaluations, assembles
+(README, "Reward hacking"). Per sampled item, a seeded evolutionary beam search, bounded in reward evaluations, assembles
 completions from genes (the item's reference steps and their rewordings, the question's sentences and
 options, other items' steps: those the reward's own encoder finds closest plus random ones, filler
 sentences), with gold or wrong answers, as valid JSON or malformed; every candidate is scored by the
@@ -293,11 +291,9 @@ def audit(
     ``budget``: distinct completions scored per item (>= 2); ``beam``: completions kept per degenerate
     class; ``seed``: the same arguments give the same report.
 
-    Returns:
-        ``{"items": [per item: id, honest_reward, evaluations, best per family / class],
-        "summary": {family: {"items", "reaching_honest", "max_reward", "max_gap"}}, "exploits_found"}``
-        where a gap is the best degenerate reward minus the honest reward and ``exploits_found`` counts
-        the items where a degenerate completion reaches the honest reward.
+    Returns ``{"items": [per item: id, honest_reward, evaluations, best per family / class], "summary":
+    {family: {"items", "reaching_honest", "max_reward", "max_gap"}}, "exploits_found"}`` (gap: best
+    degenerate minus honest reward; ``exploits_found``: items where a degenerate one reaches it).
     """
     if budget < 2 or beam < 1:
         raise InputError(f"budget must be >= 2 and beam >= 1, got {budget} and {beam}", field="--budget")

@@ -11,16 +11,10 @@ class CprError(Exception):
 
 
 class InputError(CprError, ValueError):
-    """Invalid user input: a data file, a config value or a command-line argument.
-
-    Args:
-        message: what is wrong, in words.
-        path, line, record_id, field: where, if known: the file, the 1-based line in it, the record's
-            ``id``, the field (or config key).
-
-    The string form is ``"<path>:<line> (id <record_id>) field '<field>': <message>"``, without the
-    parts that are not known (``"line <line>"`` without a path).
-    """
+    """Invalid user input (a data file, a config value, a command-line argument): ``message`` says
+    what is wrong; ``path``, 1-based ``line``, ``record_id`` and ``field`` (or config key) where, if
+    known. The string form is ``"<path>:<line> (id <record_id>) field '<field>': <message>"`` without
+    the unknown parts (``"line <line>"`` without a path)."""
 
     def __init__(
         self, message: str, *, path: str | Path | None = None, line: int | None = None,

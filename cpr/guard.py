@@ -1,8 +1,6 @@
-"""Guarded step scoring for training rewards: Match F1 that repetition, restatement and loose matches
-cannot inflate, and the step-level hack monitors (README, "Reward hacking", gives the rules, their
-measurements and defaults; ``benchmarks/guard_calibration.py`` prints them).
-
-The greedy matcher of :mod:`cpr.matching` is kept; three switchable changes (:class:`GuardSettings`):
+"""Guarded step scoring for training rewards (Match F1 that repetition, restatement and loose matches
+cannot inflate) and the hack monitors; README, "Reward hacking", gives the measured defaults. The
+matcher of :mod:`cpr.matching` is kept, with three switchable changes (:class:`GuardSettings`):
 
 * ``duplicates``: with ``d_j`` the largest similarity of predicted step ``j`` to another step of its
   completion, a step with ``d_j >= duplicate_threshold`` may match reference step ``r`` only if
@@ -64,14 +62,10 @@ class GuardSettings:
 
     @classmethod
     def parse(cls, value: Any, *, threshold: float | None = None, field: str = "rewards.guard") -> GuardSettings:
-        """The settings a ``rewards.guard`` value stands for; the one place they are validated.
-
-        Args:
-            value: ``"guarded"`` / ``None`` (the defaults), ``"paper"`` (all off), a mapping of fields
-                (unset ones keep their default; ``preset: paper`` starts from all off), or a
-                :class:`GuardSettings`.
-            threshold: tau, to check ``full_credit_similarity > tau``.
-            field: the config key named in errors.
+        """The settings ``value`` stands for, validated (the one place): ``"guarded"`` / ``None`` (the
+        defaults), ``"paper"`` (all off), a mapping of fields (unset ones keep their default; ``preset:
+        paper`` starts from all off) or a :class:`GuardSettings`; ``threshold`` (tau) bounds
+        ``full_credit_similarity`` from below; ``field`` is the config key named in errors.
 
         Raises:
             ConfigError: an unknown preset or key, a wrong type or a value out of range (names the key).

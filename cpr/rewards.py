@@ -34,13 +34,10 @@ _recorder: Callable[[list[dict[str, Any]]], None] | None = None
 
 
 def set_completion_recorder(recorder: Callable[[list[dict[str, Any]]], None] | None) -> None:
-    """Install (or remove, with ``None``) a sink for per-completion scores.
-
-    The ``cpr`` and ``step_f1`` functions call ``recorder(rows)`` once per batch, one dict per
-    completion: ``step, id, reward_function, reward, correct, match_f1, precision, recall, lis, n_pred,
-    format``. The training runner writes them to ``scored_completions.jsonl`` (the ablation tables'
-    Discrimination and r(F1), paper Table 6).
-    """
+    """Install (or remove, with ``None``) a sink that the ``cpr`` and ``step_f1`` functions call once per
+    batch with one dict per completion (``step, id, reward_function, reward, correct, match_f1,
+    precision, recall, lis, n_pred, format``); the runner writes ``scored_completions.jsonl`` from it
+    (the ablation tables' Discrimination and r(F1), paper Table 6)."""
     global _recorder
     _recorder = recorder
 
@@ -295,17 +292,11 @@ def cpr_value(correct: bool, f1: float, answer_weight: float, step_weight: float
 class CPRReward(StepF1Reward):
     """Causal Process Reward: answer correctness coupled multiplicatively with step Match F1.
 
-    Args:
-        answer_weight: a_w (default 0.65, paper Table 6 / curriculum phase 2).
-        step_weight: s_w (default 0.35).
-        wrong_answer_scale: lambda, the share of the step reward paid for a wrong answer (default 0.3,
-            official code; 0 = pure multiplicative).
-        answer_mode: ``"strict"`` (default) or ``"crystal"``.
-        ordered: use Ordered Match F1 for F (default False, as in the paper).
-        **settings: :class:`StepRewardSettings` fields.
-
-    Logs what the other functions log, and ``cpr/discrimination``: mean CPR of correct minus wrong
-    answers (when both occur).
+    ``answer_weight`` a_w (0.65, paper Table 6 / curriculum phase 2), ``step_weight`` s_w (0.35),
+    ``wrong_answer_scale`` lambda (0.3, official code; 0 = pure multiplicative), ``answer_mode``
+    (``"strict"`` or ``"crystal"``), ``ordered`` (Ordered Match F1 for F; the paper: no), ``**settings``
+    (:class:`StepRewardSettings`). Logs what the other functions log and ``cpr/discrimination``: mean
+    CPR of correct minus wrong answers (when both occur).
     """
 
     name = "cpr"
