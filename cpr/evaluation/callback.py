@@ -1,23 +1,16 @@
 """The eval hook: score the policy on benchmark subsets while a trainer (e.g. TRL's ``GRPOTrainer``) runs.
 
-It runs at ``on_step_end`` every ``eval_steps`` optimizer steps and at the last step (or once more in
-``on_train_end`` if training stopped at a step not evaluated). Every rank enters TRL's
-``unwrap_model_for_generation`` (which gathers DeepSpeed ZeRO-3 parameters and turns gradient
-checkpointing off) and ``DistributedBackend.summon_full_params`` (FSDP v1); inside them the main process
-generates (``synced_gpus=False``) and scores while the others wait, then the metrics, or the error, are
-broadcast so every rank logs them or raises. FSDP v2 is refused (its forward always communicates).
-
-Each benchmark's overall metrics are logged through the base ``transformers.Trainer.log`` as
-``eval_<benchmark>/<metric>`` (dashboards show ``eval/crystal/match_f1``; TRL's ``GRPOTrainer.log`` would
-flush the training metrics it is accumulating), with ``control.should_log`` restored so a training log
-due at the same step is still written. The main process appends one line per evaluation and benchmark
-to ``eval_history.jsonl`` (``{"step", "benchmark", "epoch", "seconds", <overall metrics>, "groups"}``),
-keeps each evaluation's files in ``eval/step-<step>/<benchmark>/`` (``save_completions``), and writes
-``best_checkpoint.json`` (``{"metric", "value", "greater_is_better", "step", "checkpoint", "metrics"}``):
-the best evaluation by ``metric_for_best`` (ties keep the earlier one), its ``checkpoint`` filled in by
-``on_save`` of that step. Without ``args.metric_for_best_model`` it also sets ``state.best_metric`` and
-``state.best_global_step``, so checkpoint rotation keeps the best one. On resume a
-``best_checkpoint.json`` at or before the resumed step is read back.
+It runs every ``eval_steps`` optimizer steps and at the last one. All ranks enter TRL's
+``unwrap_model_for_generation`` (ZeRO-3 parameters gathered, gradient checkpointing off) and
+``DistributedBackend.summon_full_params`` (FSDP v1; v2 is refused); the main process generates and
+scores while the others wait, then the metrics, or the error, are broadcast so every rank logs or raises.
+Metrics go through the base ``Trainer.log`` as ``eval_<benchmark>/<metric>`` (TRL's ``GRPOTrainer.log``
+would flush the training metrics it accumulates; ``control.should_log`` is restored). The main process
+writes ``eval_history.jsonl`` (one line per evaluation and benchmark), ``eval/step-<step>/<benchmark>/``
+and ``best_checkpoint.json`` (``{"metric", "value", "greater_is_better", "step", "checkpoint",
+"metrics"}``; ties keep the earlier step; ``checkpoint`` is filled in by ``on_save`` of that step, and
+``state.best_metric`` / ``best_global_step`` are set unless ``args.metric_for_best_model`` is, so
+checkpoint rotation keeps it; read back on resume).
 """
 
 from __future__ import annotations
@@ -71,14 +64,10 @@ class EvalCallback(TrainerCallback):
     :meth:`attach` with the trainer before ``train()``.
 
     Args:
-        benchmarks: the benchmarks and their records.
         eval_steps: evaluate every this many optimizer steps.
         generation: decoding settings (default greedy, 256 new tokens, the *training* prompt).
-        scoring: scoring settings.
-        templates: CRYSTAL-format prompt templates (default: the packaged ones).
         output_dir: folder of the hook's files (default ``args.output_dir``).
         metric_for_best: ``"<benchmark>/<metric>"``, a key of that benchmark's overall summary.
-        greater_is_better: direction of ``metric_for_best``.
         save_completions: keep each evaluation's files under ``eval/``.
 
     Raises:
@@ -87,17 +76,10 @@ class EvalCallback(TrainerCallback):
     """
 
     def __init__(
-        self,
-        benchmarks: Sequence[BenchmarkSpec],
-        *,
-        eval_steps: int,
-        generation: GenerationSettings | None = None,
-        scoring: ScoringSettings | None = None,
-        templates: PromptTemplates | None = None,
-        output_dir: str | Path | None = None,
-        metric_for_best: str = "crystal/match_f1",
-        greater_is_better: bool = True,
-        save_completions: bool = True,
+        self, benchmarks: Sequence[BenchmarkSpec], *, eval_steps: int, generation: GenerationSettings | None = None,
+        scoring: ScoringSettings | None = None, templates: PromptTemplates | None = None,
+        output_dir: str | Path | None = None, metric_for_best: str = "crystal/match_f1",
+        greater_is_better: bool = True, save_completions: bool = True,
     ) -> None:
         if isinstance(eval_steps, bool) or not isinstance(eval_steps, int) or eval_steps < 1:
             raise ConfigError(f"must be a positive integer, got {eval_steps!r}", field="eval.eval_steps")

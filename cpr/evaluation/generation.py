@@ -38,14 +38,9 @@ Batch = Sequence[list[dict[str, Any]]]
 
 @dataclass(frozen=True)
 class GenerationSettings:
-    """How completions are generated.
-
-    Attributes:
-        max_new_tokens: new-token budget per completion.
-        batch_size: prompts per generation call; also the unit of resumability.
-        prompt_mode: ``"eval"`` (CRYSTAL evaluation prompt) or ``"train"`` (the training prompt).
-        backend: ``"auto"`` (vLLM when :func:`vllm_available`), ``"transformers"`` or ``"vllm"``.
-        progress: show a progress bar.
+    """How completions are generated: the new-token budget, prompts per generation call (also the unit
+    of resumability), ``prompt_mode`` ``eval`` (CRYSTAL evaluation prompt) or ``train``, ``backend``
+    (``auto``: vLLM when :func:`vllm_available`), and a progress bar.
 
     Raises:
         ConfigError: a non-positive budget or batch size, an unknown mode or backend.
@@ -151,15 +146,9 @@ def vllm_available() -> bool:
 
 
 class VLLMGenerator:  # pragma: no cover - needs vLLM and a GPU
-    """Greedy generation with vLLM's offline engine (``temperature=0``).
-
-    Args:
-        model_path: model folder or hub id (vLLM loads the weights itself).
-        processor: the model's processor (renders the chat template).
-        adapter: optional LoRA adapter folder (its rank is read from ``adapter_config.json``).
-        max_new_tokens: new-token budget.
-        max_images_per_prompt: vLLM's ``limit_mm_per_prompt["image"]``.
-        mm_processor_kwargs: vLLM's processor arguments (``min_pixels`` / ``max_pixels`` for Qwen2.5-VL).
+    """Greedy generation (``temperature=0``) with vLLM's offline engine on ``model_path`` (vLLM loads the
+    weights), the prompt rendered by ``processor``, an optional LoRA ``adapter`` folder, and vLLM's
+    ``limit_mm_per_prompt`` and ``mm_processor_kwargs`` (``min_pixels`` / ``max_pixels``).
 
     Raises:
         ImportError: vLLM is not installed.
@@ -247,13 +236,8 @@ def load_model_for_eval(
     min_pixels: int | None = None, max_pixels: int | None = None, allow_base_mismatch: bool = False,
 ) -> tuple[Any, Any]:
     """Load a model (a base or merged checkpoint, or an adapter folder) with an optional LoRA adapter
-    (``peft.PeftModel``, not merged) and its processor, in eval mode, gradient checkpointing off.
-
-    Args:
-        device: ``None``: CUDA if available, else CPU.
-        dtype: see :func:`cpr.models.resolve_dtype`.
-        min_pixels, max_pixels: the processor's image size limits.
-        allow_base_mismatch: see :func:`checked_model_path`.
+    (``peft.PeftModel``, not merged) and its processor (image size limits ``min_pixels`` /
+    ``max_pixels``), in eval mode, gradient checkpointing off, on ``device`` (default CUDA if available).
 
     Raises:
         ModelNotAvailableError, InputError, ConfigError: see :func:`cpr.models.load_model_and_processor`
@@ -275,14 +259,9 @@ def load_model_for_eval(
 
 
 def generate_completions(
-    generator: Callable[[Batch], list[Generated]],
-    records: Sequence[Record],
-    messages_fn: Callable[[Record], list[dict[str, Any]]],
-    *,
-    batch_size: int = 8,
-    output_path: str | Path | None = None,
-    progress: bool = True,
-    description: str = "generating",
+    generator: Callable[[Batch], list[Generated]], records: Sequence[Record],
+    messages_fn: Callable[[Record], list[dict[str, Any]]], *, batch_size: int = 8,
+    output_path: str | Path | None = None, progress: bool = True, description: str = "generating",
 ) -> dict[str, str]:
     """Generate a completion for every record, appending each finished batch to ``output_path``.
 

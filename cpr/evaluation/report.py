@@ -27,11 +27,8 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def summary_table(
-    label_titles: Sequence[str],
-    rows: Sequence[tuple[Sequence[str], Mapping[str, Any]]],
-    columns: Sequence[tuple[str, str, int]],
-    *,
-    n: bool = True,
+    label_titles: Sequence[str], rows: Sequence[tuple[Sequence[str], Mapping[str, Any]]],
+    columns: Sequence[tuple[str, str, int]], *, n: bool = True,
 ) -> str:
     """Table with label columns, ``n`` (``-`` for a summary without it, e.g. paper rows) unless
     ``n=False``, then ``columns`` ``(title, key, decimals)`` of each summary."""

@@ -37,42 +37,26 @@ def subset(records: Sequence[Record], max_samples: int | None, seed: int = 0) ->
 
 
 def evaluate_model(
-    model: Any,
-    processor: Any,
-    benchmark: str,
-    records: Sequence[Record],
-    *,
-    generation: GenerationSettings | None = None,
-    scoring: ScoringSettings | None = None,
-    templates: PromptTemplates | None = None,
-    out_dir: str | Path | None = None,
-    label: str = "this model",
-    title: str | None = None,
-    extra: Mapping[str, Any] | None = None,
-    generator: Any = None,
+    model: Any, processor: Any, benchmark: str, records: Sequence[Record], *,
+    generation: GenerationSettings | None = None, scoring: ScoringSettings | None = None,
+    templates: PromptTemplates | None = None, out_dir: str | Path | None = None, label: str = "this model",
+    title: str | None = None, extra: Mapping[str, Any] | None = None, generator: Any = None,
 ) -> dict[str, Any]:
-    """Generate completions for ``records`` and score them on ``benchmark``.
+    """Generate completions for ``records`` with ``model`` (plain, PEFT or a trainer's unwrapped model) or a
+    ready ``generator`` (e.g. a :class:`~cpr.evaluation.generation.VLLMGenerator`), and score them on
+    ``benchmark``. Defaults: greedy decoding of 256 new tokens with the evaluation prompt, the paper's
+    scoring, the packaged templates.
 
-    Args:
-        model: the model (plain, PEFT, or a trainer's unwrapped model); unused with ``generator``.
-        processor: its processor (left padding).
-        benchmark: registry name (``crystal``, ``m3cot``, ``vlrmbench``).
-        records: the records to evaluate (unique ids).
-        generation: decoding settings (default greedy, 256 new tokens, evaluation prompt).
-        scoring: scoring settings (default: paper encoder, tau 0.35, answer mode ``crystal``).
-        templates: CRYSTAL-format prompt templates (default: the packaged ones).
-        out_dir: folder for ``completions.jsonl`` (resumed from when there), ``metrics.json`` (the
-            metrics without samples, plus ``extra``), ``samples.jsonl`` and ``metrics.md``
-            (:func:`cpr.evaluation.report.render_markdown` with ``label`` and ``title``).
-        generator: a ready generator (e.g. a :class:`~cpr.evaluation.generation.VLLMGenerator`);
-            default a :class:`~cpr.evaluation.generation.TransformersGenerator` on ``model``.
+    With ``out_dir`` it writes ``completions.jsonl`` (resumed from when there), ``metrics.json`` (without
+    the samples), ``samples.jsonl`` and ``metrics.md`` (:func:`~cpr.evaluation.report.render_markdown`
+    with ``label`` and ``title``).
 
     Returns:
-        The benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`) plus ``extra``,
+        The benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`) with ``extra``,
         ``"generation"`` (the decoding settings) and ``"seconds"``.
 
     Raises:
-        ConfigError: unknown benchmark, or backend ``vllm`` without a generator.
+        ConfigError: an unknown benchmark, or backend ``vllm`` without a generator.
         InputError: invalid records or a malformed completions file.
     """
     from cpr.evaluation.report import render_markdown

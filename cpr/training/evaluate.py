@@ -158,16 +158,8 @@ def score_adapters(
 
 
 def final_evaluation(
-    cfg: ExperimentConfig,
-    splits: DataSplits | None,
-    *,
-    adapter: str | Path | None,
-    run_dir: str | Path,
-    label: str,
-    templates: Any = None,
-    model_path: str | None = None,
-    on: Sequence[str] | None = None,
-    skip_empty: bool = False,
+    cfg: ExperimentConfig, splits: DataSplits | None, *, adapter: str | Path | None, run_dir: str | Path, label: str,
+    templates: Any = None, model_path: str | None = None, on: Sequence[str] | None = None, skip_empty: bool = False,
     echo: bool = False,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Score ``cfg``'s model with the LoRA adapter ``adapter`` (or none) on each split of ``on`` (default
@@ -177,12 +169,8 @@ def final_evaluation(
     :func:`cpr.evaluation.evaluate_model`; a ``completions.jsonl`` there is resumed; ``metrics.json`` also
     records ``adapter`` and ``split``) and ``metrics.md`` (all tables; with ``echo`` also printed).
 
-    Args:
-        splits: the data splits (``None``: loaded from ``cfg.data``).
-        label: the model's name in the tables.
-        templates: prompt templates (default: ``cfg.data.prompts``).
-        model_path: the resolved model (default :func:`cpr.training.policy.resolve_model_path`).
-        skip_empty: leave out a split without records (logged) instead of raising.
+    ``splits`` default to those of ``cfg.data``, ``templates`` to ``cfg.data.prompts``, ``model_path`` to
+    :func:`cpr.training.policy.resolve_model_path`; ``skip_empty`` leaves out a split without records.
 
     Returns:
         ``{split: {benchmark: overall summary}}`` (``{}`` for a skipped split, and on every process but

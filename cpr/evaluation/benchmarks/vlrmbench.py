@@ -161,47 +161,31 @@ def _numbers_from_text(text: str) -> frozenset[int] | None:
 def _numbers_from_value(value: Any) -> frozenset[int] | None:
     if value is None:
         return frozenset()
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return frozenset({value})
-    if isinstance(value, float):
-        return frozenset({int(value)}) if value.is_integer() else None
     if isinstance(value, str):
         return _numbers_from_text(value)
-    if isinstance(value, list):
-        out: set[int] = set()
-        for item in value:
-            if isinstance(item, list):
-                return None
-            got = _numbers_from_value(item)
-            if got is None:
-                return None
-            out |= got
-        return frozenset(out)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer():
+        return frozenset({int(value)})
+    if isinstance(value, list) and not any(isinstance(v, list) for v in value):
+        parts = [_numbers_from_value(v) for v in value]
+        return None if None in parts else frozenset().union(*parts)
     return None
 
 
-def _loads(text: str) -> Any:
-    try:
-        return json.loads(text, strict=False)
-    except (ValueError, RecursionError):
-        return None
-
-
-def _from_json(text: str) -> tuple[bool, frozenset[int] | None]:
-    """``(decoded, numbers)``: whether a JSON object / list with step numbers was found."""
-    candidates = [_loads(text)]
+def _from_json(text: str) -> frozenset[int] | None:
+    """The numbers of the first JSON object with ``erroneous_steps`` or JSON list: the whole text, then the
+    span from the first ``{`` to the last ``}`` with trailing commas removed."""
     first, last = text.find("{"), text.rfind("}")
-    if first != -1 and last > first:
-        span = _TRAILING_COMMA_RE.sub(lambda m: m.group(1) or "", text[first: last + 1])
-        candidates.append(_loads(span))
-    for obj in candidates:
+    spans = [text, _TRAILING_COMMA_RE.sub(lambda m: m.group(1) or "", text[first: last + 1])] if 0 <= first < last else [text]
+    for span in spans:
+        try:
+            obj = json.loads(span, strict=False)
+        except (ValueError, RecursionError):
+            continue
         if isinstance(obj, dict) and "erroneous_steps" in obj:
-            return True, _numbers_from_value(obj["erroneous_steps"])
+            return _numbers_from_value(obj["erroneous_steps"])
         if isinstance(obj, list):
-            return True, _numbers_from_value(obj)
-    return False, None
+            return _numbers_from_value(obj)
+    return None
 
 
 def parse_erroneous_steps(text: str) -> tuple[frozenset[int] | None, str]:
@@ -219,8 +203,8 @@ def parse_erroneous_steps(text: str) -> tuple[frozenset[int] | None, str]:
     body = text.strip()
     fence = _FENCE_RE.match(body)
     body = fence.group(1).strip() if fence is not None else body
-    decoded, numbers = _from_json(body)
-    if decoded and numbers is not None:
+    numbers = _from_json(body)
+    if numbers is not None:
         return numbers, "json"
     numbers = _numbers_from_text(body)
     return (numbers, "text") if numbers is not None else (None, "none")
