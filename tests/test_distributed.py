@@ -23,7 +23,7 @@ def _launch(out: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false"}
     cmd = [str(TORCHRUN), "--nproc_per_node", "2", "--master_port", "29517", "recipes/cpr_curriculum.py",
-           "--config", "recipes/configs/demo.yaml", "--output-dir", str(out), *extra,
+           "--config", "recipes/configs/demo_tabmwp.yaml", "--output-dir", str(out), *extra,
            "--set", "warm_start.max_steps=20", "--set", "training.per_device_train_batch_size=8",
            "--set", "training.max_completion_length=32", "--set", "evaluation.max_new_tokens=32",
            "--set", "evaluation.eval_steps=2", "--set", "training.report_to=none"]
@@ -38,7 +38,7 @@ def test_two_cpu_processes_run_both_phases_and_refuse_together(tmp_path):
     out = tmp_path / "ddp"
     done = _launch(out)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stderr.count("[cpr] run demo ->") == 1  # the other process logs warnings only
+    assert done.stderr.count("[cpr] run demo_tabmwp ->") == 1  # the other process logs warnings only
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished" and [p["phase"] for p in summary["phases"]] == ["answer_only", "cpr"]
     assert all(p["steps"] == 4 for p in summary["phases"])
