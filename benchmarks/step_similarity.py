@@ -8,7 +8,7 @@ For every reference step of ``--items`` generated items (:mod:`cpr.data.syntheti
 embeds, with the step encoder, the reference step and
 
 * **right fact**: the same fact written differently (lower case, no full stop, a digit for the
-  number word, "There are ..." / "... has the most cells of all.");
+  number word, "There are ...", "cell" for "cells" and back / "... has the most cells of all.");
 * **wrong fact**: the same sentence with one fact changed (another count, another colour);
 * **other step**: the item's other reference steps (a different fact of the same item);
 
@@ -43,7 +43,9 @@ def variants(step: str, colours: list[str]) -> tuple[list[str], list[str]]:
     elif m := COUNT.match(step):
         word, what, noun = m.group(1).lower(), m.group(2), m.group(3)
         n = WORDS.index(word)
-        right += [f"{n} {what} {noun}.", f"There {'is' if n == 1 else 'are'} {word} {what} {noun}."]
+        other_noun = "cells" if noun == "cell" else "cell"  # a number-agreement slip the tiny model makes
+        right += [f"{n} {what} {noun}.", f"There {'is' if n == 1 else 'are'} {word} {what} {noun}.",
+                  f"{m.group(1)} {what} {other_noun}."]
         for k in range(10):
             if k != n:
                 wrong.append(f"{WORDS[k].capitalize()} {what} {'cell' if k == 1 else 'cells'}.")
