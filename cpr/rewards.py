@@ -125,12 +125,12 @@ def _as_steps(ref: Any, row: int) -> list[str]:
 def _step_scores(
     parsed: Sequence[ParsedCompletion], kwargs: Mapping[str, Any], settings: StepRewardSettings
 ) -> list[StepScores]:
+    from accelerate import PartialState
+
     n = len(parsed)
     refs = [_as_steps(r, i) for i, r in enumerate(_column(kwargs, "reference_steps", n, required=True))]
     prompts = [prompt_pieces(q, o) for q, o in zip(_column(kwargs, "question", n, ""),
                                                    _column(kwargs, "options", n, ()), strict=True)]
-    from accelerate import PartialState
-
     # the trainer's device once accelerate is set up
     device = settings.device or (str(PartialState().device) if PartialState._shared_state else None)
     encoder = get_encoder(settings.encoder, device=device, batch_size=settings.batch_size)
@@ -170,7 +170,8 @@ def _answer_metrics(parsed: Sequence[ParsedCompletion], correct: Sequence[bool])
 
 
 def _step_metrics(scores: Sequence[StepScores]) -> dict[str, float]:
-    metrics = {f"steps/{k}": _mean([getattr(s, k) for s in scores]) for k in ("precision", "recall", "match_f1", "lis")}
+    metrics = {f"steps/{k}": _mean([getattr(s, k) for s in scores])
+               for k in ("precision", "recall", "match_f1", "lis")}
     return {**metrics, "steps/count": _mean([s.n_pred for s in scores]),
             "hacking/precision_minus_recall": _mean([s.precision - s.recall for s in scores])}
 
