@@ -64,22 +64,17 @@ def load_records_with_report(
 ) -> tuple[Records, LoadReport]:
     """Load a dataset in its published layout as validated, bucketed records, with a :class:`LoadReport`.
 
-    Args:
-        source: adapter name (``crystal``, ``mathvision``, ``tabmwp``, ``scienceqa``, ``m3cot``,
-            ``vlrmbench``, ``jsonl``, or one added with ``register_adapter``).
-        path: file, folder, saved dataset or hub name, as the adapter accepts.
-        split: split to read where the layout has one (an error for single files without splits).
-        on_invalid: ``"error"`` raises the first :class:`RecordError`; ``"skip"`` drops invalid
-            records (malformed JSON lines included) and logs (logger ``cpr.data``) how many and why.
-        buckets: difficulty bucket config (default ``BucketConfig()``); records that already carry a
-            difficulty (generic JSON lines) keep it.
-        limit: stop after this many valid records.
-        validate_images: open and verify every image (:func:`cpr.data.validation.check_image`).
-        options: adapter options (e.g. ``{"text_only": "keep"}`` for ScienceQA).
+    ``source`` names the adapter (``crystal``, ``mathvision``, ``tabmwp``, ``scienceqa``, ``m3cot``,
+    ``vlrmbench``, ``jsonl``, or one added with ``register_adapter``) and ``options`` its options
+    (e.g. ``{"text_only": "keep"}`` for ScienceQA); ``path`` is a file, folder, saved dataset or hub
+    name, and ``split`` the split where the layout has one. ``on_invalid="skip"`` drops invalid
+    records (malformed JSON lines included) and logs (logger ``cpr.data``) how many and why;
+    ``"error"`` raises the first. ``buckets`` (default ``BucketConfig()``) buckets records that carry
+    no difficulty; ``limit`` stops after that many valid records; ``validate_images`` opens and
+    verifies every image (:func:`cpr.data.validation.check_image`).
 
     Returns:
-        The records in file order (:class:`Records`, memory-mapped, images decoded only when
-        opened) and the report.
+        The records in file order (:class:`Records`, memory-mapped) and the report.
 
     Raises:
         RecordError / InputError: invalid input (file, line or id, and field in the message).

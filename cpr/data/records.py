@@ -48,18 +48,13 @@ ImageRef = str | Path | Image.Image | dict | DatasetImageRef
 class Record:
     """One validated example, independent of the dataset it came from.
 
-    Attributes:
-        id: unique within a loaded dataset (the source's own id where it has one).
-        images: image references in the order the question uses them; empty only for text-only
-            questions (ScienceQA with ``text_only="keep"``).
-        question: question text, dataset image placeholders (``<image1>``) removed.
-        options: option texts, lettered A, B, ... in order; empty for free-form questions.
-        answer: gold answer, the option letter for multiple choice; ``""`` only for sources without
-            an answer field (VLRMBench).
-        reference_steps: ordered reference reasoning steps (non-empty).
-        difficulty: ``"easy"``, ``"medium"`` or ``"hard"`` once bucketed (:mod:`cpr.data.buckets`).
-        source: adapter name, or the ``source`` field of a generic JSON-lines record.
-        meta: the source's own fields worth keeping; ``meta["context"]`` is rendered in the prompt.
+    ``images`` are references in the order the question uses them (empty only for text-only
+    questions); ``question`` has the dataset's image placeholders removed; ``options`` are lettered
+    A, B, ... in order (empty when free-form); ``answer`` is the option letter for multiple choice
+    (``""`` only for sources without an answer field, VLRMBench); ``reference_steps`` are ordered
+    and non-empty; ``difficulty`` is ``"easy"``, ``"medium"`` or ``"hard"`` once bucketed;
+    ``source`` is the adapter name (or a generic JSON line's ``source``); ``meta`` keeps the
+    source's own fields, ``meta["context"]`` being rendered in the prompt.
     """
 
     id: str

@@ -139,6 +139,12 @@ def split_sentences(text: str, *, split_lines: bool = True) -> list[str]:
     return [s for s in sentences if s and not _ONLY_PUNCT_RE.match(s)]
 
 
+def solution_steps(solution: str) -> list[str]:
+    """MATH-Vision ``solution`` prose -> reference steps: literal ``\\n`` escapes become newlines,
+    ``[asy]`` drawing code is dropped, only "Solution 1" is kept, then :func:`split_sentences`."""
+    return split_sentences(first_solution(drop_asy_blocks(unescape_literal_newlines(solution)).strip()))
+
+
 def first_solution(text: str) -> str:
     """Keep only "Solution 1" of a text starting "Solution 1: ... Solution 2: ..." (a **choice**: the
     alternatives are other reasoning paths); other text is returned unchanged."""

@@ -40,31 +40,16 @@ _SAME_NAME = ("max_steps", "num_train_epochs", "learning_rate", "per_device_trai
 
 @dataclass
 class SFTSettings:
-    """Settings of a supervised LoRA run: a subset of ``trl.SFTConfig`` with cpr's defaults.
+    """Settings of a supervised LoRA run: ``trl.SFTConfig`` fields of the same name with cpr's defaults,
+    plus ``warmup_ratio`` (``SFTConfig.warmup_steps``: transformers 5 reads a value below 1 as a ratio),
+    ``gradient_checkpointing`` (``SFTConfig.activation_checkpointing``; ``None``: on when CUDA is
+    available), ``check_lengths`` (measure every example first: :func:`check_example_lengths`) and
+    ``extra`` (other ``SFTConfig`` fields, passed as given).
 
-    Attributes:
-        max_steps: optimizer steps; -1 trains ``num_train_epochs`` epochs instead.
-        num_train_epochs: epochs over the records when ``max_steps`` is -1.
-        learning_rate: peak AdamW learning rate (M3CoT baseline: 1e-6 to 8e-5; tiny warm start: 5e-3).
-        per_device_train_batch_size: examples per device per micro-batch (M3CoT: 2, 4 or 8).
-        gradient_accumulation_steps: micro-batches per optimizer step.
-        max_length: maximum tokens per example, image tokens included (longer completions lose their
-            end); ``None``: no truncation. M3CoT baseline: 512.
-        lr_scheduler_type: transformers scheduler name (linear, cosine, constant, ...).
-        warmup_ratio: share of the steps warming the learning rate up, in [0, 1) (``SFTConfig``'s
-            ``warmup_steps``: transformers 5 reads a value below 1 as a ratio).
-        logging_steps: log the loss every this many optimizer steps.
-        save_strategy: intermediate checkpoints: ``no``, ``steps`` (every ``save_steps``) or ``epoch``;
-            the final adapter is always saved.
-        save_steps: checkpoint interval when ``save_strategy`` is ``steps``.
-        seed: seed of the LoRA initialisation, the data order and dropout.
-        report_to: trackers (``none``, ``tensorboard``, ``wandb``, or a list).
-        completion_only_loss: the loss covers the JSON completion only (``False``: the whole sequence).
-        gradient_checkpointing: activation checkpointing (``SFTConfig.activation_checkpointing``);
-            ``None``: on when CUDA is available.
-        check_lengths: measure every example with the processor before training
-            (:func:`check_example_lengths`).
-        extra: other ``trl.SFTConfig`` fields, passed as given (e.g. ``{"weight_decay": 0.0}``).
+    ``max_steps`` -1 trains ``num_train_epochs`` epochs; ``max_length`` counts image tokens too
+    (``None``: no truncation); ``save_strategy`` sets intermediate checkpoints only (the adapter is
+    always saved); ``completion_only_loss`` puts the loss on the JSON completion only. The M3CoT
+    baseline uses batch sizes 2, 4 or 8, learning rates 1e-6 to 8e-5 and ``max_length`` 512.
     """
 
     max_steps: int = -1
@@ -254,27 +239,21 @@ def run_sft(
     peft_config: peft.PeftConfig | None = None,
     callbacks: Sequence[TrainerCallback] = (),
 ) -> Path:
-    """Train a LoRA adapter on the records' target JSON with ``trl.SFTTrainer`` and save it.
+    """Train a LoRA adapter on ``records`` (each with an answer) with ``trl.SFTTrainer`` and save it.
 
-    Args:
-        model: a vision-language model with ``peft_config`` (PEFT injects the LoRA layers in place),
-            or a ``peft.PeftModel`` with a trainable adapter and no ``peft_config``.
-        processor: the model's processor (``processing_class``).
-        records: training records, each with an answer.
-        templates: prompt templates (the GRPO training prompt).
-        settings: validated first (``ConfigError`` fields ``sft.<key>``).
-        output_dir: run folder: checkpoints (``save_strategy``), ``trainer_state.json`` (the log
-            history: loss, ``mean_token_accuracy``, learning rate) and the adapter folder.
-        peft_config: LoRA configuration (:func:`cpr.models.build_lora_config`).
-        callbacks: extra ``transformers.TrainerCallback`` objects.
+    ``model`` is a vision-language model with ``peft_config`` (:func:`cpr.models.build_lora_config`;
+    PEFT injects the LoRA layers in place) or a ``peft.PeftModel`` with a trainable adapter.
+    ``output_dir`` receives checkpoints (``save_strategy``), ``trainer_state.json`` (the log history)
+    and the adapter.
 
     Returns:
-        ``output_dir / "adapter"``: the LoRA adapter and the processor files (load it with
-        ``peft.PeftModel.from_pretrained``). The trained model is left in eval mode.
+        ``output_dir / "adapter"`` (the adapter and the processor files, for
+        ``peft.PeftModel.from_pretrained``); the trained model is left in eval mode.
 
     Raises:
-        ConfigError: invalid settings; neither ``peft_config`` nor a ``PeftModel``, both, or a
-            ``PeftModel`` without trainable parameters; a prompt longer than ``settings.max_length``.
+        ConfigError: invalid settings (fields ``sft.<key>``); neither ``peft_config`` nor a
+            ``PeftModel``, both, or a ``PeftModel`` without trainable parameters; a prompt longer
+            than ``settings.max_length``.
         InputError: no records, or a record without an answer.
     """
     from peft import PeftModel

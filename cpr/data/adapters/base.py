@@ -17,11 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from PIL import Image
-
 from cpr.data.records import OPTION_LETTERS, ImageRef, Record
 from cpr.data.validation import (
-    ANSWER_NOT_OPTION,
     BAD_VALUE,
     MALFORMED_JSON,
     MISSING_FIELD,
@@ -34,18 +31,11 @@ from cpr.io import parse_jsonl_line
 
 @dataclass
 class RawRow:
-    """One row as published, and where it came from.
-
-    Attributes:
-        data: the row's fields, unchanged (an embedded image is its encoded ``{"bytes", "path"}``).
-        path: the file, dataset folder or hub name (for messages).
-        line: 1-based line number in a JSON-lines file, else ``None``.
-        record_id: the row's id when known before conversion.
-        base_dir: folder that relative image paths resolve against.
-        index: 0-based position of the row in its file or dataset.
-        split: the row's split, when the layout says.
-        problem: why the row could not be read (a malformed JSON line, a value that is not an
-            object); ``data`` is then empty and the loader raises or skips it (``on_invalid``).
+    """One row as published (``data``, unchanged: an embedded image is its encoded ``{"bytes", "path"}``)
+    and where it came from: ``path`` (file, dataset folder or hub name), 1-based ``line`` in a
+    JSON-lines file, 0-based ``index``, ``split`` when the layout says, ``record_id`` when known before
+    conversion, and ``base_dir`` (relative image paths resolve against it). ``problem`` says why the
+    row could not be read (malformed JSON, not an object); the loader then raises or skips it.
     """
 
     data: Mapping[str, Any]
@@ -95,13 +85,10 @@ class SkipRow(Exception):
 
 
 class Adapter(ABC):
-    """Reads one source's published layout.
-
-    Subclasses set ``name`` (registry key and ``Record.source``) and may set ``allows_empty_answer``
-    (no answer field), ``loads_hub_datasets`` (``path`` may be a hub ``owner/name``) and
-    ``option_names`` (the keyword options the constructor accepts, from ``load_records(options=...)``;
-    others raise ``ConfigError``).
-    """
+    """Reads one source's published layout. Subclasses set ``name`` (registry key and
+    ``Record.source``) and may set ``allows_empty_answer`` (no answer field), ``loads_hub_datasets``
+    (``path`` may be a hub ``owner/name``) and ``option_names`` (the keyword options the constructor
+    accepts, from ``load_records(options=...)``; others raise ``ConfigError``)."""
 
     name: ClassVar[str]
     allows_empty_answer: ClassVar[bool] = False
@@ -202,13 +189,11 @@ def problem_rows(path: Path, split: str | None) -> Iterator[RawRow]:
 def image_refs(value: Any, row: RawRow, field: str, base_dirs: Sequence[Path] = ()) -> list[ImageRef]:
     """Image references in a cell: ``None``, a path (relative ones resolve against the first of
     ``base_dirs``, else ``row.base_dir``, where the file exists), an encoded ``{"bytes", "path"}``
-    dict, a PIL image, or a list of those."""
+    dict, or a list of those."""
     if value is None or isinstance(value, str) and not value.strip():
         return []
     if isinstance(value, (list, tuple)):
         return [ref for item in value for ref in image_refs(item, row, field, base_dirs)]
-    if isinstance(value, Image.Image):
-        return [value]
     if isinstance(value, Mapping) and ("bytes" in value or "path" in value):
         if value.get("bytes") is not None or not value.get("path"):
             return [dict(value)]
@@ -219,10 +204,6 @@ def image_refs(value: Any, row: RawRow, field: str, base_dirs: Sequence[Path] = 
         return [p]
     dirs = list(base_dirs) or [row.base_dir or Path.cwd()]
     return [next((d / p for d in dirs if (d / p).exists()), dirs[0] / p)]
-
-
-# ---------------------------------------------------------------------------------------------
-# Options and answers
 
 _LABEL_RE = re.compile(r"^\s*\(?([A-Z])\s*[).:]\s*(.*)$", re.DOTALL)
 _ANSWER_LETTER_RE = re.compile(r"^\s*\(?([A-Z])(?:\s*[).:]|\s*$|\s+\()", re.DOTALL)
@@ -267,14 +248,3 @@ def answer_to_letter(answer: str, options: list[str]) -> str | None:
         return m.group(1)
     hits = [letters[i] for i, o in enumerate(options) if o.strip().casefold() == text.casefold()]
     return hits[0] if len(hits) == 1 else None
-
-
-def letter_or_error(answer: str, options: list[str], row: RawRow, field: str = "answer") -> str:
-    """:func:`answer_to_letter`, or an ``answer not an option letter`` error."""
-    if (letter := answer_to_letter(answer, options)) is None:
-        raise row.error(
-            f"answer {answer!r} matches none of the options ({', '.join(OPTION_LETTERS[: len(options)])})",
-            reason=ANSWER_NOT_OPTION,
-            field=field,
-        )
-    return letter

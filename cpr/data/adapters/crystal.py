@@ -11,20 +11,19 @@ from typing import Any
 from cpr.data.adapters.base import (
     Adapter,
     RawRow,
+    answer_to_letter,
     existing_path,
     jsonl_rows,
-    letter_or_error,
     parse_options,
     pick_file,
     reject_split,
     strip_option_labels,
 )
 from cpr.data.adapters.hf import arrow_rows, hf_rows, is_saved_dataset, looks_like_hub_name
-from cpr.data.records import Record
-from cpr.data.validation import BAD_VALUE, EMPTY_STEPS
+from cpr.data.records import OPTION_LETTERS, Record
+from cpr.data.validation import ANSWER_NOT_OPTION, BAD_VALUE, EMPTY_STEPS
 
 _KNOWN = {"id", "image", "images", "question", "answer", "reference_steps", "choices", "options"}
-_PLAIN = (str, int, float, bool)
 
 
 class CrystalAdapter(Adapter):
@@ -49,24 +48,27 @@ class CrystalAdapter(Adapter):
     def convert(self, row: RawRow) -> Record:
         data = row.data
         row.record_id = row.record_id or f"{row.split or data.get('split') or 'row'}-{row.index}"
-        options = strip_option_labels(parse_options(data.get("choices") if data.get("choices") is not None else data.get("options"),
-                                                  row, "choices"))
+        choices = data.get("choices") if data.get("choices") is not None else data.get("options")
+        options = strip_option_labels(parse_options(choices, row, "choices"))
         answer_raw = row.text("answer", required=False)
-        answer = letter_or_error(answer_raw, options, row) if options and answer_raw else answer_raw
-        meta = {k: v for k, v in data.items() if k not in _KNOWN and (
-            v is None or isinstance(v, _PLAIN) or isinstance(v, (list, tuple)) and all(isinstance(x, _PLAIN) for x in v))}
+        answer = answer_to_letter(answer_raw, options) if options and answer_raw else answer_raw
+        if answer is None:
+            letters = ", ".join(OPTION_LETTERS[: len(options)])
+            message = f"answer {answer_raw!r} matches none of the options ({letters})"
+            raise row.error(message, reason=ANSWER_NOT_OPTION, field="answer")
+        meta = {k: v for k, v in data.items() if k not in _KNOWN and _plain(v)}
         if answer != answer_raw:
             meta["answer_raw"] = answer_raw
-        return Record(
-            id=row.record_id,
-            images=row.images("images" if data.get("image") is None and "images" in data else "image"),
-            question=row.text("question").strip(),
-            options=options,
-            answer=answer,
-            reference_steps=_steps(row),
-            source=self.name,
-            meta=meta,
-        )
+        image_key = "images" if data.get("image") is None and "images" in data else "image"
+        return Record(id=row.record_id, images=row.images(image_key), question=row.text("question").strip(),
+                      options=options, answer=answer, reference_steps=_steps(row), source=self.name, meta=meta)
+
+
+def _plain(value: Any) -> bool:
+    """A value worth keeping in ``meta``: ``None``, a scalar, or a list of scalars."""
+    scalars = (str, int, float, bool)
+    return value is None or isinstance(value, scalars) or isinstance(value, (list, tuple)) and all(
+        isinstance(v, scalars) for v in value)
 
 
 def _steps(row: RawRow) -> list[Any]:

@@ -36,14 +36,8 @@ class JsonlAdapter(Adapter):
         if not isinstance(steps := row.require("reference_steps"), list):
             raise row.error(f"expected a list, got {type(steps).__name__}", reason=BAD_VALUE, field="reference_steps")
         difficulty = data.get("difficulty")
-        return Record(
-            id=row.text("id"),
-            images=row.images("images" if "images" in data else "image"),
-            question=row.text("question").strip(),
-            options=parse_options(data.get("options"), row, "options"),
-            answer=row.text("answer", required=False),
-            reference_steps=steps,
-            difficulty=None if difficulty is None else str(difficulty),
-            source=row.text("source", required=False) or self.name,
-            meta=meta,
-        )
+        return Record(id=row.text("id"), images=row.images("images" if "images" in data else "image"),
+                      question=row.text("question").strip(), options=parse_options(data.get("options"), row, "options"),
+                      answer=row.text("answer", required=False), reference_steps=steps,
+                      difficulty=None if difficulty is None else str(difficulty),
+                      source=row.text("source", required=False) or self.name, meta=meta)

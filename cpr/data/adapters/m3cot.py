@@ -36,14 +36,8 @@ class M3CoTAdapter(Adapter):
         meta = {k: data[k] for k in _META_KEYS if k in data}
         if context := row.text("context", required=False):
             meta["context"] = context
-        return Record(
-            id=row.text("id"),
-            images=row.images("image_path" if data.get("image") is None and "image_path" in data else "image",
-                              [base, base.parent]),
-            question=row.text("question").strip(),
-            options=parse_options(row.require("choices"), row, "choices"),
-            answer=row.text("answer", required=False),
-            reference_steps=split_sentences(row.text("rationale")),
-            source=self.name,
-            meta=meta,
-        )
+        image_key = "image_path" if data.get("image") is None and "image_path" in data else "image"
+        return Record(id=row.text("id"), images=row.images(image_key, [base, base.parent]),
+                      question=row.text("question").strip(), options=parse_options(row.require("choices"), row, "choices"),
+                      answer=row.text("answer", required=False), reference_steps=split_sentences(row.text("rationale")),
+                      source=self.name, meta=meta)

@@ -16,19 +16,7 @@ from cpr.data.adapters.base import (
     reject_split,
 )
 from cpr.data.records import Record
-from cpr.data.text import (
-    drop_asy_blocks,
-    first_solution,
-    remove_image_placeholders,
-    split_sentences,
-    unescape_literal_newlines,
-)
-
-
-def solution_steps(solution: str) -> list[str]:
-    """MATH-Vision ``solution`` prose -> reference steps: literal ``\\n`` escapes become newlines,
-    ``[asy]`` drawing code is dropped, only "Solution 1" is kept, then :func:`split_sentences`."""
-    return split_sentences(first_solution(drop_asy_blocks(unescape_literal_newlines(solution)).strip()))
+from cpr.data.text import remove_image_placeholders, solution_steps
 
 
 class MathVisionAdapter(Adapter):
@@ -48,13 +36,8 @@ class MathVisionAdapter(Adapter):
     def convert(self, row: RawRow) -> Record:
         data = row.data
         base = row.base_dir or Path.cwd()
-        return Record(
-            id=row.text("id"),
-            images=row.images("image", [base, base.parent]),
-            question=remove_image_placeholders(row.text("question")),
-            options=parse_options(data.get("options"), row, "options"),
-            answer=row.text("answer", required=False),
-            reference_steps=solution_steps(row.text("solution")),
-            source=self.name,
-            meta={k: data[k] for k in ("level", "subject", "solution", "image") if k in data},
-        )
+        return Record(id=row.text("id"), images=row.images("image", [base, base.parent]),
+                      question=remove_image_placeholders(row.text("question")),
+                      options=parse_options(data.get("options"), row, "options"), answer=row.text("answer", required=False),
+                      reference_steps=solution_steps(row.text("solution")), source=self.name,
+                      meta={k: data[k] for k in ("level", "subject", "solution", "image") if k in data})

@@ -69,13 +69,6 @@ class ScienceQAAdapter(Adapter):
         if hint := row.text("hint", required=False):
             meta["context"] = hint
         meta["solution"] = row.text("solution")
-        return Record(
-            id=pid,
-            images=images,
-            question=row.text("question").strip(),
-            options=options,
-            answer=OPTION_LETTERS[index],
-            reference_steps=split_sentences(meta["solution"]),
-            source=self.name,
-            meta=meta,
-        )
+        return Record(id=pid, images=images, question=row.text("question").strip(), options=options,
+                      answer=OPTION_LETTERS[index], reference_steps=split_sentences(meta["solution"]), source=self.name,
+                      meta=meta)

@@ -38,13 +38,6 @@ class TabMWPAdapter(Adapter):
             answer = OPTION_LETTERS[hits[0]]
         solution = row.text("solution")
         meta = {k: row.data[k] for k in _META_KEYS if k in row.data} | {"answer_text": answer_text, "solution": solution}
-        return Record(
-            id=pid,
-            images=[(row.base_dir or Path()) / "tables" / f"{pid}.png"],
-            question=row.text("question").strip(),
-            options=options,
-            answer=answer,
-            reference_steps=split_blank_lines(solution),
-            source=self.name,
-            meta=meta,
-        )
+        return Record(id=pid, images=[(row.base_dir or Path()) / "tables" / f"{pid}.png"],
+                      question=row.text("question").strip(), options=options, answer=answer,
+                      reference_steps=split_blank_lines(solution), source=self.name, meta=meta)

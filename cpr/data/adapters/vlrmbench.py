@@ -69,13 +69,6 @@ class VLRMBenchAdapter(Adapter):
             parts = _STEP_MARK_RE.split(error)
             meta |= {"reasoning_error": error,
                      "reasoning_error_steps": [s.strip() for s in parts[1:]] if len(parts) > 1 else [error.strip()]}
-        return Record(
-            id=row.text("id"),
-            images=row.images("image"),
-            question=remove_image_placeholders(text),
-            options=options,
-            answer="",
-            reference_steps=[strip_step_prefix(s) if isinstance(s, str) else s for s in steps],
-            source=self.name,
-            meta=meta,
-        )
+        return Record(id=row.text("id"), images=row.images("image"), question=remove_image_placeholders(text),
+                      options=options, answer="", source=self.name, meta=meta,
+                      reference_steps=[strip_step_prefix(s) if isinstance(s, str) else s for s in steps])
