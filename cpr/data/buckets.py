@@ -45,27 +45,25 @@ class StepThresholds:
         if not (isinstance(self.easy_max, int) and isinstance(self.medium_max, int)):
             raise ConfigError("step thresholds must be integers", field="buckets.steps")
         if not 0 < self.easy_max <= self.medium_max:
-            raise ConfigError(
-                f"need 0 < easy_max <= medium_max, got {self.easy_max} and {self.medium_max}", field="buckets.steps"
-            )
+            message = f"need 0 < easy_max <= medium_max, got {self.easy_max} and {self.medium_max}"
+            raise ConfigError(message, field="buckets.steps")
 
     def bucket_of(self, n_steps: int) -> str:
         """Bucket of a record with ``n_steps`` reference steps."""
         return "easy" if n_steps <= self.easy_max else "medium" if n_steps <= self.medium_max else "hard"
 
 
+_GRADES = [f"grade{g}" for g in range(1, 13)]
+_DEFAULT_FIELDS = {
+    "mathvision": {"field": "level", "easy": [1, 2], "medium": [3], "hard": [4, 5]},
+    "tabmwp": {"field": "grade", "easy": [1, 2, 3, 4], "medium": [5, 6], "hard": [7, 8]},
+    "scienceqa": {"field": "grade", "easy": _GRADES[:4], "medium": _GRADES[4:8], "hard": _GRADES[8:]},
+}
+
+
 def default_field_tables() -> dict[str, FieldBuckets]:
     """The default per-source tables (module docstring)."""
-
-    def table(name: str, *buckets: list[Any]) -> FieldBuckets:
-        return FieldBuckets(name, {str(v): b for b, values in zip(DIFFICULTIES, buckets, strict=True) for v in values})
-
-    grades = [f"grade{g}" for g in range(1, 13)]
-    return {
-        "mathvision": table("level", [1, 2], [3], [4, 5]),
-        "tabmwp": table("grade", [1, 2, 3, 4], [5, 6], [7, 8]),
-        "scienceqa": table("grade", grades[:4], grades[4:8], grades[8:]),
-    }
+    return {source: _parse_table(spec, f"buckets.fields.{source}") for source, spec in _DEFAULT_FIELDS.items()}
 
 
 @dataclass(frozen=True)
@@ -135,26 +133,17 @@ def _parse_steps(spec: Any, key: str) -> StepThresholds:
 
 def assign_bucket(record: Record, config: BucketConfig) -> str:
     """Difficulty bucket of ``record`` under ``config`` (``record.difficulty`` is ignored): the
-    source's table when it has one, else the source's step thresholds.
-
-    Raises:
-        InputError: the record lacks the table's field, or its value is in no bucket (names the
-            record id and the field).
-    """
+    source's table when it has one, else the source's step thresholds. Raises ``InputError`` (record id
+    and field named) when the record lacks the table's field or its value is in no bucket."""
     table = config.fields.get(record.source)
     if table is None:
         return config.steps_by_source.get(record.source, config.steps).bucket_of(len(record.reference_steps))
     value = record.meta.get(table.field)
     if value is None:
-        raise InputError(
-            f"no difficulty value; the bucket table for source '{record.source}' reads this field",
-            record_id=record.id,
-            field=table.field,
-        )
-    if str(value) not in table.mapping:
-        raise InputError(
-            f"value {value!r} is in no bucket of the '{record.source}' table (listed: {', '.join(sorted(table.mapping))})",
-            record_id=record.id,
-            field=table.field,
-        )
-    return table.mapping[str(value)]
+        message = f"no difficulty value; the bucket table for source '{record.source}' reads this field"
+    elif str(value) not in table.mapping:
+        listed = ", ".join(sorted(table.mapping))
+        message = f"value {value!r} is in no bucket of the '{record.source}' table (listed: {listed})"
+    else:
+        return table.mapping[str(value)]
+    raise InputError(message, record_id=record.id, field=table.field)

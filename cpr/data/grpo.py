@@ -15,13 +15,9 @@ from cpr.data.records import WRITER_BATCH_SIZE, Record, Records, row_record, wri
 
 
 def map_records(records: Sequence[Record], function: Any, columns: dict[str, Any], desc: str, **fn_kwargs: Any) -> Any:
-    """``Dataset.map`` of ``function`` (a record-dataset row -> a row of ``columns``) over ``records``
-    (a list of :class:`Record` is written to a record dataset first), into a memory-mapped dataset.
-
-    ``columns`` maps names to ``datasets`` features; ``"images"`` is ``List(Image(mode=None))``:
-    images are not converted at decode, the model's image processor does that (compositing
-    transparent PNGs on white, where a plain ``convert("RGB")`` would turn them black).
-    """
+    """``Dataset.map`` of ``function`` (record-dataset row -> row of ``columns``, name -> feature) over
+    ``records`` (a list is written to a record dataset first): a memory-mapped dataset whose
+    ``images`` column is ``List(Image())``, decoded when read and not converted (docs/data.md)."""
     from datasets import Features, Image, List
 
     data = (records if isinstance(records, Records) else write_records(records)).dataset
@@ -33,14 +29,10 @@ def map_records(records: Sequence[Record], function: Any, columns: dict[str, Any
 def to_grpo_dataset(records: Sequence[Record], templates: PromptTemplates, *, mode: str = "train") -> Any:
     """Build the GRPO training (``mode="train"``) or evaluation (``"eval"``) dataset.
 
-    Returns:
-        A memory-mapped ``datasets.Dataset`` with columns ``prompt`` (:func:`build_messages`, each
-        message a ``Json`` value so image blocks carry no ``"text": None``), ``images`` (a list per
-        row, decoded when read), the reward columns ``answer``, ``reference_steps``, ``options``,
-        ``question``, and ``id``, ``difficulty``, ``source``.
-
-    Raises:
-        ValueError: unknown ``mode``.
+    Returns a memory-mapped ``datasets.Dataset`` with columns ``prompt`` (:func:`build_messages`,
+    messages stored as ``Json``), ``images`` (a list per row, decoded when read), the reward columns
+    ``answer``, ``reference_steps``, ``options``, ``question``, and ``id``, ``difficulty``, ``source``.
+    Raises ``ValueError`` for an unknown ``mode``.
     """
     from datasets import Json, List, Value
 

@@ -1,8 +1,6 @@
 """``load_records``: read a source with its adapter, validate, bucket, and report what was skipped.
-
-Rows are read, converted and validated one at a time and written straight to a memory-mapped record
-dataset (:func:`cpr.data.records.write_records`), so loading holds no image bytes.
-"""
+Rows are converted and validated one at a time and written straight to a memory-mapped record
+dataset (:func:`cpr.data.records.write_records`), so loading holds no image bytes."""
 
 from __future__ import annotations
 
@@ -52,14 +50,8 @@ def load_records(source: str, path: str | Path, **kwargs: Any) -> Records:
 
 
 def load_records_with_report(
-    source: str,
-    path: str | Path,
-    *,
-    split: str | None = None,
-    on_invalid: str = "error",
-    buckets: BucketConfig | None = None,
-    limit: int | None = None,
-    validate_images: bool = True,
+    source: str, path: str | Path, *, split: str | None = None, on_invalid: str = "error",
+    buckets: BucketConfig | None = None, limit: int | None = None, validate_images: bool = True,
     options: Mapping[str, Any] | None = None,
 ) -> tuple[Records, LoadReport]:
     """Load a dataset in its published layout as validated, bucketed records, with a :class:`LoadReport`.

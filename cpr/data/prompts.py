@@ -1,10 +1,5 @@
-"""Prompts the policy sees: templates, conversational messages, and the target JSON.
-
-Templates come from the packaged ``cpr/templates/prompts.yaml``, overridable by a YAML file or a
-dict. Messages follow TRL's conversational vision-language format (a system message, then a user
-message of one ``{"type": "image"}`` placeholder per image and the text); the target is the output
-format of docs/method.md section 1.
-"""
+"""Prompts the policy sees: templates (packaged ``cpr/templates/prompts.yaml``, overridable),
+messages in TRL's conversational vision-language format, and the target JSON (docs/method.md section 1)."""
 
 from __future__ import annotations
 
@@ -135,7 +130,5 @@ def messages_as_text(messages: list[dict[str, Any]], image_marker: str = "<image
     out: list[str] = []
     for message in messages:
         out.append(f"[{message['role']}]")
-        content = message["content"]
-        blocks = [{"text": content}] if isinstance(content, str) else content
-        out += [image_marker if b.get("type") == "image" else str(b.get("text", "")) for b in blocks]
+        out += [image_marker if b.get("type") == "image" else str(b.get("text", "")) for b in message["content"]]
     return "\n".join(out)

@@ -1,9 +1,6 @@
-"""The record every adapter produces, its image references, and the memory-mapped record dataset.
-
-Loaded records live one per row in an Arrow file that ``datasets`` memory-maps (:func:`write_records`)
-and are read back one at a time through :class:`Records`: a loaded dataset holds no image bytes and
-no per-record Python objects (docs/data.md).
-"""
+"""The record every adapter produces, its image references, and the memory-mapped record dataset:
+loaded records live one per row in an Arrow file that ``datasets`` memory-maps and are read back one
+at a time (:class:`Records`), so a loaded dataset holds no image bytes (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ DIFFICULTIES: tuple[str, ...] = ("easy", "medium", "hard")
 """Bucket names, easiest first (docs/method.md section 6)."""
 OPTION_LETTERS = string.ascii_uppercase
 WRITER_BATCH_SIZE = 32
-"""Rows per Arrow batch written by :func:`write_records` and the ``Dataset.map`` calls: bounds the
-image bytes held in memory."""
+"""Rows per Arrow batch written (:func:`write_records`, ``Dataset.map``): bounds the image bytes held."""
 
 
 @dataclass(frozen=True)
@@ -40,8 +36,7 @@ class DatasetImageRef:
 
 
 ImageRef = str | Path | Image.Image | dict | DatasetImageRef
-"""What ``Record.images`` holds: a path, a PIL image, an encoded ``{"bytes", "path"}`` dict or a
-:class:`DatasetImageRef`."""
+"""An entry of ``Record.images``: a path, a PIL image, an encoded ``{"bytes", "path"}`` dict."""
 
 
 @dataclass
@@ -154,6 +149,9 @@ class Records(Sequence[Record]):
         for i, row in enumerate(self.dataset):
             yield self._record(row, i)
 
+    def __add__(self, other: Records) -> Records:
+        return Records.concatenate([self, other])
+
     def select(self, indices: Iterable[int]) -> Records:
         """The records at ``indices`` (0-based, in that order)."""
         return Records(self.dataset.select(list(indices)))
@@ -164,11 +162,9 @@ class Records(Sequence[Record]):
 
     @staticmethod
     def concatenate(parts: Sequence[Records]) -> Records:
-        """The records of ``parts``, one after the other."""
+        """The records of ``parts`` (at least one), one after the other."""
         from datasets import concatenate_datasets
 
-        if not parts:
-            return write_records([])
         return parts[0] if len(parts) == 1 else Records(concatenate_datasets([p.dataset for p in parts]))
 
     def _record(self, row: dict[str, Any], index: int) -> Record:

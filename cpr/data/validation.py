@@ -1,8 +1,6 @@
-"""Checks every record passes at load time, so a bad record fails at load time, not at training step 900.
-
-Each problem is a :class:`RecordError` naming the file, the line or record id and the field, with
-a short ``reason`` (the constants below) used to count skipped records.
-"""
+"""Checks every record passes at load time (not at training step 900): each problem is a
+:class:`RecordError` naming the file, the line or record id and the field, with a ``reason`` (the
+constants below) used to count skipped records."""
 
 from __future__ import annotations
 
@@ -70,14 +68,8 @@ def check_image(ref: ImageRef) -> None:
         raise ValueError(f"image {_where(ref)} has mode {mode!r}, not convertible to RGB") from e
 
 
-def validate_record(
-    record: Record,
-    *,
-    path: str | Path | None,
-    line: int | None = None,
-    allow_empty_answer: bool = False,
-    validate_images: bool = True,
-) -> None:
+def validate_record(record: Record, *, path: str | Path | None, line: int | None = None,
+                    allow_empty_answer: bool = False, validate_images: bool = True) -> None:
     """Raise :class:`RecordError` for the first problem of ``record`` (from file ``path``, 1-based
     ``line`` for JSON lines): an empty question, no or empty reference steps, a missing answer
     (unless ``allow_empty_answer``), a multiple-choice answer that is not an option letter, an unknown
@@ -99,11 +91,8 @@ def validate_record(
         if not allow_empty_answer:
             raise fail("answer is missing or empty", MISSING_ANSWER, "answer")
     elif record.options and record.answer not in (letters := option_letters(len(record.options))):
-        raise fail(
-            f"multiple-choice answer {record.answer!r} is not one of the option letters {', '.join(letters)}",
-            ANSWER_NOT_OPTION,
-            "answer",
-        )
+        message = f"multiple-choice answer {record.answer!r} is not one of the option letters {', '.join(letters)}"
+        raise fail(message, ANSWER_NOT_OPTION, "answer")
     if record.difficulty is not None and record.difficulty not in DIFFICULTIES:
         raise fail(f"difficulty {record.difficulty!r} is not one of {', '.join(DIFFICULTIES)}", BAD_VALUE, "difficulty")
     for i, ref in enumerate(record.images if validate_images else []):

@@ -1,12 +1,7 @@
-"""Supervised LoRA fine-tuning on the records' target JSON with TRL's ``SFTTrainer``.
-
-Used for the warm start before GRPO (a random tiny model earns no reward) and for the M3CoT paper's
-fine-tuning baseline (arXiv 2405.16473, ``recipes/sft_lora.py``). The prompt is the GRPO training
-prompt (:func:`cpr.data.build_messages`), the completion :func:`cpr.data.render_target` as one
-assistant message; TRL's vision-language prompt-completion path trains on it with the loss on the
-completion only. How TRL 1.16 treats such a dataset, and why prompts longer than ``max_length``
-are refused: docs/data.md.
-"""
+"""Supervised LoRA fine-tuning with TRL's ``SFTTrainer``: the GRPO training prompt, the target JSON
+(:func:`cpr.data.render_target`) as the completion. Used by the warm start before GRPO and the M3CoT
+paper's fine-tuning baseline (arXiv 2405.16473, ``recipes/sft_lora.py``); how TRL 1.16 treats the
+dataset, and why prompts longer than ``max_length`` are refused: docs/data.md."""
 
 from __future__ import annotations
 
@@ -123,16 +118,11 @@ def _is_number(value: Any) -> bool:
 
 
 def to_sft_dataset(records: Sequence[Record], templates: PromptTemplates) -> datasets.Dataset:
-    """Records -> TRL's conversational prompt-completion dataset for vision-language SFT.
+    """Records -> TRL's conversational prompt-completion dataset for vision-language SFT: a memory-mapped
+    ``datasets.Dataset`` with columns ``prompt`` (the GRPO training prompt), ``completion`` (one
+    assistant message, :func:`cpr.data.render_target`), ``images`` (decoded when read) and ``id``.
 
-    Returns:
-        A memory-mapped ``datasets.Dataset`` (``Dataset.map``) with columns ``prompt`` (the GRPO
-        training prompt, as :func:`cpr.data.to_grpo_dataset`), ``completion`` (``[{"role":
-        "assistant", "content": [{"type": "text", "text": render_target(record)}]}]``), ``images``
-        (decoded when read) and ``id``.
-
-    Raises:
-        InputError: a record without an answer (``field="answer"``, its id named): there is no target.
+    Raises ``InputError`` (``field="answer"``, the id named) for a record without an answer.
     """
     from datasets import Json, List, Value
 
@@ -176,14 +166,10 @@ def example_lengths(dataset: datasets.Dataset, processor: ProcessorMixin) -> lis
 def check_example_lengths(
     dataset: datasets.Dataset, processor: ProcessorMixin, max_length: int, *, prefix: str = "sft"
 ) -> list[tuple[int, int, int]]:
-    """:func:`example_lengths`, checked against ``max_length``. Logs a warning (logger
-    ``cpr.training.sft``) counting the examples that will lose the end of their completion.
-
-    Raises:
-        ConfigError: ``field=f"{prefix}.max_length"`` when a prompt alone takes ``max_length`` tokens
-            or more (truncation would cut its image tokens or its whole completion); names the first
-            such record and its token counts.
-    """
+    """:func:`example_lengths`, checked against ``max_length``; a warning (logger ``cpr.training.sft``)
+    counts the examples that will lose the end of their completion. Raises ``ConfigError``
+    (``field=f"{prefix}.max_length"``, naming the first such record) when a prompt alone takes
+    ``max_length`` tokens or more."""
     lengths = example_lengths(dataset, processor)
     ids = dataset["id"]
     if too_long := [(i, p, n) for i, (p, n, _) in enumerate(lengths) if p >= max_length]:
@@ -206,13 +192,9 @@ def check_example_lengths(
 
 
 def build_sft_config(settings: SFTSettings, output_dir: str | Path, model: Any) -> Any:
-    """The ``trl.SFTConfig`` :func:`run_sft` trains with (``settings`` must be valid).
-
-    Besides the fields of the same name: ``warmup_steps = warmup_ratio``; ``activation_checkpointing``
-    from ``gradient_checkpointing``; without CUDA ``use_cpu=True`` and no mixed precision, with CUDA
-    ``bf16`` / ``fp16`` following the model's dtype. ``settings.extra`` is applied last, so it can
-    override these.
-    """
+    """The ``trl.SFTConfig`` :func:`run_sft` trains with (``settings`` valid): without CUDA ``use_cpu``
+    and no mixed precision, with CUDA ``bf16`` / ``fp16`` following the model's dtype; ``settings.extra``
+    is applied last, so it can override these."""
     import torch
     from trl import SFTConfig
 
@@ -229,14 +211,8 @@ def build_sft_config(settings: SFTSettings, output_dir: str | Path, model: Any) 
 
 
 def run_sft(
-    model: PreTrainedModel,
-    processor: ProcessorMixin,
-    records: Sequence[Record],
-    templates: PromptTemplates,
-    settings: SFTSettings,
-    output_dir: str | Path,
-    *,
-    peft_config: peft.PeftConfig | None = None,
+    model: PreTrainedModel, processor: ProcessorMixin, records: Sequence[Record], templates: PromptTemplates,
+    settings: SFTSettings, output_dir: str | Path, *, peft_config: peft.PeftConfig | None = None,
     callbacks: Sequence[TrainerCallback] = (),
 ) -> Path:
     """Train a LoRA adapter on ``records`` (each with an answer) with ``trl.SFTTrainer`` and save it.
@@ -281,14 +257,8 @@ def run_sft(
     dataset = to_sft_dataset(records, templates)
     if settings.check_lengths and settings.max_length is not None:
         check_example_lengths(dataset, processor, settings.max_length)
-    trainer = SFTTrainer(
-        model=model,
-        args=build_sft_config(settings, output_dir, model),
-        train_dataset=dataset,
-        processing_class=processor,
-        peft_config=peft_config,
-        callbacks=list(callbacks) or None,
-    )
+    trainer = SFTTrainer(model=model, args=build_sft_config(settings, output_dir, model), train_dataset=dataset,
+                         processing_class=processor, peft_config=peft_config, callbacks=list(callbacks) or None)
     quiet_console(trainer)
     trainer.train()
     adapter_dir = output_dir / ADAPTER_DIRNAME

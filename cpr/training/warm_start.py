@@ -1,12 +1,7 @@
-"""The supervised LoRA warm start before GRPO, and supervised LoRA training of a new adapter.
-
-:func:`run_warm_start` runs the ``warm_start`` section of an experiment config (TRL's ``SFTTrainer``
-through :func:`cpr.training.sft.run_sft` on the training records' target JSON) before the first
-GRPO phase, so that a model that never writes the output format earns rewards at all; the runner
-and the ablations' shared start call it. :func:`train_lora` also trains the SFT baseline. Output
-folder: ``adapter/`` (the LoRA adapter and processor files), ``trainer_state.json`` and
-``warm_start_done.json`` (written once the adapter is saved; a resumed run reuses only such an adapter).
-"""
+"""The supervised LoRA warm start before GRPO (:func:`cpr.training.sft.run_sft` on the training records'
+target JSON, so that a model that never writes the output format earns rewards at all), and
+:func:`train_lora`, which also trains the SFT baseline. Output folder: ``adapter/``,
+``trainer_state.json`` and ``warm_start_done.json`` (written once the adapter is saved)."""
 
 from __future__ import annotations
 
@@ -62,16 +57,8 @@ def warm_start_finished(adapter: Path, done: Path) -> bool:
     return True
 
 
-def train_lora(
-    cfg: ExperimentConfig,
-    settings: Any,
-    out_dir: str | Path,
-    records: Sequence[Any],
-    *,
-    templates: Any,
-    model_path: str,
-    oom_stage: str | None = None,
-) -> Path:
+def train_lora(cfg: ExperimentConfig, settings: Any, out_dir: str | Path, records: Sequence[Any], *, templates: Any,
+               model_path: str, oom_stage: str | None = None) -> Path:
     """Train a new LoRA adapter (``cfg.lora``) on ``records`` with :func:`cpr.training.sft.run_sft`
     (``settings``: its :class:`~cpr.training.sft.SFTSettings`) into ``out_dir``, on the resolved
     ``model_path`` with the GRPO training prompt of ``templates``; the model is then released.
@@ -94,25 +81,13 @@ def train_lora(
     return Path(path)
 
 
-def run_warm_start(
-    cfg: ExperimentConfig,
-    splits: DataSplits | None,
-    out_dir: str | Path,
-    *,
-    templates: Any = None,
-    model_path: str | None = None,
-    resume: bool = False,
-) -> Path:
-    """Run ``cfg``'s warm start into ``out_dir`` (module docstring) and return ``<out_dir>/adapter``.
-
-    Trains on a seeded subset of ``warm_start.max_records`` training records (all when unset) with
-    :func:`warm_start_settings`; with ``resume``, an adapter :func:`warm_start_finished` accepts is
-    reused. ``splits``, ``templates`` and ``model_path`` default to those of ``cfg``.
-
-    Raises:
-        ConfigError: invalid ``warm_start`` settings.
-        TrainingOutOfMemoryError: out of memory, naming the ``warm_start`` settings to lower.
-    """
+def run_warm_start(cfg: ExperimentConfig, splits: DataSplits | None, out_dir: str | Path, *, templates: Any = None,
+                   model_path: str | None = None, resume: bool = False) -> Path:
+    """Run ``cfg``'s warm start into ``out_dir`` and return ``<out_dir>/adapter``: a seeded subset of
+    ``warm_start.max_records`` training records (all when unset), :func:`warm_start_settings`; with
+    ``resume``, an adapter :func:`warm_start_finished` accepts is reused. ``splits``, ``templates`` and
+    ``model_path`` default to those of ``cfg``. Raises ``ConfigError`` (invalid settings) or
+    ``TrainingOutOfMemoryError`` (naming the ``warm_start`` settings to lower)."""
     from cpr.data import load_templates
     from cpr.distributed import process_state
     from cpr.evaluation import subset

@@ -21,9 +21,9 @@ __all__ = ["ADAPTERS", "Adapter", "RawRow", "SkipRow", "get_adapter", "register_
 ADAPTERS: dict[str, type[Adapter]] = {}
 
 
-def register_adapter(cls: type[Adapter], *, replace: bool = False) -> type[Adapter]:
-    """Register ``cls`` under ``cls.name``; ``ValueError`` if the name is taken (unless ``replace``)."""
-    if not replace and ADAPTERS.get(cls.name, cls) is not cls:
+def register_adapter(cls: type[Adapter]) -> type[Adapter]:
+    """Register ``cls`` under ``cls.name``; ``ValueError`` if another adapter has the name."""
+    if ADAPTERS.get(cls.name, cls) is not cls:
         raise ValueError(f"an adapter named {cls.name!r} is already registered")
     ADAPTERS[cls.name] = cls
     return cls

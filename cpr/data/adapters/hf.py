@@ -26,15 +26,11 @@ def looks_like_hub_name(text: str) -> bool:
 
 
 def hf_rows(path_or_name: str | Path, split: str | None, source: str, *, alternatives: str = "") -> Iterator[RawRow]:
-    """Rows of ``split`` of a ``save_to_disk`` folder or an ``owner/name`` hub dataset (:func:`arrow_rows`).
+    """Rows of ``split`` (``None``: the only one) of a ``save_to_disk`` folder or an ``owner/name`` hub
+    dataset (:func:`arrow_rows`), their ``path`` naming the dataset and split (``DIR[test]``).
 
-    Rows name the dataset and split as their ``path`` (``DIR[test]``); ``base_dir`` is the local
-    folder. ``split`` may be ``None`` when the dataset has one split.
-
-    Raises:
-        InputError: an unreachable hub dataset (the message says how to give a local copy; a local
-            ``alternatives`` format of the adapter is named), an unknown split, or several splits
-            and none chosen.
+    Raises ``InputError`` for an unreachable hub dataset (saying how to give a local copy, or the
+    adapter's ``alternatives`` format), an unknown split, or several splits and none chosen.
     """
     import datasets
 
@@ -71,9 +67,8 @@ def hf_rows(path_or_name: str | Path, split: str | None, source: str, *, alterna
     yield from arrow_rows(obj.with_format("arrow").iter(batch_size=32), where, base_dir=folder, split=split)
 
 
-def arrow_rows(
-    batches: Iterable[Any], where: str | Path, *, base_dir: Path | None = None, split: str | None = None
-) -> Iterator[RawRow]:
+def arrow_rows(batches: Iterable[Any], where: str | Path, *, base_dir: Path | None = None,
+               split: str | None = None) -> Iterator[RawRow]:
     """Rows of Arrow record batches (or tables) as stored, one batch held in memory at a time."""
     index = 0
     for batch in batches:
