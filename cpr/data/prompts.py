@@ -24,17 +24,11 @@ _PLACEHOLDERS = {"user": _USER, "eval_user": _USER, "context": {"context"}, "opt
 
 @dataclass(frozen=True)
 class PromptTemplates:
-    """Prompt strings (defaults and placeholders: ``cpr/templates/prompts.yaml``).
-
-    Attributes:
-        system / eval_system: the training / CRYSTAL evaluation system prompt (verbatim).
-        user / eval_user: user templates with ``{question}``, ``{context}``, ``{options}``.
-        context: block for a record's context, with ``{context}``; omitted when there is none.
-        options: block for multiple-choice options, with ``{options}`` (the option lines).
-        option_line: one option line, with ``{letter}`` and ``{text}``.
-
-    Raises ``ConfigError`` (field ``prompts.<key>``) for a non-string value, an invalid format
-    template or an unknown placeholder.
+    """Prompt strings (defaults: ``cpr/templates/prompts.yaml``): the training / CRYSTAL evaluation
+    ``system`` and ``eval_system`` prompts (verbatim); ``user`` / ``eval_user`` templates with
+    ``{question}``, ``{context}``, ``{options}``; the ``context`` block (``{context}``, omitted when
+    there is none), the ``options`` block (``{options}``: the option lines) and one ``option_line``
+    (``{letter}``, ``{text}``). Bad values raise as :func:`check_templates` says (prefix ``prompts``).
     """
 
     system: str
@@ -46,25 +40,32 @@ class PromptTemplates:
     option_line: str
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value, key = getattr(self, f.name), f"prompts.{f.name}"
-            if not isinstance(value, str):
-                raise ConfigError(f"expected a string, got {type(value).__name__}", field=key)
-            if f.name not in _PLACEHOLDERS:  # system prompts are used verbatim
-                continue
-            try:
-                used = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
-            except ValueError as e:
-                raise ConfigError(f"invalid format template ({e}); write literal braces as {{{{ }}}}", field=key) from None
-            if unknown := used - _PLACEHOLDERS[f.name]:
-                allowed = sorted(_PLACEHOLDERS[f.name])
-                raise ConfigError(f"unknown placeholder(s) {sorted(unknown)}; allowed: {allowed}", field=key)
+        check_templates(self, _PLACEHOLDERS, "prompts")
 
     def for_mode(self, mode: str) -> tuple[str, str]:
         """``(system, user_template)`` for ``mode`` (``"train"`` or ``"eval"``); ``ValueError`` otherwise."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         return (self.system, self.user) if mode == "train" else (self.eval_system, self.eval_user)
+
+
+def check_templates(templates: Any, placeholders: Mapping[str, set[str] | frozenset[str]], prefix: str) -> None:
+    """Check a dataclass of template strings: ``ConfigError`` (field ``<prefix>.<name>``) for a value
+    that is not a string or, for the fields named in ``placeholders``, an invalid format template or a
+    placeholder it does not list (other fields are used verbatim)."""
+    for f in fields(templates):
+        value, key = getattr(templates, f.name), f"{prefix}.{f.name}"
+        if not isinstance(value, str):
+            raise ConfigError(f"expected a string, got {type(value).__name__}", field=key)
+        if f.name not in placeholders:
+            continue
+        try:
+            used = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+        except ValueError as e:
+            raise ConfigError(f"invalid format template ({e}); write literal braces as {{{{ }}}}", field=key) from None
+        if unknown := used - placeholders[f.name]:
+            allowed = sorted(placeholders[f.name])
+            raise ConfigError(f"unknown placeholder(s) {sorted(unknown)}; allowed: {allowed}", field=key)
 
 
 def load_templates(path_or_dict: str | Path | Mapping[str, Any] | None = None) -> PromptTemplates:
