@@ -3,7 +3,8 @@
 A source with its own difficulty field is bucketed by a table on that field (MATH-Vision ``level``
 1-2 / 3 / 4-5, TabMWP ``grade`` 1-4 / 5-6 / 7-8, ScienceQA ``grade`` 1-4 / 5-8 / 9-12); any other
 source by its number of reference steps, easy <= 10 < medium <= 18 < hard (fitted to CRYSTAL's
-published step counts and mix: docs/data.md). YAML form, every key optional (a ``fields`` entry
+published step counts and mix: docs/data.md; the generated ``synthetic`` source, 1, 3 or 4 steps an
+item: easy <= 1 < medium <= 3 < hard). YAML form, every key optional (a ``fields`` entry
 replaces that source's default table)::
 
     fields:
@@ -66,6 +67,10 @@ def default_field_tables() -> dict[str, FieldBuckets]:
     return {source: _parse_table(spec, f"buckets.fields.{source}") for source, spec in _DEFAULT_FIELDS.items()}
 
 
+#: Step thresholds of sources whose items are much shorter than CRYSTAL's (module docstring).
+DEFAULT_STEPS_BY_SOURCE: dict[str, StepThresholds] = {"synthetic": StepThresholds(easy_max=1, medium_max=3)}
+
+
 @dataclass(frozen=True)
 class BucketConfig:
     """How records are bucketed: ``fields`` (source -> table on its difficulty field), ``steps``
@@ -73,7 +78,7 @@ class BucketConfig:
 
     fields: dict[str, FieldBuckets] = field(default_factory=default_field_tables)
     steps: StepThresholds = field(default_factory=StepThresholds)
-    steps_by_source: dict[str, StepThresholds] = field(default_factory=dict)
+    steps_by_source: dict[str, StepThresholds] = field(default_factory=lambda: dict(DEFAULT_STEPS_BY_SOURCE))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> BucketConfig:
@@ -88,7 +93,7 @@ class BucketConfig:
         tables = default_field_tables()
         for source, spec in (data.get("fields") or {}).items():
             tables[source] = _parse_table(spec, f"buckets.fields.{source}")
-        by_source = {s: _parse_steps(v, f"buckets.steps_by_source.{s}") for s, v in (data.get("steps_by_source") or {}).items()}
+        by_source = dict(DEFAULT_STEPS_BY_SOURCE) | {s: _parse_steps(v, f"buckets.steps_by_source.{s}") for s, v in (data.get("steps_by_source") or {}).items()}
         return cls(tables, _parse_steps(data.get("steps"), "buckets.steps"), by_source)
 
     @classmethod

@@ -1,6 +1,6 @@
 """Source adapters, registered by name (the ``source`` argument of ``load_records``): ``crystal``,
-``mathvision``, ``tabmwp``, ``scienceqa``, ``m3cot``, ``vlrmbench``, ``jsonl``; :func:`register_adapter`
-adds a subclass of :class:`Adapter`."""
+``mathvision``, ``tabmwp``, ``scienceqa``, ``m3cot``, ``vlrmbench``, ``jsonl``, ``synthetic`` (generated,
+:mod:`cpr.data.synthetic`); :func:`register_adapter` adds a subclass of :class:`Adapter`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from cpr.data.adapters.jsonl import JsonlAdapter
 from cpr.data.adapters.m3cot import M3CoTAdapter
 from cpr.data.adapters.mathvision import MathVisionAdapter
 from cpr.data.adapters.scienceqa import ScienceQAAdapter
+from cpr.data.adapters.synthetic import SyntheticAdapter
 from cpr.data.adapters.tabmwp import TabMWPAdapter
 from cpr.data.adapters.vlrmbench import VLRMBenchAdapter
 from cpr.errors import ConfigError
@@ -38,5 +39,5 @@ def get_adapter(name: str, **options: Any) -> Adapter:
 
 
 for _cls in (CrystalAdapter, MathVisionAdapter, TabMWPAdapter, ScienceQAAdapter, M3CoTAdapter, VLRMBenchAdapter,
-             JsonlAdapter):
+             JsonlAdapter, SyntheticAdapter):
     register_adapter(_cls)

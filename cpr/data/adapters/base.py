@@ -87,12 +87,13 @@ class SkipRow(Exception):
 class Adapter(ABC):
     """Reads one source's published layout. Subclasses set ``name`` (registry key and
     ``Record.source``) and may set ``allows_empty_answer`` (no answer field), ``loads_hub_datasets``
-    (``path`` may be a hub ``owner/name``) and ``option_names`` (the keyword options the constructor
+    (``path`` may be a hub ``owner/name``), ``reads_path`` (``False``: generated, no ``path``) and ``option_names`` (the keyword options the constructor
     accepts, from ``load_records(options=...)``; others raise ``ConfigError``)."""
 
     name: ClassVar[str]
     allows_empty_answer: ClassVar[bool] = False
     loads_hub_datasets: ClassVar[bool] = False
+    reads_path: ClassVar[bool] = True
     option_names: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **options: Any) -> None:
