@@ -22,9 +22,7 @@ from cpr.data.prompts import (
 from cpr.data.records import DIFFICULTIES, DatasetImageRef, Record, Records, open_image
 from cpr.data.validation import RecordError, validate_record
 
-__all__ = [
-    "ADAPTERS", "DIFFICULTIES", "Adapter", "BucketConfig", "DatasetImageRef", "LoadReport", "PromptTemplates", "RawRow", "Record",
-    "RecordError", "Records", "SkipRow", "StepThresholds", "assign_bucket", "build_messages", "get_adapter",
-    "load_records", "load_records_with_report", "load_templates", "messages_as_text", "open_image",
-    "register_adapter", "render_target", "to_grpo_dataset", "user_text", "validate_record",
-]
+__all__ = ["ADAPTERS", "DIFFICULTIES", "Adapter", "BucketConfig", "DatasetImageRef", "LoadReport", "PromptTemplates",
+           "RawRow", "Record", "RecordError", "Records", "SkipRow", "StepThresholds", "assign_bucket", "build_messages",
+           "get_adapter", "load_records", "load_records_with_report", "load_templates", "messages_as_text", "open_image",
+           "register_adapter", "render_target", "to_grpo_dataset", "user_text", "validate_record"]

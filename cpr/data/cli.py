@@ -20,9 +20,8 @@ def register(subparsers: Any) -> None:
     data = subparsers.add_parser("data", help="inspect datasets in their published layouts")
     data.set_defaults(func=lambda args: (data.print_help(), 2)[1])
     sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
-    p = sub.add_parser(
-        "inspect", help="load a dataset, validate it, and print counts, buckets, step statistics and the first prompt"
-    )
+    p = sub.add_parser("inspect", help="load a dataset, validate it, and print counts, buckets, step statistics "
+                       "and the first prompt")
     p.add_argument("--source", required=True, choices=sorted(ADAPTERS), help="dataset adapter")
     p.add_argument("--path", required=True, help="file, folder, saved dataset or hub name")
     p.add_argument("--split", default=None, help="split, where the layout has splits")

@@ -91,10 +91,8 @@ def load_records_with_report(
     return records, report
 
 
-def _valid(
-    adapter: Adapter, rows: Iterator[RawRow], on_invalid: str, buckets: BucketConfig, limit: int | None,
-    validate_images: bool, report: LoadReport,
-) -> Iterator[Record]:
+def _valid(adapter: Adapter, rows: Iterator[RawRow], on_invalid: str, buckets: BucketConfig, limit: int | None,
+           validate_images: bool, report: LoadReport) -> Iterator[Record]:
     """The valid records of ``rows``, counting the others in ``report``."""
     seen: dict[str, str] = {}
     for row in rows:

@@ -163,9 +163,8 @@ def example_lengths(dataset: datasets.Dataset, processor: ProcessorMixin) -> lis
     return lengths
 
 
-def check_example_lengths(
-    dataset: datasets.Dataset, processor: ProcessorMixin, max_length: int, *, prefix: str = "sft"
-) -> list[tuple[int, int, int]]:
+def check_example_lengths(dataset: datasets.Dataset, processor: ProcessorMixin, max_length: int, *,
+                          prefix: str = "sft") -> list[tuple[int, int, int]]:
     """:func:`example_lengths`, checked against ``max_length``; a warning (logger ``cpr.training.sft``)
     counts the examples that will lose the end of their completion. Raises ``ConfigError``
     (``field=f"{prefix}.max_length"``, naming the first such record) when a prompt alone takes
@@ -242,17 +241,15 @@ def run_sft(
         raise InputError("no training records for SFT")
     is_peft = isinstance(model, PeftModel)
     if peft_config is None and not is_peft:
-        raise ConfigError(
-            "run_sft trains a LoRA adapter: pass peft_config (cpr.models.build_lora_config) or a PeftModel", field="lora"
-        )
-    if peft_config is not None and is_peft:
-        raise ConfigError("the model is already a PeftModel: pass peft_config=None to keep training its adapter",
-                          field="lora")
-    if is_peft and not any(p.requires_grad for p in model.parameters()):
-        raise ConfigError(
-            "the PeftModel has no trainable parameters; load it with PeftModel.from_pretrained(..., is_trainable=True)",
-            field="lora",
-        )
+        problem = "run_sft trains a LoRA adapter: pass peft_config (cpr.models.build_lora_config) or a PeftModel"
+    elif peft_config is not None and is_peft:
+        problem = "the model is already a PeftModel: pass peft_config=None to keep training its adapter"
+    elif is_peft and not any(p.requires_grad for p in model.parameters()):
+        problem = "the PeftModel has no trainable parameters; load it with PeftModel.from_pretrained(..., is_trainable=True)"
+    else:
+        problem = None
+    if problem:
+        raise ConfigError(problem, field="lora")
     output_dir = Path(output_dir)
     dataset = to_sft_dataset(records, templates)
     if settings.check_lengths and settings.max_length is not None:

@@ -33,9 +33,8 @@ class DataSplits:
         return {"train": len(self.train), "validation": len(self.validation), "test": len(self.test)}
 
 
-def load_sources(
-    sources: Sequence[DataSourceConfig], data: DataConfig, *, key: str, validate_images: bool | None = None
-) -> Records:
+def load_sources(sources: Sequence[DataSourceConfig], data: DataConfig, *, key: str,
+                 validate_images: bool | None = None) -> Records:
     """Load and concatenate datasets (``key`` names them in the log). Raises ``InputError`` for
     invalid records or an id present in two datasets."""
     buckets = BucketConfig.from_dict(data.buckets)
@@ -60,9 +59,7 @@ def load_sources(
 def hold_out(records: Records, size: float, seed: int) -> tuple[Records, Records]:
     """Split ``records`` into (kept, held_out), holding out ``size`` (a share < 1 or a count >= 1)
     stratified by difficulty bucket (largest-remainder allocation), seeded; both keep the input order.
-
-    Raises ``ConfigError`` when the hold-out would leave no record to keep.
-    """
+    Raises ``ConfigError`` when the hold-out would leave no record to keep."""
     n_out = int(size) if size >= 1 else round(size * len(records))
     if n_out == 0:
         return records, records.select([])
