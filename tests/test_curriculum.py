@@ -22,7 +22,6 @@ from transformers import TrainerState
 from trl.trainer.utils import RepeatSampler
 
 from cpr.curriculum import (
-    STATE_FILE_NAME,
     CurriculumConfig,
     CurriculumSampler,
     CurriculumStateCallback,
@@ -459,13 +458,11 @@ def test_callback_tracks_epoch_writes_and_verifies_state(tmp_path: Path):
         "training_fraction": 12 / 25,
         "bucket_mix": sampler.bucket_mix(12),
     }
-    (tmp_path / "checkpoint-6").mkdir()
-    cb.on_save(args, state, None)
-    assert json.loads((tmp_path / "checkpoint-6" / STATE_FILE_NAME).read_text()) == saved
-
-    # Resumed run: the state comes back through trainer_state.json's stateful_callbacks.
+    # A checkpoint keeps it in trainer_state.json (transformers' ExportableState) and a resumed run gets it back.
+    TrainerState(global_step=6, stateful_callbacks=[cb]).save_to_json(str(tmp_path / "trainer_state.json"))
+    loaded = TrainerState.load_from_json(str(tmp_path / "trainer_state.json"))
+    assert loaded.stateful_callbacks["CurriculumStateCallback"]["attributes"]["curriculum_state"] == saved
     resumed = _sampler(diffs, **kw)
-    loaded = TrainerState(global_step=6, stateful_callbacks={"CurriculumStateCallback": cb.state()})
     CurriculumStateCallback().on_train_begin(
         args, loaded, None, train_dataloader=_prepared_loader(resumed, 40, 8)
     )
@@ -561,7 +558,8 @@ def test_trainer_follows_staged_order_and_resumes(tmp_path: Path):
     # Fractions 0, 0.2 < 0.3: easy only; 0.4: easy+medium; 0.6, 0.8: everything.
     assert all(p.startswith("easy") for b in seen[:2] for p in b)
     assert not any(p.startswith("hard") for p in seen[2])
-    saved = json.loads((tmp_path / "checkpoint-4" / STATE_FILE_NAME).read_text())
+    saved = json.loads((tmp_path / "checkpoint-4" / "trainer_state.json").read_text())
+    saved = saved["stateful_callbacks"]["CurriculumStateCallback"]["attributes"]["curriculum_state"]
     assert saved["position"]["epoch"] == 1 and saved["position"]["generation_batch"] == 4
     assert saved["fingerprint"] == s.fingerprint()
 
