@@ -1,20 +1,13 @@
 """CPR-Curriculum: a seeded, resumable easy-to-hard prompt order for TRL's GRPOTrainer (docs/method.md section 6).
 
-:class:`CurriculumSampler` replaces TRL's ``RepeatSampler`` (same GRPO structure and length) and picks each
-generation batch's prompts from the difficulty buckets the schedule (:class:`CurriculumConfig`) allows at
-that point of training. :class:`CurriculumGRPOTrainer` returns it from ``_get_train_sampler``, the hook TRL's
-own trainers override and its maintainers point to for custom sampling (huggingface/trl#2801); overriding
-the public ``get_train_dataloader`` instead would mean copying TRL's. :class:`CurriculumStateCallback`
-keeps the sampler's epoch and state in step with transformers' Trainer.
-
-The arithmetic it follows (transformers 5, accelerate 1, TRL 1): the sampler repeats each generation batch
-``repeat_count = num_iterations * steps_per_generation`` times, one dataloader step takes
-``generation_batch_size`` consecutive indices (rank r the r-th slice), so a generation batch lasts
-``repeat_count`` micro-steps; an epoch is ``num_rows // batch_size`` generation batches. Epoch ``e`` yields
-batches ``[e * B, (e + 1) * B)`` of one global sequence, so a run longer than an epoch continues the
-curriculum. On resume the Trainer sets the epoch and skips the epoch's consumed micro-batches with
-accelerate's ``skip_first_batches``, whose multi-process wrapper does not forward ``set_epoch``: the
-callback sets it in ``on_epoch_begin``.
+:class:`CurriculumSampler` replaces TRL's ``RepeatSampler`` (same GRPO structure and length), picking each
+generation batch's prompts from the difficulty buckets the schedule (:class:`CurriculumConfig`) allows at that
+point of training. :class:`CurriculumGRPOTrainer` returns it from ``_get_train_sampler``, the hook TRL's own
+trainers override and its maintainers point to for custom sampling (huggingface/trl#2801; the public
+``get_train_dataloader`` would mean copying TRL's). Epoch ``e`` yields generation batches ``[e * B, (e + 1) * B)``
+(``B = num_rows // batch_size``) of one global sequence, so a run longer than an epoch continues the curriculum;
+on resume the Trainer skips the epoch's consumed micro-batches with accelerate's ``skip_first_batches``, whose
+multi-process wrapper does not forward ``set_epoch``, so :class:`CurriculumStateCallback` sets it.
 """
 
 from __future__ import annotations
@@ -45,11 +38,7 @@ STATE_FORMAT = "cpr.curriculum/1"
 @dataclass
 class CurriculumConfig:
     """Schedule of the CPR-Curriculum (docs/method.md section 6, a **choice** of the project); each field's
-    ``metadata["help"]`` says what it does. Validated on construction (:meth:`validate`).
-
-    Raises:
-        ConfigError: a value is invalid; ``field`` is ``"curriculum.<key>"``.
-    """
+    ``metadata["help"]`` says what it does. Validated on construction (:meth:`validate`)."""
 
     schedule: str = field(default="staged", metadata={"help": (
         "How the prompt mix moves from easy to hard: 'staged' (bucket sets unlocked at fixed fractions of "
@@ -75,11 +64,7 @@ class CurriculumConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None, prefix: str = "curriculum") -> CurriculumConfig:
-        """Build a config from a YAML mapping (lists become tuples).
-
-        Raises:
-            ConfigError: not a mapping, an unknown key (``field="<prefix>.<key>"``) or an invalid value.
-        """
+        """A config from a YAML mapping; raises :class:`ConfigError` for an unknown key (``<prefix>.<key>``)."""
         data = {} if data is None else data
         if not isinstance(data, Mapping):
             raise ConfigError(f"expected a mapping, got {type(data).__name__}", field=prefix)
@@ -142,16 +127,11 @@ def _is_number(x: Any) -> bool:
 def total_generation_batches(
     max_steps: int, gradient_accumulation_steps: int, repeat_count: int, batches_per_epoch: int
 ) -> int:
-    """Generation batches a GRPO run of ``max_steps`` optimizer steps draws from the sampler.
-
-    As transformers' Trainer counts: an epoch has ``L = batches_per_epoch * repeat_count`` micro-batches
-    per rank and ``S = ceil(L / gradient_accumulation_steps)`` optimizer steps; ``max_steps = q * S + r``
-    consumes ``q * batches_per_epoch + ceil(r * gradient_accumulation_steps / repeat_count)`` generation
-    batches (``max_steps`` with the defaults: one generation batch per optimizer step).
-
-    Raises:
-        ConfigError: a non-positive argument (``field`` names it).
-    """
+    """Generation batches a GRPO run of ``max_steps`` optimizer steps draws from the sampler, as transformers'
+    Trainer counts: an epoch has ``L = batches_per_epoch * repeat_count`` micro-batches per rank and ``S =
+    ceil(L / gradient_accumulation_steps)`` optimizer steps; ``max_steps = q * S + r`` consumes ``q *
+    batches_per_epoch + ceil(r * gradient_accumulation_steps / repeat_count)``. Raises :class:`ConfigError`
+    naming a non-positive argument."""
     for name, value in (("max_steps", max_steps), ("gradient_accumulation_steps", gradient_accumulation_steps),
                         ("repeat_count", repeat_count), ("batches_per_epoch", batches_per_epoch)):
         if not isinstance(value, int) or value <= 0:
@@ -165,15 +145,12 @@ class CurriculumSampler(Sampler[int]):
     """Easy-to-hard drop-in for TRL's ``RepeatSampler`` (same GRPO structure and length).
 
     Args:
-        difficulties: one bucket name per dataset row (the ``difficulty`` column).
-        mini_repeat_count: times each prompt index is repeated in a row (``num_generations``).
-        batch_size: unique prompts per generation batch (``generation_batch_size // num_generations``).
-        repeat_count: times each generation batch is repeated (``num_iterations * steps_per_generation``).
-        total_batches: generation batches in the run (:func:`total_generation_batches`); batch ``b`` is drawn
-            at training fraction ``min(b / total_batches, 1)``. Required except for ``none``.
-        config: the schedule.
-        seed: seed of the sampler's own ``torch.Generator`` (the global RNG is never used).
-        record_ids: row ids, used only to name a bad row in errors.
+        difficulties: one bucket name per dataset row; record_ids: row ids, to name a bad row in errors.
+        mini_repeat_count, batch_size, repeat_count: as ``RepeatSampler``'s (``num_generations``, unique prompts
+            per generation batch, ``num_iterations * steps_per_generation``).
+        total_batches: generation batches in the run (:func:`total_generation_batches`; not for ``none``);
+            batch ``b`` is drawn at training fraction ``min(b / total_batches, 1)``.
+        config: the schedule; seed: seed of the sampler's own ``torch.Generator``.
 
     The order is a pure function of the arguments, the same on every rank:
 
@@ -193,17 +170,9 @@ class CurriculumSampler(Sampler[int]):
         ConfigError: a bad size, a missing ``total_batches``, fewer rows than ``batch_size``.
     """
 
-    def __init__(
-        self,
-        difficulties: Sequence[str],
-        mini_repeat_count: int,
-        batch_size: int,
-        repeat_count: int,
-        total_batches: int | None,
-        config: CurriculumConfig,
-        seed: int,
-        record_ids: Sequence[str] | None = None,
-    ) -> None:
+    def __init__(self, difficulties: Sequence[str], mini_repeat_count: int, batch_size: int, repeat_count: int,
+                 total_batches: int | None, config: CurriculumConfig, seed: int,
+                 record_ids: Sequence[str] | None = None) -> None:
         for name, value in (("mini_repeat_count", mini_repeat_count), ("batch_size", batch_size),
                             ("repeat_count", repeat_count)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -229,9 +198,7 @@ class CurriculumSampler(Sampler[int]):
                               "one generation batch (generation_batch_size // num_generations)",
                               field="generation_batch_size")
         self.batches_per_epoch = self.num_rows // batch_size
-        self._members: list[list[int]] = [[] for _ in config.buckets]
-        for row, k in enumerate(self._bucket_of):
-            self._members[k].append(row)
+        self._members = [[r for r, b in enumerate(self._bucket_of) if b == k] for k in range(len(config.buckets))]
         self.bucket_sizes = {b: len(m) for b, m in zip(config.buckets, self._members, strict=True)}
         self._sizes = [len(m) for m in self._members]
         self._stage_sets, self._linear_ends = self._prepare_schedule()
@@ -242,8 +209,6 @@ class CurriculumSampler(Sampler[int]):
         self._credit = [0.0] * len(config.buckets)
         self._fingerprint: str | None = None
         self.resumed_position: dict[str, Any] | None = None
-
-    # ---- schedule ------------------------------------------------------------------------------
 
     def _prepare_schedule(self) -> tuple[list[tuple[int, ...]], tuple[list[float], list[float]] | None]:
         sizes, names = self._sizes, self.config.buckets
@@ -303,8 +268,6 @@ class CurriculumSampler(Sampler[int]):
         ``none``: the data's bucket proportions, the expected mix of a random permutation)."""
         return dict(zip(self.config.buckets, self._weights(batch_index), strict=True))
 
-    # ---- order ---------------------------------------------------------------------------------
-
     def _extend_to(self, num_batches: int) -> None:
         while len(self._batches) < num_batches:
             if self.config.schedule == "none":
@@ -339,8 +302,7 @@ class CurriculumSampler(Sampler[int]):
         return list(self._batches[batch_index])
 
     def order_for_epoch(self, epoch: int) -> list[int]:
-        """Unique prompt indices of epoch ``epoch``, batch after batch; iterating the sampler after
-        ``set_epoch(epoch)`` yields them with each batch ``repeat_count`` and each index ``mini_repeat_count`` times."""
+        """Unique prompt indices of epoch ``epoch``, batch after batch (the sampler repeats them)."""
         first = epoch * self.batches_per_epoch
         return [i for b in range(first, first + self.batches_per_epoch) for i in self.generation_batch(b)]
 
@@ -358,8 +320,6 @@ class CurriculumSampler(Sampler[int]):
     def __len__(self) -> int:
         """Indices per epoch; equals ``RepeatSampler``'s length for the same arguments."""
         return self.batches_per_epoch * self.batch_size * self.mini_repeat_count * self.repeat_count
-
-    # ---- resume --------------------------------------------------------------------------------
 
     def _identity(self) -> dict[str, Any]:
         """The arguments the order depends on (compared on resume)."""
@@ -380,14 +340,8 @@ class CurriculumSampler(Sampler[int]):
         return self._fingerprint
 
     def state_dict(self, micro_batches_in_epoch: int = 0, epoch: int | None = None) -> dict[str, Any]:
-        """JSON-serialisable state: identity, fingerprint and position.
-
-        Args:
-            micro_batches_in_epoch: per-rank dataloader batches consumed in ``epoch`` (what the Trainer skips
-                on resume); the position's ``generation_batch`` is ``epoch * batches_per_epoch +
-                micro_batches_in_epoch // repeat_count``.
-            epoch: the epoch of that position (default: the current one).
-        """
+        """JSON-serialisable state: identity, fingerprint and the position after ``micro_batches_in_epoch``
+        per-rank dataloader batches of ``epoch`` (default: the current one), what the Trainer skips on resume."""
         epoch = self.epoch if epoch is None else epoch
         batch = epoch * self.batches_per_epoch + micro_batches_in_epoch // self.repeat_count
         position = {"epoch": epoch, "micro_batches_in_epoch": micro_batches_in_epoch, "generation_batch": batch,
@@ -396,13 +350,9 @@ class CurriculumSampler(Sampler[int]):
                 "epoch": epoch, "position": position, "fingerprint": self.fingerprint()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Check that ``state`` describes this sampler's order, then restore its epoch (skipping within the
-        epoch is the Trainer's); the saved position is kept in ``resumed_position``.
-
-        Raises:
-            ConfigError: another format, config, seed, dataset, batch size or run length
-                (``field="curriculum_state.<key>"``, naming both values) or another fingerprint.
-        """
+        """Check that ``state`` describes this sampler's order, then restore its epoch; the saved position is
+        kept in ``resumed_position``. Raises :class:`ConfigError` (``curriculum_state.<key>``, both values) for
+        another format, config, seed, dataset, batch size, run length or fingerprint."""
         if state.get("format") != STATE_FORMAT:
             raise ConfigError(f"unsupported curriculum state format {state.get('format')!r}; expected {STATE_FORMAT!r}",
                               field="curriculum_state.format")
@@ -432,18 +382,10 @@ def find_curriculum_sampler(dataloader: Any) -> CurriculumSampler | None:
 
 
 class CurriculumStateCallback(CheckpointState):
-    """Keeps a :class:`CurriculumSampler` in step with the Trainer and its state in the checkpoints.
-
-    ``on_epoch_begin`` sets the sampler's epoch to ``global_step // steps_per_epoch`` (a multi-process resume
-    does not forward ``set_epoch``); ``on_step_end`` records the sampler state for the position the Trainer
-    would resume from, which goes into each checkpoint's ``trainer_state.json``
-    (:class:`~cpr.training.checkpoints.CheckpointState`: ``{"curriculum_state": ...}``); ``on_train_begin`` of
-    a resumed run loads it into the sampler, which checks config, sizes and fingerprint.
-
-    Raises:
-        ConfigError: no CurriculumSampler in the dataloader, a resumed checkpoint without curriculum state,
-            or another order (:meth:`CurriculumSampler.load_state_dict`).
-    """
+    """Keeps a :class:`CurriculumSampler` in step with the Trainer: ``on_epoch_begin`` sets its epoch,
+    ``on_step_end`` records its state at the position the Trainer would resume from (kept in each checkpoint's
+    ``trainer_state.json``, :class:`~cpr.training.checkpoints.CheckpointState`), ``on_train_begin`` of a resumed
+    run loads it. Raises :class:`ConfigError` without a sampler or a saved state, or for another order."""
 
     def __init__(self) -> None:
         self.curriculum_state: dict[str, Any] | None = None
@@ -481,19 +423,12 @@ class CurriculumStateCallback(CheckpointState):
 
 
 class CurriculumGRPOTrainer(GRPOTrainer):
-    """``trl.GRPOTrainer`` whose train sampler is a :class:`CurriculumSampler` (module docstring).
-
-    Args:
-        curriculum: the schedule; ``None`` keeps TRL's ``RepeatSampler``. The rest as ``GRPOTrainer``.
-
-    With a curriculum, the training dataset is a map-style ``datasets.Dataset`` with a ``difficulty`` column,
-    ``args.shuffle_dataset`` is True and ``staged`` / ``linear`` need ``args.max_steps > 0``. The sampler
-    (built from ``num_generations``, ``generation_batch_size // num_generations``, ``num_iterations *
-    steps_per_generation``, :func:`total_generation_batches` and ``args.seed``) is ``self.curriculum_sampler``;
-    a :class:`CurriculumStateCallback` is added.
+    """``trl.GRPOTrainer`` whose train sampler is a :class:`CurriculumSampler` (``self.curriculum_sampler``,
+    seeded with ``args.seed``) when ``curriculum`` is given, with a :class:`CurriculumStateCallback`.
 
     Raises:
-        ConfigError: ``max_steps`` not positive, ``shuffle_dataset`` False, or an iterable train dataset.
+        ConfigError: ``max_steps`` not positive (``staged`` / ``linear``), ``shuffle_dataset`` False, or a train
+            dataset that is not a map-style ``datasets.Dataset``.
         InputError: no ``difficulty`` column, or an unknown difficulty.
     """
 

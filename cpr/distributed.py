@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Sequence
 from typing import Any
 
 from cpr.errors import ConfigError
@@ -31,18 +30,20 @@ def process_state() -> Any:
     return PartialState(cpu=_flag("ACCELERATE_USE_CPU") or deepspeed_on_cpu)
 
 
-def check_launch(precision: Sequence[tuple[str, bool, bool]], *, use_vllm: bool = False) -> None:
+def check_launch(cfg: Any) -> None:
     """Refuse, before anything loads, launcher settings that would fail later with another library's message.
-
-    Args:
-        precision: ``(config key, bf16, fp16)`` of each trainer the run builds.
-        use_vllm: a phase generates with vLLM (``training.use_vllm``).
 
     Raises:
         ConfigError: ``ACCELERATE_USE_CPU`` with a DeepSpeed launch (plain DDP around a ZeRO-partitioned
-            model); under DeepSpeed, accelerate's ``mixed_precision`` (``ACCELERATE_MIXED_PRECISION``) unlike a
-            trainer's ``bf16`` / ``fp16``; ``use_vllm`` without an importable ``vllm``.
+            model); under DeepSpeed, accelerate's ``mixed_precision`` (``ACCELERATE_MIXED_PRECISION``) unlike
+            the ``bf16`` / ``fp16`` of a trainer of the run (the warm start's follows the model's dtype on a GPU;
+            a phase's, named by the key that sets it); ``training.use_vllm`` without an importable ``vllm``.
     """
+    import torch
+
+    from cpr.models.loading import resolve_dtype
+    from cpr.training.phase import grpo_args
+
     deepspeed = _flag("ACCELERATE_USE_DEEPSPEED")
     if deepspeed and _flag("ACCELERATE_USE_CPU"):
         raise ConfigError(
@@ -51,6 +52,16 @@ def check_launch(precision: Sequence[tuple[str, bool, bool]], *, use_vllm: bool 
             "processes by itself), or launch without the DeepSpeed config for plain DDP on CPU",
             field="ACCELERATE_USE_CPU",
         )
+    precision, phases = [], {name: grpo_args(cfg, name) for name in cfg.phases}
+    if cfg.warm_start.enabled:
+        cuda, extra = torch.cuda.is_available(), cfg.warm_start.extra
+        dtype = resolve_dtype(cfg.model.dtype, "cuda" if cuda else "cpu")
+        precision.append(("warm_start.extra", extra.get("bf16", cuda and dtype == torch.bfloat16),
+                          extra.get("fp16", cuda and dtype == torch.float16)))
+    for name, args in phases.items():
+        own = cfg.phase(name).training
+        key = f"phase_settings.{name}.training" if "bf16" in own or "fp16" in own else "training"
+        precision.append((key, args.get("bf16"), args.get("fp16")))
     mixed = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
     if deepspeed and mixed in ("bf16", "fp16"):
         want = (mixed == "bf16", mixed == "fp16")
@@ -62,7 +73,7 @@ def check_launch(precision: Sequence[tuple[str, bool, bool]], *, use_vllm: bool 
                 f"config), or set {' and '.join(f'{k}.{mixed}: true' for k in keys)}",
                 field=keys[0],
             )
-    if use_vllm and importlib.util.find_spec("vllm") is None:
+    if any(args.get("use_vllm") for args in phases.values()) and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             "training.use_vllm is true but vLLM is not installed (pip install vllm; it needs a CUDA GPU): "
             "install it or set training.use_vllm: false",

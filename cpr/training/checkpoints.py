@@ -1,12 +1,7 @@
-"""A GRPO phase's checkpoints: the state cpr adds to them, which are whole, which one a resume continues from.
-
-A phase folder holds TRL's ``checkpoint-N`` folders (N = optimizer step). transformers writes a checkpoint
-in place, so a run killed while saving leaves an incomplete folder: :class:`CheckpointCallback` writes
-:data:`COMPLETE_MARKER` once every process and every other callback has saved; a guard that stops a phase
-writes :data:`DIVERGED_MARKER` into the checkpoint of the stop. The state of cpr's callbacks (curriculum
-position, guard counters, TRL's position in a generation batch) is kept in the checkpoint's
-``trainer_state.json`` through transformers' ``ExportableState`` (:class:`CheckpointState`); only TRL's
-buffered generation batch, tensors, is a file of its own (:data:`GENERATION_BUFFER_FILE`).
+"""A GRPO phase's ``checkpoint-N`` folders (N = optimizer step): the state cpr adds, which are whole, which one a
+resume continues from. The state of cpr's callbacks (curriculum position, guard counters, TRL's position in a
+generation batch) goes into the checkpoint's ``trainer_state.json`` through transformers' ``ExportableState``
+(:class:`CheckpointState`); only TRL's buffered generation batch, tensors, is a file (:data:`GENERATION_BUFFER_FILE`).
 """
 
 from __future__ import annotations
@@ -66,9 +61,9 @@ def _trainer_state(ckpt: Path) -> dict[str, Any] | None:
 
 
 def checkpoint_status(ckpt: str | Path) -> str:
-    """``"complete"`` (holds :data:`COMPLETE_MARKER`; in a phase saved before the marker existed, none of
-    whose checkpoints has one: its ``trainer_state.json``, written last by transformers, parses),
-    ``"diverged"`` (complete, with :data:`DIVERGED_MARKER`) or ``"incomplete"``."""
+    """``"complete"`` (holds :data:`COMPLETE_MARKER`; in a phase saved before the marker existed: its
+    ``trainer_state.json``, written last by transformers, parses), ``"diverged"`` (complete, with
+    :data:`DIVERGED_MARKER`) or ``"incomplete"`` (transformers writes in place: a kill while saving)."""
     ckpt = Path(ckpt)
     complete = (ckpt / COMPLETE_MARKER).is_file() or (
         not any((c / COMPLETE_MARKER).is_file() for c in checkpoints_of(ckpt.parent)) and _trainer_state(ckpt) is not None
@@ -127,12 +122,9 @@ def prepare_resume(phase_dir: Path, resume: bool, state: Any) -> Path | None:
 
 
 class CheckpointState(TrainerCallback, ExportableState):
-    """A callback whose :meth:`state_dict` transformers saves in every checkpoint's ``trainer_state.json``
+    """A callback whose ``state_dict()`` transformers saves in every checkpoint's ``trainer_state.json``
     (``ExportableState``: ``stateful_callbacks[<class name>] = {"args": {}, "attributes": state_dict()}``);
     a resumed run gets it back from :meth:`saved_state` in ``on_train_begin``."""
-
-    def state_dict(self) -> dict[str, Any]:  # pragma: no cover - every subclass defines it
-        raise NotImplementedError
 
     def state(self) -> dict[str, Any]:  # noqa: D102
         return {"args": {}, "attributes": self.state_dict()}
@@ -151,20 +143,14 @@ class CheckpointState(TrainerCallback, ExportableState):
 
 
 class CheckpointCallback(CheckpointState):
-    """Completes each checkpoint of a GRPO phase; add it after every other callback that writes into them.
+    """Completes each checkpoint of a ``GRPOTrainer`` (add it after every other callback that writes into them).
 
-    ``trl.GRPOTrainer`` generates a whole generation batch every ``steps_per_generation x num_iterations``
-    micro-steps (its ``_step`` counter), keeps it in ``_buffered_inputs`` and trains the micro-steps in
-    between on slices of it. Neither is in TRL's checkpoints, so a run resumed inside a generation batch
-    would generate again at once, from other weights. This callback keeps ``_step`` in the checkpoint's
-    state (``{"micro_step": N}``) and, in a checkpoint inside a generation batch, each process's buffer
-    (:data:`GENERATION_BUFFER_FILE`; prompt and completion ids, masks, advantages, log-probabilities,
-    pixel values); ``on_train_begin`` of a resumed run puts both back (the RNG states come back with
-    transformers' checkpoint). After the buffers, once every process got there, the main process writes
-    :data:`COMPLETE_MARKER` (``{"step", "files", "time"}``).
-
-    Args:
-        trainer: the ``GRPOTrainer``.
+    TRL generates a generation batch every ``steps_per_generation x num_iterations`` micro-steps (its ``_step``
+    counter) and trains the micro-steps in between on slices of ``_buffered_inputs``; neither is in its
+    checkpoints, so a run resumed inside a generation batch would generate again, from other weights. This
+    callback keeps ``_step`` in the checkpoint's state and, inside a generation batch, each process's buffer
+    (:data:`GENERATION_BUFFER_FILE`), and puts both back on resume. Then, once every process got there, the
+    main process writes :data:`COMPLETE_MARKER` (``{"step", "files", "time"}``).
 
     Raises:
         FileNotFoundError: the checkpoint folder is missing when saving; on resume, a checkpoint inside a

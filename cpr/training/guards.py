@@ -1,32 +1,20 @@
-"""Divergence guards of the GRPO phases (the ``guards:`` section, :class:`cpr.training.config.GuardsConfig`).
+"""Divergence guards of the GRPO phases (``guards:``, :class:`cpr.training.config.GuardsConfig`; README,
+"Divergence guards"): the paper's Composite and Answer-Only runs diverge to NaN gradients (docs/method.md
+section 4).
 
-The paper's Composite and Answer-Only runs diverge to NaN gradients (docs/method.md section 4). The guard is
-a callback that checks every optimizer step after its gradients are accumulated and clipped, before
-``optimizer.step()`` (``on_pre_optimizer_step``), for:
-
-``nan``
-    a NaN or Inf reward (a reward function's ``None`` is no reward, not a NaN), micro-step loss, or norm of
-    the gradients about to be applied, on any process;
-``kl``
-    TRL's ``kl`` metric (``beta > 0``) above ``guards.kl.limit`` for ``consecutive_steps`` steps in a row;
-``zero_std``
-    every group's reward std zero (TRL's ``frac_reward_zero_std`` = 1) for a window of steps
-    (:meth:`cpr.training.config.ZeroStdGuardConfig.window_for`);
-``reward_hacking``
-    a hack monitor (:data:`cpr.guard.MONITORS`, logged by the reward functions) above its bound in
-    ``guards.reward_hacking.bounds`` for ``consecutive_steps`` steps in a row.
-
-A step that reuses buffered completions keeps the values of the generation batch it trains on. Actions:
-``warn`` (log and record; a run of kl / zero_std / reward_hacking steps warns when it reaches its length and
-every further length), ``skip_step`` (every parameter gets ``grad = None``, so torch's optimizers leave it,
-its moments and step count untouched; the learning-rate schedule advances; refused under DeepSpeed, whose
-engine steps inside ``backward``, and fp16 loss scaling), ``stop`` (the update is not applied either, except
-under DeepSpeed; the checkpoint is saved with ``diverged.json`` and the runner raises
-:class:`TrainingDivergedError`). Events go to ``<phase>/guard_events.jsonl``; the counters to the trainer
-logs (``guards/*``), each checkpoint's ``trainer_state.json`` and ``summary.json``.
-
-TRL computes KL, ``frac_reward_zero_std`` and the monitors inside its step and only hands them to callbacks
-at the next logging step, after the update; the guard reads them from ``GRPOTrainer._metrics["train"]``.
+:class:`DivergenceGuard` is a callback that checks each optimizer step once its gradients are accumulated
+and clipped, before ``optimizer.step()`` (``on_pre_optimizer_step``): ``nan`` (a NaN / Inf reward, micro-step
+loss or gradient norm on any process; a reward function's ``None`` is no reward), ``kl`` (TRL's ``kl`` above a
+limit for consecutive steps), ``zero_std`` (TRL's ``frac_reward_zero_std`` = 1 for a window of steps) and
+``reward_hacking`` (a hack monitor of :data:`cpr.guard.MONITORS` past its bound for consecutive steps); a step
+that reuses buffered completions keeps its generation batch's values. TRL computes KL, ``frac_reward_zero_std``
+and the monitors inside its step and hands them to callbacks only at the next logging step, after the update,
+so the guard reads them from ``GRPOTrainer._metrics["train"]``. Actions: ``warn``; ``skip_step`` (the update
+is dropped: every parameter gets ``grad = None``, which torch's optimizers skip, moments and step count
+included; refused under DeepSpeed, whose engine steps inside ``backward``, and fp16 loss scaling); ``stop``
+(not applied either, except under DeepSpeed; the checkpoint is saved with ``diverged.json`` and the runner
+raises :class:`TrainingDivergedError`). Events go to ``<phase>/guard_events.jsonl``, the counters to the
+trainer logs (``guards/*``), each checkpoint's ``trainer_state.json`` and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -53,14 +41,9 @@ _SEVERITY = {"warn": 0, "skip_step": 1, "stop": 2}
 
 
 class TrainingDivergedError(CprError):
-    """A guard with action ``stop`` ended a phase; ``exit_code`` 3 (other :class:`~cpr.errors.CprError`: 2),
-    so a scheduler tells a diverged run (a result) from a failed one.
-
-    Args:
-        message: one line: phase, step, condition, reason and the diverged checkpoint.
-        event: the :class:`GuardEvent` as a dict; checkpoint: the folder marked ``diverged.json`` (or ``None``);
-        summary: the run summary (status ``"diverged"``).
-    """
+    """A guard with action ``stop`` ended a phase: ``event`` (a :class:`GuardEvent` dict), ``checkpoint`` (the
+    folder marked ``diverged.json``, or ``None``), ``summary`` (status ``"diverged"``); ``exit_code`` 3 (other
+    :class:`~cpr.errors.CprError`: 2), so a scheduler tells a diverged run (a result) from a failed one."""
 
     exit_code = 3
 
@@ -113,14 +96,14 @@ class _WatchedReward:
 
 
 class DivergenceGuard(CheckpointState):
-    """Checks each optimizer step for the guard conditions and acts (module docstring).
+    """Checks each optimizer step for the guard conditions and acts (module docstring); a run of kl / zero_std
+    / reward_hacking steps warns when it reaches its length and every further length.
 
     Args:
         config: the ``guards`` section.
         events_path: JSON lines file receiving every event (main process); ``None``: not written.
 
-    :meth:`bind` gives it the trainer (TRL's metrics, the accelerator); :meth:`watch` wraps the reward
-    functions; the trainer hands it each micro-step's loss (:meth:`observe_loss`).
+    :meth:`bind` gives it the trainer, :meth:`watch` the reward functions, :meth:`observe_loss` each loss.
 
     Attributes:
         counts: per condition, ``{"steps": steps where it held, "skipped": updates it dropped}``.
@@ -172,8 +155,6 @@ class DivergenceGuard(CheckpointState):
                 raise ConfigError("skip_step is not available with fp16 loss scaling (torch's GradScaler skips "
                                   "non-finite steps itself); use bf16 or fp32, or warn / stop", field=key)
 
-    # -- observations ------------------------------------------------------------------------
-
     def _reset_step(self) -> None:
         self._bad_rewards = dict.fromkeys(self._reward_names, 0)
         self._bad_loss: float | None = None
@@ -197,8 +178,6 @@ class DivergenceGuard(CheckpointState):
             grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads) if grads else None
         return None if norm is None else float(norm)
-
-    # -- decisions ---------------------------------------------------------------------------
 
     def _new_values(self, key: str) -> list[float]:
         values = self.trainer._metrics["train"].get(key, []) if self.trainer is not None else []
@@ -265,8 +244,6 @@ class DivergenceGuard(CheckpointState):
         n = cfg.consecutive_steps
         return [("reward_hacking", reason, values, any((r - n) % n == 0 for r in over.values()))]
 
-    # -- callback events ---------------------------------------------------------------------
-
     def on_train_begin(self, args, state, control, **kwargs):  # noqa: D102
         self.zero_std_window = self.config.zero_std.window_for(state.max_steps)
         saved = self.saved_state(state)
@@ -314,8 +291,6 @@ class DivergenceGuard(CheckpointState):
             marker = {**self.stopped.to_dict(), "note": "the update of this step was not applied"}
             atomic_write_json(checkpoint_folder(args, state) / DIVERGED_MARKER, marker)
 
-    # -- state -------------------------------------------------------------------------------
-
     def state_dict(self) -> dict[str, Any]:
         """The running counters (kept in each checkpoint's ``trainer_state.json``)."""
         keys = ("kl_streak", "zero_std_run", "last_frac_zero_std", "hack_runs", "hack_last", "counts", "skipped_steps")
@@ -342,21 +317,10 @@ class DivergenceGuard(CheckpointState):
 
 
 class GuardedGRPOTrainer(CurriculumGRPOTrainer):
-    """:class:`cpr.curriculum.CurriculumGRPOTrainer` with the divergence guard: the reward functions are
-    watched (:meth:`DivergenceGuard.watch`), ``training_step`` hands each micro-step's loss to the guard and
-    ``log`` adds its counters (both transformers' documented subclass hooks).
-
-    Args:
-        reward_funcs: TRL's reward functions (a list); guards: the ``guards`` section (``None`` or
-            ``enabled: false``: no guard); guard_events_path: the guard's events file; the rest as
-            ``CurriculumGRPOTrainer``.
-
-    Attributes:
-        guard: the :class:`DivergenceGuard` (also a callback), or ``None``.
-
-    Raises:
-        ConfigError: ``skip_step`` under DeepSpeed or fp16 loss scaling.
-    """
+    """:class:`cpr.curriculum.CurriculumGRPOTrainer` with ``self.guard``, the :class:`DivergenceGuard` of
+    ``guards`` (``None`` when absent or disabled; events to ``guard_events_path``): it watches the reward
+    functions, ``training_step`` hands it each loss and ``log`` adds its counters (transformers' documented
+    subclass hooks). Raises :class:`ConfigError` for ``skip_step`` under DeepSpeed or fp16 loss scaling."""
 
     def __init__(self, *args: Any, reward_funcs: list[Any], guards: GuardsConfig | None = None,
                  guard_events_path: str | Path | None = None, **kwargs: Any) -> None:

@@ -1,9 +1,5 @@
-"""One GRPO phase of an experiment: TRL's ``GRPOTrainer`` with LoRA on the phase's rewards.
-
-:func:`train_phase` builds the phase's ``trl.GRPOConfig`` (:func:`grpo_config`), reward functions and weights
-(:func:`cpr.rewards.get_reward_set`), curriculum sampler and a :class:`cpr.training.guards.GuardedGRPOTrainer`;
-the policy starts from ``init_adapter`` (trainable) or a new LoRA adapter. Files: see :mod:`cpr.training.runner`.
-"""
+"""One GRPO phase of an experiment (:func:`train_phase`): its ``trl.GRPOConfig`` (:func:`grpo_config`), reward
+functions, curriculum and a :class:`cpr.training.guards.GuardedGRPOTrainer` with LoRA."""
 
 from __future__ import annotations
 
@@ -66,30 +62,6 @@ def grpo_args(cfg: ExperimentConfig, name: str) -> dict[str, Any]:
                 "remove_unused_columns": False, "report_to": "none", "logging_steps": 1, "save_strategy": "steps",
                 "save_steps": max(1, int(args.get("max_steps") or 100) // 4), "disable_tqdm": False}
     return {**defaults, **args}
-
-
-def check_launch_settings(cfg: ExperimentConfig) -> None:
-    """:func:`cpr.distributed.check_launch` with the precision of the run's trainers (the warm start's from the
-    model's dtype on a GPU; each phase's resolved ``bf16`` / ``fp16``, named by the key that sets them) and
-    whether a phase uses vLLM. Raises ``ConfigError`` as it does."""
-    import torch
-
-    from cpr.distributed import check_launch
-    from cpr.models.loading import resolve_dtype
-
-    precision, vllm = [], False
-    if cfg.warm_start.enabled:
-        cuda = torch.cuda.is_available()
-        dtype = resolve_dtype(cfg.model.dtype, "cuda" if cuda else "cpu")
-        extra = cfg.warm_start.extra
-        precision.append(("warm_start.extra", extra.get("bf16", cuda and dtype == torch.bfloat16),
-                          extra.get("fp16", cuda and dtype == torch.float16)))
-    for name in cfg.phases:
-        args, own = grpo_args(cfg, name), cfg.phase(name).training
-        key = f"phase_settings.{name}.training" if "bf16" in own or "fp16" in own else "training"
-        precision.append((key, bool(args.get("bf16")), bool(args.get("fp16"))))
-        vllm = vllm or bool(args.get("use_vllm"))
-    check_launch(precision, use_vllm=vllm)
 
 
 def grpo_config(cfg: ExperimentConfig, phase: PhaseConfig) -> Any:
@@ -161,14 +133,8 @@ def _save_adapter(trainer: Any, processor: Any, adapter_dir: Path, state: Any) -
 
 def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, templates: Any, model_path: str,
                 init_adapter: Path | None, resume: bool, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
-    """Train one GRPO phase and save its final adapter in ``<phase>/adapter``.
-
-    Args:
-        cfg: the run's config; phase: the phase's resolved settings; splits: the run's data (training records,
-            the eval hook's validation records); templates: prompt templates; model_path: the resolved model.
-        init_adapter: the LoRA adapter the phase starts from (trainable), or ``None`` for a new one.
-        resume: continue from the phase's last complete checkpoint (:func:`cpr.training.checkpoints.prepare_resume`).
-        callbacks: extra ``transformers.TrainerCallback`` objects (added before the checkpoint completion marker).
+    """Train one GRPO phase from ``init_adapter`` (trainable; ``None``: a new LoRA adapter), resuming from its
+    last complete checkpoint with ``resume``, with extra ``callbacks``; save its final adapter in ``<phase>/adapter``.
 
     Returns:
         The phase's entry in ``summary.json``: ``phase``, ``steps``, ``wall_time_s``, ``rewards``,

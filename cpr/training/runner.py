@@ -1,28 +1,15 @@
-"""Run an experiment: warm start, the GRPO phases, checkpoint selection, final evaluation.
+"""Run an experiment: warm start, the GRPO phases, checkpoint selection, final evaluation (:func:`run_experiment`).
 
-:func:`run_experiment` is what ``recipes/cpr_curriculum.py`` and ``cpr train`` call. A phase starts from its
-``init_adapter``, else the adapter the previous phase handed on (its best checkpoint on the validation split
-with ``select_best``, else its final adapter), else the warm start's, else a new LoRA adapter. Output folder::
-
-    config.yaml               the resolved config (defaults filled in; training_effective: each phase's GRPOConfig
-                              values that change the result)
-    run.log                   cpr's messages, library warnings, every trainer log record
-    warm_start/adapter/       the supervised LoRA warm start (when enabled)
-    <phase>/checkpoint-N/     TRL checkpoints (adapter, optimizer, trainer_state.json with the sampler, guard and
-                              generation-batch state; generation_buffer.rank<N>.pt inside a generation batch;
-                              checkpoint_complete.json once whole; diverged.json where a guard stopped)
-    <phase>/adapter/          the phase's final LoRA adapter
-    <phase>/log.jsonl, scored_completions.jsonl, eval_history.jsonl, best_checkpoint.json, guard_events.jsonl,
-    <phase>/selection.json, phase_done.json, abandoned-checkpoint-N-<time>/
-    final_eval/[validation/]  completions, metrics.json and metrics.md of the final evaluation
-    summary.json              what ran, for how long, reward trends, final metrics; ``status`` running, finished,
-                              diverged (with ``diverged``), failed or interrupted (with ``error``)
-
-Resume: finished phases are skipped and the current one continues from its last complete, not diverged
-checkpoint (:func:`cpr.training.checkpoints.prepare_resume`) with everything the checkpoint holds: on CPU with a
-fixed ``torch_threads`` a killed and resumed run ends with the uninterrupted run's adapter and prompt order
-(tests/test_reliability_resume.py); GPU kernels are bitwise deterministic only with
-``training.full_determinism: true``.
+A phase starts from its ``init_adapter``, else the adapter the previous phase handed on (its best checkpoint on
+the validation split with ``select_best``, else its final adapter), else the warm start's, else a new one. The
+run folder holds ``config.yaml`` (every default filled in, and ``training_effective``), ``run.log``,
+``summary.json`` (``status`` running, finished, diverged, failed or interrupted), ``warm_start/adapter/``,
+``final_eval/``, and per phase its ``checkpoint-N/`` folders (:mod:`cpr.training.checkpoints`), final
+``adapter/``, ``log.jsonl``, ``scored_completions.jsonl``, ``eval_history.jsonl``, ``best_checkpoint.json``,
+``guard_events.jsonl``, ``selection.json``, ``phase_done.json`` and ``abandoned-checkpoint-N-<time>/``.
+Resume skips finished phases and continues the current one from its last complete, not diverged checkpoint;
+on CPU with a fixed ``torch_threads`` it ends with the uninterrupted run's adapter and prompt order
+(tests/test_reliability_resume.py); on GPU only with ``training.full_determinism: true``.
 """
 
 from __future__ import annotations
@@ -51,7 +38,8 @@ logger = logging.getLogger("cpr.training")
 def run_experiment(
     cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, callbacks: Sequence[Any] = ()
 ) -> dict[str, Any]:
-    """Run every phase of ``cfg`` and return the summary (also ``summary.json``, rewritten after each phase).
+    """Run every phase of ``cfg`` and return the summary (also ``summary.json``, rewritten after each phase; with
+    ``evaluation.final``, ``final_eval`` / ``final_eval_validation``: ``{benchmark: overall}``).
 
     Args:
         cfg: a validated config (:func:`cpr.training.config.load_config`).
@@ -59,9 +47,6 @@ def run_experiment(
         overwrite: delete a previous run in ``cfg.output_dir`` once every check before training passed
             (:func:`check_before_training`). Without it or ``resume`` a folder holding a run is refused.
         callbacks: extra ``transformers.TrainerCallback`` objects for every GRPO phase's trainer.
-
-    With ``evaluation.final`` the summary holds the final evaluation of each split of
-    ``evaluation.final_splits`` (``final_eval``, ``final_eval_validation``: ``{benchmark: overall}``).
 
     Raises:
         ConfigError / InputError: invalid config or data (before any model loads), or ``output_dir`` holds a
@@ -72,15 +57,15 @@ def run_experiment(
     """
     import torch
 
-    from cpr.distributed import process_state
+    from cpr.distributed import check_launch, process_state
     from cpr.training.evaluate import final_evaluation, summary_entries
     from cpr.training.guards import TrainingDivergedError
     from cpr.training.logs import close_run_log, open_run_log
-    from cpr.training.phase import check_launch_settings, resolved_config, train_phase
+    from cpr.training.phase import resolved_config, train_phase
     from cpr.training.selection import select_best
     from cpr.training.warm_start import run_warm_start
 
-    check_launch_settings(cfg)  # before the process group forms: every process refuses alike
+    check_launch(cfg)  # before the process group forms: every process refuses alike
     if cfg.torch_threads is not None:
         torch.set_num_threads(cfg.torch_threads)
     state = process_state()
@@ -222,14 +207,9 @@ def check_resumed_config(out: Path, cfg: ExperimentConfig) -> None:
 
 
 def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) -> bool:
-    """Refuse a previous run in ``out`` before a fresh run starts, or tell the caller to replace it (also used
-    by :func:`cpr.ablation.sft_baseline.run_sft_baseline`). Nothing is deleted here: the caller runs
-    :func:`check_before_training`, then :func:`delete_previous_run`. A folder holding only a run that failed
-    before training (the run markers and a ``failed`` / ``interrupted`` summary) is replaced without
-    ``overwrite``. Every rank looks before any rank writes, so all raise or none does.
-
-    Returns:
-        Whether ``out`` holds a run to delete once the checks have passed.
+    """Whether ``out`` holds a run the caller deletes (:func:`delete_previous_run`) once
+    :func:`check_before_training` passed: with ``overwrite``, or when it holds only a run that failed before
+    training. Every rank looks before any rank writes, so all raise or none does.
 
     Raises:
         ConfigError: ``out`` holds a run and ``overwrite`` is not set; or ``overwrite`` would delete the working
