@@ -98,7 +98,8 @@ class CurriculumConfig:
         fr = self.stage_fractions
         if self.schedule == "staged":
             if not isinstance(fr, tuple) or len(fr) != len(b) - 1:
-                fail("stage_fractions", f"needs {len(b) - 1} fractions (one fewer than the {len(b)} buckets), got {fr!r}")
+                fail("stage_fractions",
+                     f"needs {len(b) - 1} fractions (one fewer than the {len(b)} buckets), got {fr!r}")
             for x in fr:
                 if not _is_number(x) or not 0.0 < x <= 1.0:
                     fail("stage_fractions", f"each fraction must be a number in (0, 1], got {x!r}")
@@ -188,9 +189,9 @@ class CurriculumSampler(Sampler[int]):
         self._bucket_of: list[int] = []
         for row, value in enumerate(difficulties):
             if value not in index:
+                rid = None if record_ids is None else str(record_ids[row])
                 raise InputError(f"row {row}: difficulty {value!r} is not one of the curriculum buckets "
-                                 f"{list(config.buckets)}", record_id=None if record_ids is None else str(record_ids[row]),
-                                 field="difficulty")
+                                 f"{list(config.buckets)}", record_id=rid, field="difficulty")
             self._bucket_of.append(index[value])
         self.num_rows = len(self._bucket_of)
         if self.num_rows < batch_size:
@@ -427,8 +428,8 @@ class CurriculumGRPOTrainer(GRPOTrainer):
     seeded with ``args.seed``) when ``curriculum`` is given, with a :class:`CurriculumStateCallback`.
 
     Raises:
-        ConfigError: ``max_steps`` not positive (``staged`` / ``linear``), ``shuffle_dataset`` False, or a train
-            dataset that is not a map-style ``datasets.Dataset``.
+        ConfigError: ``shuffle_dataset`` False, a train dataset that is not a map-style ``datasets.Dataset``, or
+            (when training starts) ``max_steps`` not positive with ``staged`` / ``linear``.
         InputError: no ``difficulty`` column, or an unknown difficulty.
     """
 
@@ -438,9 +439,6 @@ class CurriculumGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         if curriculum is None:
             return
-        if curriculum.schedule != "none" and self.args.max_steps <= 0:
-            raise ConfigError(f"must be > 0 with the {curriculum.schedule!r} curriculum (the schedule is laid out "
-                              f"over the run's generation batches), got {self.args.max_steps}", field="max_steps")
         if not self.args.shuffle_dataset:
             raise ConfigError("must be True with a curriculum (the curriculum always shuffles within buckets)",
                               field="shuffle_dataset")

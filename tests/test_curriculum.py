@@ -544,7 +544,7 @@ def test_trainer_follows_staged_order_and_resumes(tmp_path: Path):
         trainer.train(resume_from_checkpoint=resume)
         return trainer, seen
 
-    with pytest.raises(ConfigError, match="field 'max_steps': must be > 0 with the 'staged' curriculum"):
+    with pytest.raises(ConfigError, match="field 'max_steps': must be a positive integer to size the curriculum"):
         run(-1, None, num_train_epochs=1)
     with pytest.raises(ConfigError, match="field 'shuffle_dataset': must be True with a curriculum"):
         run(5, None, shuffle_dataset=False)

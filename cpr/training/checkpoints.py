@@ -65,9 +65,8 @@ def checkpoint_status(ckpt: str | Path) -> str:
     ``trainer_state.json``, written last by transformers, parses), ``"diverged"`` (complete, with
     :data:`DIVERGED_MARKER`) or ``"incomplete"`` (transformers writes in place: a kill while saving)."""
     ckpt = Path(ckpt)
-    complete = (ckpt / COMPLETE_MARKER).is_file() or (
-        not any((c / COMPLETE_MARKER).is_file() for c in checkpoints_of(ckpt.parent)) and _trainer_state(ckpt) is not None
-    )
+    unmarked_phase = not any((c / COMPLETE_MARKER).is_file() for c in checkpoints_of(ckpt.parent))
+    complete = (ckpt / COMPLETE_MARKER).is_file() or (unmarked_phase and _trainer_state(ckpt) is not None)
     if not complete:
         return "incomplete"
     return "diverged" if (ckpt / DIVERGED_MARKER).is_file() else "complete"
@@ -167,7 +166,8 @@ class CheckpointCallback(CheckpointState):
         """This process's buffer file when micro-step ``step`` falls inside a generation batch, else ``None``."""
         if step % (self.trainer.args.steps_per_generation * self.trainer.num_iterations) == 0:
             return None
-        return checkpoint_folder(args, state) / GENERATION_BUFFER_FILE.format(rank=self.trainer.accelerator.process_index)
+        rank = self.trainer.accelerator.process_index
+        return checkpoint_folder(args, state) / GENERATION_BUFFER_FILE.format(rank=rank)
 
     def on_save(self, args, state, control, **kwargs):  # noqa: D102
         path = self._buffer(args, state, self.trainer._step)

@@ -253,7 +253,8 @@ class DivergenceGuard(CheckpointState):
     def on_step_begin(self, args, state, control, **kwargs):  # noqa: D102
         self._reset_step()
         metrics = self.trainer._metrics["train"] if self.trainer is not None else {}
-        self._marks = {k: len(metrics.get(k, [])) for k in ("kl", "frac_reward_zero_std", *self.config.reward_hacking.bounds)}
+        keys = ("kl", "frac_reward_zero_std", *self.config.reward_hacking.bounds)
+        self._marks = {k: len(metrics.get(k, [])) for k in keys}
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):  # noqa: D102
         step = state.global_step + 1

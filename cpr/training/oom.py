@@ -34,7 +34,8 @@ def _oom_in(exc: BaseException) -> BaseException | None:
 
 def _raised_in(exc: BaseException, *parts: str) -> bool:
     suffix = os.sep.join(parts)
-    return any(f.filename.endswith(suffix) or f"{suffix}{os.sep}" in f.filename for f in traceback.extract_tb(exc.__traceback__))
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any(f.filename.endswith(suffix) or f"{suffix}{os.sep}" in f.filename for f in frames)
 
 
 def _advice(cfg: ExperimentConfig, stage: str, phase: PhaseConfig | None, oom: BaseException) -> str:
@@ -49,8 +50,8 @@ def _advice(cfg: ExperimentConfig, stage: str, phase: PhaseConfig | None, oom: B
     elif _raised_in(oom, "cpr", "evaluation") or stage == "evaluation":
         ev = cfg.evaluation
         where = "in an evaluation"
-        advice = [f"evaluation.batch_size (now {ev.batch_size})", f"evaluation.max_new_tokens (now {ev.max_new_tokens})",
-                  pixels, encoder]
+        advice = [f"evaluation.batch_size (now {ev.batch_size})",
+                  f"evaluation.max_new_tokens (now {ev.max_new_tokens})", pixels, encoder]
     elif stage == "warm start":
         ws = cfg.warm_start
         where = "in the warm start"
@@ -61,7 +62,8 @@ def _advice(cfg: ExperimentConfig, stage: str, phase: PhaseConfig | None, oom: B
         args.update(phase_training_args(cfg, phase.name) if phase is not None else cfg.training)
         where = "in training or generation"
         advice = [f"training.per_device_train_batch_size (now {args['per_device_train_batch_size']})",
-                  f"training.num_generations (now {args['num_generations']}; keep the generation batch divisible by it)",
+                  f"training.num_generations (now {args['num_generations']}; keep the generation batch divisible "
+                  "by it)",
                   pixels, f"training.max_completion_length (now {args['max_completion_length']})",
                   f"or turn on model.gradient_checkpointing; the encoder's batch is {encoder}"]
     first = (str(oom).strip().splitlines() or [type(oom).__name__])[0][:200]

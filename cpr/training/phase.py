@@ -55,7 +55,8 @@ def grpo_args(cfg: ExperimentConfig, name: str) -> dict[str, Any]:
     on_gpu = torch.cuda.is_available()
     gc = cfg.model.gradient_checkpointing
     weights = phase_reward_weights(phase, args)[0]
-    args["reward_weights"] = get_reward_set(phase.rewards, weights, phase.reward_params, **_reward_shared(cfg.rewards))[1]
+    shared = _reward_shared(cfg.rewards)
+    args["reward_weights"] = get_reward_set(phase.rewards, weights, phase.reward_params, **shared)[1]
     args["activation_checkpointing"] = on_gpu if gc is None else gc
     defaults = {"use_cpu": not on_gpu, "bf16": on_gpu and torch.cuda.is_bf16_supported(),
                 "gradient_checkpointing": False,  # TRL's alias; the transformers 5 name is set above
@@ -160,7 +161,8 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
     phase_dir = Path(cfg.output_dir) / phase.name
     args = grpo_config(cfg, phase)
     state = process_state()
-    funcs, weights = get_reward_set(phase.rewards, args.reward_weights, phase.reward_params, **_reward_shared(cfg.rewards))
+    shared = _reward_shared(cfg.rewards)
+    funcs, weights = get_reward_set(phase.rewards, args.reward_weights, phase.reward_params, **shared)
     curriculum = CurriculumConfig.from_dict(phase.curriculum, prefix=f"phase_settings.{phase.name}.curriculum")
     ckpt = prepare_resume(phase_dir, resume, state)
 
