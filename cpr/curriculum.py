@@ -370,39 +370,25 @@ class CurriculumSampler(Sampler[int]):
         self.resumed_position = dict(state["position"])
 
 
-def find_curriculum_sampler(dataloader: Any) -> CurriculumSampler | None:
-    """The :class:`CurriculumSampler` inside a (possibly accelerate-wrapped) dataloader, or ``None``
-    (follows ``batch_sampler`` / ``sampler``: DataLoaderShard -> SkipBatchSampler -> BatchSampler -> sampler)."""
-    frontier = [dataloader]
-    for _ in range(6):
-        if found := next((o for o in frontier if isinstance(o, CurriculumSampler)), None):
-            return found
-        frontier = [c for o in frontier for a in ("batch_sampler", "sampler")
-                    if (c := getattr(o, a, None)) is not None and c is not o]
-    return None
-
-
 class CurriculumStateCallback(CheckpointState):
-    """Keeps a :class:`CurriculumSampler` in step with the Trainer: ``on_epoch_begin`` sets its epoch,
+    """Keeps ``trainer.curriculum_sampler`` in step with the Trainer: ``on_epoch_begin`` sets its epoch,
     ``on_step_end`` records its state at the position the Trainer would resume from (kept in each checkpoint's
     ``trainer_state.json``, :class:`~cpr.training.checkpoints.CheckpointState`), ``on_train_begin`` of a resumed
-    run loads it. Raises :class:`ConfigError` without a sampler or a saved state, or for another order."""
+    run loads it. Raises :class:`ConfigError` for a checkpoint without the state, or another order."""
 
-    def __init__(self) -> None:
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
         self.curriculum_state: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
         return {"curriculum_state": self.curriculum_state}
 
     @staticmethod
-    def _position(args: Any, state: Any, train_dataloader: Any) -> tuple[CurriculumSampler, int, int]:
-        """The sampler, and the (epoch, micro-batches to skip) of ``global_step``, as the Trainer computes them."""
-        sampler = find_curriculum_sampler(train_dataloader)
-        if sampler is None:
-            raise ConfigError("the train dataloader has no CurriculumSampler", field="curriculum")
+    def _position(args: Any, state: Any, train_dataloader: Any) -> tuple[int, int]:
+        """The epoch and the micro-batches to skip at ``global_step``, as the Trainer computes them."""
         ga, n = args.gradient_accumulation_steps, len(train_dataloader)
         steps_per_epoch = max(n // ga + int(n % ga > 0), 1)
-        return sampler, state.global_step // steps_per_epoch, (state.global_step % steps_per_epoch) * ga
+        return state.global_step // steps_per_epoch, (state.global_step % steps_per_epoch) * ga
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):  # noqa: D102
         saved = self.saved_state(state)
@@ -412,15 +398,15 @@ class CurriculumStateCallback(CheckpointState):
             raise ConfigError(f"resuming at step {state.global_step} from a checkpoint without curriculum state (it "
                               "was not trained with this curriculum); its prompt order cannot be continued",
                               field="curriculum")
-        self._position(args, state, train_dataloader)[0].load_state_dict(saved["curriculum_state"])
+        self.trainer.curriculum_sampler.load_state_dict(saved["curriculum_state"])
 
     def on_epoch_begin(self, args, state, control, train_dataloader=None, **kwargs):  # noqa: D102
-        sampler, epoch, _ = self._position(args, state, train_dataloader)
-        sampler.set_epoch(epoch)
+        self.trainer.curriculum_sampler.set_epoch(self._position(args, state, train_dataloader)[0])
 
     def on_step_end(self, args, state, control, train_dataloader=None, **kwargs):  # noqa: D102
-        sampler, epoch, micro = self._position(args, state, train_dataloader)
-        self.curriculum_state = {**sampler.state_dict(micro, epoch=epoch), "global_step": state.global_step}
+        epoch, micro = self._position(args, state, train_dataloader)
+        sampler_state = self.trainer.curriculum_sampler.state_dict(micro, epoch=epoch)
+        self.curriculum_state = {**sampler_state, "global_step": state.global_step}
 
 
 class CurriculumGRPOTrainer(GRPOTrainer):
@@ -444,7 +430,7 @@ class CurriculumGRPOTrainer(GRPOTrainer):
                               field="shuffle_dataset")
         if not hasattr(self.train_dataset, "column_names"):
             raise ConfigError("a curriculum needs a map-style datasets.Dataset as train_dataset", field="train_dataset")
-        self.add_callback(CurriculumStateCallback())
+        self.add_callback(CurriculumStateCallback(self))
 
     def _get_train_sampler(self, dataset: Any = None) -> Sampler:
         if self.curriculum is None:

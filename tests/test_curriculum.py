@@ -25,7 +25,6 @@ from cpr.curriculum import (
     CurriculumConfig,
     CurriculumSampler,
     CurriculumStateCallback,
-    find_curriculum_sampler,
     total_generation_batches,
 )
 from cpr.errors import ConfigError, InputError
@@ -441,9 +440,8 @@ def test_callback_tracks_epoch_writes_and_verifies_state(tmp_path: Path):
     kw = dict(batch_size=4, mini=2, repeat=2, total=25)
     sampler = _sampler(diffs, **kw)
     loader = _prepared_loader(sampler, len(diffs), 8)  # 10 generation batches x 2 repeats per epoch
-    assert find_curriculum_sampler(skip_first_batches(loader, 2)) is sampler
     args = SimpleNamespace(gradient_accumulation_steps=4, output_dir=str(tmp_path), should_save=True)
-    cb = CurriculumStateCallback()
+    cb = CurriculumStateCallback(SimpleNamespace(curriculum_sampler=sampler))
     # 20 micro-batches, GA 4 -> 5 optimizer steps per epoch; step 6 is epoch 1 after 1 step (4 micro-batches).
     assert len(loader) == 20
     state = TrainerState(global_step=6)
@@ -463,19 +461,15 @@ def test_callback_tracks_epoch_writes_and_verifies_state(tmp_path: Path):
     loaded = TrainerState.load_from_json(str(tmp_path / "trainer_state.json"))
     assert loaded.stateful_callbacks["CurriculumStateCallback"]["attributes"]["curriculum_state"] == saved
     resumed = _sampler(diffs, **kw)
-    CurriculumStateCallback().on_train_begin(
-        args, loaded, None, train_dataloader=_prepared_loader(resumed, 40, 8)
-    )
+    CurriculumStateCallback(SimpleNamespace(curriculum_sampler=resumed)).on_train_begin(args, loaded, None)
     assert resumed.epoch == 1
 
     other = _sampler(diffs, **{**kw, "seed": 9})
     with pytest.raises(ConfigError, match="curriculum_state.seed"):
-        CurriculumStateCallback().on_train_begin(
-            args, loaded, None, train_dataloader=_prepared_loader(other, 40, 8)
-        )
+        CurriculumStateCallback(SimpleNamespace(curriculum_sampler=other)).on_train_begin(args, loaded, None)
     empty = TrainerState(global_step=6, stateful_callbacks={})
     with pytest.raises(ConfigError, match="from a checkpoint without curriculum state"):
-        CurriculumStateCallback().on_train_begin(args, empty, None, train_dataloader=loader)
+        CurriculumStateCallback(SimpleNamespace(curriculum_sampler=sampler)).on_train_begin(args, empty, None)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -84,11 +84,7 @@ def has_curriculum_state(ckpt: Path) -> bool:
 
 
 def adapter_folder(path: Path, *, field: str = "init_adapter") -> Path:
-    """``path`` when it holds a LoRA adapter (a checkpoint holds it at its top level).
-
-    Raises:
-        ConfigError: no ``adapter_config.json`` in ``path``, naming ``field``.
-    """
+    """``path`` when it holds a LoRA adapter (as a checkpoint does), else a :class:`ConfigError` naming ``field``."""
     if (Path(path) / "adapter_config.json").is_file():
         return Path(path)
     raise ConfigError(f"no LoRA adapter (adapter_config.json) in {path}", field=field)

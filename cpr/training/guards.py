@@ -1,20 +1,13 @@
 """Divergence guards of the GRPO phases (``guards:``, :class:`cpr.training.config.GuardsConfig`; README,
-"Divergence guards"): the paper's Composite and Answer-Only runs diverge to NaN gradients (docs/method.md
-section 4).
+"Divergence guards"; the paper's Composite and Answer-Only runs diverge to NaN gradients, docs/method.md section 4).
 
-:class:`DivergenceGuard` is a callback that checks each optimizer step once its gradients are accumulated
-and clipped, before ``optimizer.step()`` (``on_pre_optimizer_step``): ``nan`` (a NaN / Inf reward, micro-step
-loss or gradient norm on any process; a reward function's ``None`` is no reward), ``kl`` (TRL's ``kl`` above a
-limit for consecutive steps), ``zero_std`` (TRL's ``frac_reward_zero_std`` = 1 for a window of steps) and
-``reward_hacking`` (a hack monitor of :data:`cpr.guard.MONITORS` past its bound for consecutive steps); a step
-that reuses buffered completions keeps its generation batch's values. TRL computes KL, ``frac_reward_zero_std``
-and the monitors inside its step and hands them to callbacks only at the next logging step, after the update,
-so the guard reads them from ``GRPOTrainer._metrics["train"]``. Actions: ``warn``; ``skip_step`` (the update
-is dropped: every parameter gets ``grad = None``, which torch's optimizers skip, moments and step count
-included; refused under DeepSpeed, whose engine steps inside ``backward``, and fp16 loss scaling); ``stop``
-(not applied either, except under DeepSpeed; the checkpoint is saved with ``diverged.json`` and the runner
-raises :class:`TrainingDivergedError`). Events go to ``<phase>/guard_events.jsonl``, the counters to the
-trainer logs (``guards/*``), each checkpoint's ``trainer_state.json`` and ``summary.json``.
+:class:`DivergenceGuard` checks each optimizer step once its gradients are accumulated and clipped, before
+``optimizer.step()`` (``on_pre_optimizer_step``), and warns, drops the update (``skip_step``: every parameter gets
+``grad = None``, which torch's optimizers skip, moments and step count included; not under DeepSpeed, whose engine
+steps inside ``backward``, nor with fp16 loss scaling) or stops (the update is not applied either, except under
+DeepSpeed; the checkpoint is saved with ``diverged.json``, the runner raises :class:`TrainingDivergedError`).
+TRL computes KL, ``frac_reward_zero_std`` and the hack monitors inside its step and hands them to callbacks only
+at the next logging step, after the update, so the guard reads them from ``GRPOTrainer._metrics["train"]``.
 """
 
 from __future__ import annotations
@@ -96,8 +89,11 @@ class _WatchedReward:
 
 
 class DivergenceGuard(CheckpointState):
-    """Checks each optimizer step for the guard conditions and acts (module docstring); a run of kl / zero_std
-    / reward_hacking steps warns when it reaches its length and every further length.
+    """Checks each optimizer step for ``nan`` (a NaN / Inf reward, micro-step loss or gradient norm on any
+    process; a reward function's ``None`` is no reward), ``kl``, ``zero_std`` and ``reward_hacking`` (TRL's
+    metrics past their limits for consecutive steps; a step that reuses buffered completions keeps its generation
+    batch's values) and acts. A run of steps warns when it reaches its length and every further length. Events go
+    to ``guard_events.jsonl``; the counters to the trainer logs, the checkpoints and ``summary.json``.
 
     Args:
         config: the ``guards`` section.

@@ -31,14 +31,10 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def open_run_log(folder: str | Path, name: str = "run.log", *, write: bool = True) -> logging.Handler | None:
-    """Send the ``cpr`` loggers' INFO records to standard error (``[cpr] <message>``, one handler a process)
-    and, with ``write``, to ``<folder>/<name>``, together with Python warnings and the trainer's log
-    records (:data:`FILE_ONLY_LOGGERS`, file only). Without ``write`` (the other processes of a distributed
-    run) only warnings and errors are logged, as transformers does.
-
-    Returns:
-        The file handler for :func:`close_run_log` (``None`` without ``write``).
-    """
+    """Send the ``cpr`` loggers' INFO records to standard error (``[cpr] <message>``) and, with ``write``, to
+    ``<folder>/<name>``, with Python warnings and the trainer's log records (:data:`FILE_ONLY_LOGGERS`, file only);
+    return the file handler for :func:`close_run_log`. Without ``write`` (the other processes of a distributed
+    run) only warnings and errors are logged, as transformers does."""
     root = logging.getLogger("cpr")
     root.setLevel(logging.INFO if write else logging.WARNING)
     if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in root.handlers):
@@ -154,18 +150,11 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
 
 
 def rollback_logs(phase_dir: str | Path, step: int) -> dict[str, tuple[int, int]]:
-    """Drop the rows a killed run wrote after the checkpoint at optimizer step ``step`` (0: all of them).
-
-    Rewrites atomically ``log.jsonl``, ``eval_history.jsonl`` and ``guard_events.jsonl`` keeping rows with
-    ``step <= step``, and ``scored_completions[.rankN].jsonl`` keeping ``step < step`` (a scored row carries
-    the global step before its optimizer step); rows without a numeric ``step`` stay.
-
-    Returns:
-        ``{file name: (rows kept, rows dropped)}`` for the files that exist.
-
-    Raises:
-        InputError: a malformed line other than the last.
-    """
+    """Drop the rows a killed run wrote after the checkpoint at optimizer step ``step`` (0: all of them):
+    atomically rewrite ``log.jsonl``, ``eval_history.jsonl`` and ``guard_events.jsonl`` keeping rows with ``step <=
+    step``, and ``scored_completions[.rankN].jsonl`` keeping ``step < step`` (a scored row carries the global step
+    before its optimizer step); rows without a numeric ``step`` stay. Returns ``{file: (kept, dropped)}`` of the
+    files that exist; raises ``InputError`` for a malformed line other than the last."""
     out: dict[str, tuple[int, int]] = {}
     for pattern, last in (("log.jsonl", step), ("eval_history.jsonl", step), ("guard_events.jsonl", step),
                           ("scored_completions*.jsonl", step - 1)):

@@ -49,11 +49,9 @@ def run_experiment(
         callbacks: extra ``transformers.TrainerCallback`` objects for every GRPO phase's trainer.
 
     Raises:
-        ConfigError / InputError: invalid config or data (before any model loads), or ``output_dir`` holds a
-            run and neither ``resume`` nor ``overwrite`` is set.
+        ConfigError / InputError: invalid config or data (before any model loads), or a refused ``output_dir``.
         ModelNotAvailableError: the model or encoder is neither local nor downloadable.
-        TrainingDivergedError: a divergence guard with action ``stop`` ended a phase (it carries the summary).
-        TrainingOutOfMemoryError: out of memory, naming the settings to lower.
+        TrainingDivergedError / TrainingOutOfMemoryError: a guard stopped a phase / out of memory.
     """
     import torch
 
