@@ -4,8 +4,8 @@ A phase starts from its ``init_adapter``, else the adapter the previous phase ha
 the validation split with ``select_best``, else its final adapter), else the warm start's, else a new one. The
 run folder holds ``config.yaml`` (every default filled in, and ``training_effective``), ``run.log``,
 ``summary.json`` (``status`` running, finished, diverged, failed or interrupted), ``warm_start/adapter/``,
-``final_eval/``, and per phase its ``checkpoint-N/`` folders (:mod:`cpr.training.checkpoints`), final
-``adapter/``, ``log.jsonl``, ``scored_completions.jsonl``, ``eval_history.jsonl``, ``best_checkpoint.json``,
+``final_eval/`` (``stages/<stage>/``: earlier stages, ``evaluation.compare``), and per phase its
+``checkpoint-N/`` folders (:mod:`cpr.training.checkpoints`), final ``adapter/``, ``log.jsonl``, ``scored_completions.jsonl``, ``eval_history.jsonl``, ``best_checkpoint.json``,
 ``guard_events.jsonl``, ``selection.json``, ``phase_done.json`` and ``abandoned-checkpoint-N-<time>/``.
 Resume skips finished phases and continues the current one from its last complete, not diverged checkpoint;
 on CPU with a fixed ``torch_threads`` it ends with the uninterrupted run's adapter and prompt order
@@ -60,6 +60,7 @@ def run_experiment(
     from cpr.training.guards import TrainingDivergedError
     from cpr.training.logs import close_run_log, open_run_log
     from cpr.training.phase import resolved_config, train_phase
+    from cpr.training.report import chance_accuracy, compare_stages, phase_bucket_mixes
     from cpr.training.selection import select_best
     from cpr.training.warm_start import run_warm_start
 
@@ -139,6 +140,11 @@ def run_experiment(
                 model_path=model_path, skip_empty=True, echo=True,
             )
             summary.update(summary_entries(results))
+            if cfg.evaluation.compare:  # the closing table: earlier stages beside the final adapter
+                summary["chance_accuracy"] = chance_accuracy(splits.test)
+                summary["comparison"] = compare_stages(cfg, splits, summary, out, templates=templates,
+                                                       model_path=model_path)
+        summary["bucket_mix"] = phase_bucket_mixes(out, summary, splits.train)
         summary["status"] = "finished"
         write_summary()
         if state.is_main_process:
@@ -272,6 +278,7 @@ def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = Tru
 
 def _print_summary(summary: dict[str, Any]) -> None:
     from cpr.training.evaluate import final_eval_key
+    from cpr.training.report import closing_lines
 
     lines = [f"run {summary['run_name']} finished in {summary['wall_time_s']} s -> {summary['output_dir']}"]
     for p in summary["phases"]:
@@ -287,4 +294,4 @@ def _print_summary(summary: dict[str, Any]) -> None:
         for name, overall in (summary.get(final_eval_key(split)) or {}).items():
             keys = [k for k in ("accuracy", "match_f1", "precision", "recall", "steps", "lis", "ordered_f1") if k in overall]
             lines.append(f"  {split} {name}: " + ", ".join(f"{k} {overall[k]:.3f}" for k in keys))
-    print("\n".join(lines))
+    print("\n".join(lines + closing_lines(summary)))
