@@ -58,13 +58,14 @@ def load_sources(
             validate_images=data.validate_images if validate_images is None else validate_images,
             options=src.options or None,
         )
+        where = src.path or f"split {src.split or 'train'}, options {src.options or {}}"  # generated: no path
         for r in recs:
             if r.id in seen:
                 raise InputError(
-                    f"duplicate id across datasets (also in {seen[r.id]})", path=src.path, record_id=r.id, field="id"
+                    f"duplicate id across datasets (also in {seen[r.id]})", path=where, record_id=r.id, field="id"
                 )
-            seen[r.id] = src.path
-        logger.info("%s[%d]: %d records from %s (%s)", key, i, len(recs), src.path, src.source)
+            seen[r.id] = where
+        logger.info("%s[%d]: %d records from %s (%s)", key, i, len(recs), where, src.source)
         out.extend(recs)
     return out
 
