@@ -18,7 +18,7 @@ from cpr.errors import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "recipes" / "configs"
 SHIPPED = ["ablation_weights.yaml", "ablation_weights_demo.yaml", "ablation_strategies.yaml",
-           "ablation_strategies_demo.yaml"]
+           "ablation_strategies_demo.yaml", "reproduce_strategies.yaml", "reproduce_weights.yaml"]
 
 
 def _in_tmp(name: str, tmp_path: Path):
@@ -238,3 +238,18 @@ def test_execute_run_refuses_unfinished_folders_and_skips_done_ones(tmp_path):
     with pytest.raises(ConfigError, match=r"run 'aw0.80_sw0.20' starts from the shared adapter .* run the shared "
                                           r"start first \(--only shared_start\)"):
         execute_run(shared, shared.runs[0], resume=True)
+
+
+def test_reproduce_plans_three_seeds_of_each_strategy_at_one_budget(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    plan = plan_ablation(_in_tmp("reproduce_strategies.yaml", tmp_path))
+    assert [r.name for r in plan.runs] == ["untrained", "warm_start"] + [
+        f"{n}-s{s}" for n in ("answer_only", "composite", "cpr", "cpr_curriculum") for s in (1, 2, 3)]
+    steps = {}
+    for run in plan.runs[2:]:
+        cfg = validate_run(plan, run)
+        assert cfg.seed == int(run.name[-1]) and cfg.data.test[0].options == {"size": 90, "seed": 0}
+        steps[run.group] = sum(cfg.phase(p).training["max_steps"] for p in cfg.phases)
+    assert steps == {"answer_only": 75, "composite": 75, "cpr": 75, "cpr_curriculum": 75}  # the same budget
+    weights = plan_ablation(_in_tmp("reproduce_weights.yaml", tmp_path / "w"))
+    assert len(weights.runs) == 6 * 3 and {r.seed for r in weights.runs} == {1, 2, 3}

@@ -276,4 +276,4 @@ def test_seeds_give_one_run_each_and_mean_and_std_rows(tmp_path):
     md = render_markdown(table)
     assert "| CPR | this run, 3 of 3 seeds (finished) | 50.00 ± 10.00 | 0.633 ± 0.153 |" in md
     assert "mean ± sample standard deviation over the seeds [1, 2, 3]" in md
-    assert "| CPR | 2 | finished | 50.00 | 0.600 |" in md
+    assert "| CPR | 2 | finished | 50.00 | 0.600 |" in md and "| base | - | finished | 30.00 |" in md

@@ -109,3 +109,17 @@ def test_config_needs_no_path_for_the_generated_source():
                             "data": {"train": [{"source": "synthetic", "options": {"size": 9}}]},
                             "phases": ["answer_only"]})
     assert cfg.data.train[0].path == ""
+
+
+def test_the_same_generated_items_twice_are_refused_naming_the_source():
+    from cpr.errors import InputError
+    from cpr.training.config import DataConfig, DataSourceConfig
+    from cpr.training.splits import load_sources
+
+    src = DataSourceConfig(source="synthetic", options={"size": 3})
+    other = DataSourceConfig(source="synthetic", options={"size": 3, "seed": 1})
+    assert len(load_sources([src, other], DataConfig(), key="data.train")) == 6
+    with pytest.raises(InputError) as e:
+        load_sources([src, src], DataConfig(), key="data.train")
+    assert "duplicate id across datasets (also in split train, options {'size': 3})" in str(e.value)
+    assert e.value.record_id == "grid-s0-train-0"

@@ -110,11 +110,13 @@ def _synthetic(data: dict) -> dict:
                     "validation": [{"source": "synthetic", "split": "validation", "options": {"size": 2}}],
                     "test": [{"source": "synthetic", "split": "test", "options": {"size": 2}}],
                     "prompts": {"system": 'Reply with JSON: {"reasoning_steps": [...], "answer": "<letter>"}'}}
-    data["warm_start"] = {"enabled": True, "max_steps": 40, "learning_rate": 3e-3, "per_device_train_batch_size": 8}
+    data["warm_start"] = {"enabled": True, "max_steps": 120, "learning_rate": 3e-3, "per_device_train_batch_size": 8}
+    data["training"]["temperature"] = 0.7
     data["training"]["max_completion_length"] = 48
     data["evaluation"]["max_new_tokens"] = 48
     for phase in data["phase_settings"].values():
         phase["rewards"] = [r for r in phase["rewards"] if r != "distinct_chars"]
+        phase["training"]["learning_rate"] = 1e-4  # larger steps on real rewards can break the format
     return data
 
 

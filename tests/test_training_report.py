@@ -52,6 +52,9 @@ def test_bucket_mix_in_thirds_of_the_phase(tmp_path):
     assert mix == [{"easy": 100.0, "medium": 0.0, "hard": 0.0}, {"easy": 50.0, "medium": 50.0, "hard": 0.0},
                    pytest.approx({"easy": 25.0, "medium": 25.0, "hard": 50.0})]
     assert phase_bucket_mixes(tmp_path, SUMMARY, train) == {"cpr": mix}  # answer_only scored nothing
+    # a phase of 60 steps with rows in its first 6 only: one span (4 easy, 2 medium, 2 hard), no empty ones
+    assert bucket_mix(tmp_path / "cpr", {r.id: r.difficulty for r in train}, steps=60) == [
+        {"easy": 50.0, "medium": 25.0, "hard": 25.0}]
     with pytest.raises(ConfigError, match="unknown record 'h1'"):
         bucket_mix(tmp_path / "cpr", {"e1": "easy", "e2": "easy", "m1": "medium"}, steps=6)
 

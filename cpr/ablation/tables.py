@@ -344,7 +344,8 @@ def render_markdown(table: dict[str, Any]) -> str:
                         "(one run each, listed per seed below).")
     parts = [title, "", markdown_table(header, body), "", *[f"- {n}" for n in notes + undefined]]
     if table.get("seed_rows"):
-        per_seed = [[r["label"], str(r.get("seed", "-")), _status_cell(r), *_cells(r, columns)] for r in table["seed_rows"]]
+        per_seed = [[r["label"], "-" if r.get("seed") is None else str(r["seed"]), _status_cell(r), *_cells(r, columns)]
+                    for r in table["seed_rows"]]
         parts += ["", "Per seed:", "", markdown_table(["Run", "Seed", "Status", *[c["title"] for c in columns]], per_seed)]
     return "\n".join(parts).rstrip() + "\n"
 

@@ -80,7 +80,7 @@ def chance_accuracy(records: Sequence[Record]) -> float:
 
 def bucket_mix(phase_dir: str | Path, difficulty: Mapping[str, str], steps: int, parts: int = 3) -> list[dict[str, float]]:
     """Share (percent) of each difficulty bucket among the prompts a phase trained on, in ``parts``
-    equal spans of its ``steps`` optimizer steps.
+    equal spans of its ``steps`` optimizer steps (spans without a scored completion are left out).
 
     Reads the completions of one reward function (the first in ``scored_completions.jsonl``); a
     phase whose rewards score no steps (``format`` + ``accuracy``) gives ``[]``.
@@ -100,7 +100,7 @@ def bucket_mix(phase_dir: str | Path, difficulty: Mapping[str, str], steps: int,
             raise ConfigError(f"scored completion of unknown record {row.get('id')!r}", field="scored_completions")
         part = min(parts - 1, int(row.get("step") or 0) * parts // steps)
         counts[part][difficulty[str(row["id"])]] += 1
-    return [{b: 100.0 * c[b] / max(1, sum(c.values())) for b in DIFFICULTIES} for c in counts]
+    return [{b: 100.0 * c[b] / sum(c.values()) for b in DIFFICULTIES} for c in counts if c]  # a span can be empty
 
 
 def phase_bucket_mixes(run_dir: str | Path, summary: Mapping[str, Any], train: Sequence[Record]) -> dict[str, list]:

@@ -46,12 +46,13 @@ def load_sources(sources: Sequence[DataSourceConfig], data: DataConfig, *, key: 
             validate_images=data.validate_images if validate_images is None else validate_images,
             options=src.options or None,
         )
+        where = src.path or f"split {src.split or 'train'}, options {src.options or {}}"  # generated: no path
         for rid in recs.column("id"):
             if rid in seen:
-                raise InputError(f"duplicate id across datasets (also in {seen[rid]})", path=src.path, record_id=rid,
+                raise InputError(f"duplicate id across datasets (also in {seen[rid]})", path=where, record_id=rid,
                                  field="id")
-            seen[rid] = src.path
-        logger.info("%s[%d]: %d records from %s (%s)", key, i, len(recs), src.path, src.source)
+            seen[rid] = where
+        logger.info("%s[%d]: %d records from %s (%s)", key, i, len(recs), where, src.source)
         out.append(recs)
     return Records.concatenate(out)
 
