@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export WANDB_MODE ?= offline
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test lint bench ablation-demo clean
+.PHONY: setup demo-models demo test lint bench ablation-demo clean
 
 setup: $(STAMP)
 
@@ -22,7 +22,12 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The demo configs' tiny models (tools/tiny_models.py: random weights, tokenizer trained on the data),
+# built into outputs/models/ where missing; the demo recipes also build them on first use.
+demo-models: $(STAMP)
+	$(PY) tools/tiny_models.py --demo
+
+demo: demo-models
 	$(PY) recipes/cpr_curriculum.py
 
 # pytest exits 5 when it collected no tests: that is a failure, said in words.
@@ -31,14 +36,14 @@ test: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected" >&2; exit 1; fi; exit $$rc
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check cpr recipes tests benchmarks
+	$(VENV)/bin/ruff check cpr recipes tests benchmarks tools
 
 bench: $(STAMP)
 	$(PY) benchmarks/match_f1_throughput.py
 	$(PY) benchmarks/reward_throughput.py
 	$(PY) benchmarks/guard_calibration.py
 
-ablation-demo: $(STAMP)
+ablation-demo: demo-models
 	$(PY) recipes/reward_ablation.py --config recipes/configs/ablation_weights_demo.yaml
 	$(PY) recipes/reward_ablation.py --config recipes/configs/ablation_strategies_demo.yaml
 

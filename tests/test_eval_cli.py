@@ -197,11 +197,11 @@ def test_adapter_base_and_the_runs_image_size(samples_dir, tmp_path, encoder, ca
     """An adapter on another base model is refused with one line naming both; on its own base it is
     evaluated with the processor's pixel limits of its run (config.yaml), which flags can override."""
     import yaml
+    from cpr.models.tiny import default_corpus, ensure_tiny_model
     from peft import get_peft_model
 
     import cpr.evaluation.runner
     from cpr.models import build_lora_config, load_model_and_processor, resolve_model_path
-    from cpr.models.tiny import default_corpus, ensure_tiny_model
 
     base = str(ensure_tiny_model("qwen2_5_vl", texts=default_corpus() + ["a run's own vocabulary"]))
     model, _ = load_model_and_processor(base, dtype="float32", device="cpu")

@@ -6,19 +6,18 @@ import json
 from pathlib import Path
 
 import pytest
+from cpr.models.loading import check_adapter_base
 
 from cpr.cli import main
 from cpr.errors import ConfigError, InputError
-from cpr.models.loading import check_adapter_base
 
 
 def _fake_run(tmp_path: Path, kind: str) -> tuple[Path, Path, str]:
     """A finished run folder whose final adapter holds random (non-zero) LoRA weights on the tiny model."""
     import torch
-    from peft import get_peft_model
-
     from cpr.models.loading import build_lora_config, load_model_and_processor
     from cpr.models.tiny import ensure_tiny_model
+    from peft import get_peft_model
 
     base = str(ensure_tiny_model(kind))
     model, processor = load_model_and_processor(base, device="cpu", gradient_checkpointing=False)
@@ -50,10 +49,9 @@ def _logits(model, processor):
 @pytest.mark.parametrize("kind", ["qwen2_5_vl", "internvl"])
 def test_export_merges_the_final_adapter_into_its_base(tmp_path, kind, capsys):
     import torch
+    from cpr.models.loading import load_model_and_processor
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    from cpr.models.loading import load_model_and_processor
 
     run, adapter, base = _fake_run(tmp_path, kind)
     out = tmp_path / "merged"

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cpr.models.loading import build_lora_config, load_model_and_processor
 
 pytestmark = pytest.mark.slow

@@ -196,7 +196,6 @@ def tiny_paths(tmp_path_factory, records, templates):
 
 def _load(path: str, norm_scale: float = 1.0):
     import torch
-
     from cpr.models.loading import load_model_and_processor
 
     model, processor = load_model_and_processor(path, device="cpu")
@@ -278,9 +277,8 @@ def test_prompt_longer_than_max_length_is_an_error(tiny_paths, records, template
 
 @pytest.mark.slow
 def test_run_sft_needs_a_lora_adapter(tiny_paths, records, templates, tmp_path, one_thread):
-    from peft import PeftModel, get_peft_model
-
     from cpr.models.loading import build_lora_config
+    from peft import PeftModel, get_peft_model
 
     model, processor = _load(tiny_paths("qwen2_5_vl"))
     with pytest.raises(ConfigError) as err:
@@ -344,9 +342,8 @@ def _batch(processor, records, templates):
 @pytest.mark.slow
 def test_sft_lora_learns_and_adapter_reloads(tiny_paths, records, templates, tmp_path, one_thread):
     import torch
-    from peft import PeftModel
-
     from cpr.models.loading import build_lora_config
+    from peft import PeftModel
 
     path = tiny_paths("qwen2_5_vl")
     model, processor = _load(path)
@@ -416,7 +413,6 @@ def test_sft_lora_learns_and_adapter_reloads(tiny_paths, records, templates, tmp
 @pytest.mark.slow
 def test_sft_lora_runs_on_tiny_internvl(tiny_paths, records, templates, tmp_path, one_thread):
     import torch
-
     from cpr.models.loading import build_lora_config
 
     model, processor = _load(tiny_paths("internvl"))

@@ -93,11 +93,10 @@ def test_activation_estimate_matches_saved_tensors_measured_on_tiny_models(kind,
     """The estimate's saved activations against what autograd keeps after a training forward of the tiny model
     with TRL's fused LM head (bytes of every saved tensor, by storage, parameters and buffers excluded)."""
     import torch
+    from cpr.models.loading import build_lora_config, load_model_and_processor, resolve_model_path
     from peft import get_peft_model
     from PIL import Image
     from trl.trainer.utils import add_fused_lm_head
-
-    from cpr.models.loading import build_lora_config, load_model_and_processor, resolve_model_path
 
     model, proc = load_model_and_processor(f"tiny:{kind}", device="cpu", dtype=dtype, gradient_checkpointing=checkpointing)
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))

@@ -186,6 +186,7 @@ def nothing_may_load(monkeypatch):
     """Fail the test if a model, a tiny model, the data or the trainer is touched."""
     import cpr.models.loading
     import cpr.models.tiny
+
     import cpr.training.runner
     import cpr.training.splits
 

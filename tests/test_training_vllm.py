@@ -11,9 +11,8 @@ from cpr.training.vllm import placeholder_tokens, vllm_generation_kwargs
 
 @pytest.fixture(scope="module")
 def families():
-    from transformers import AutoConfig, AutoTokenizer
-
     from cpr.models.tiny import ensure_tiny_model
+    from transformers import AutoConfig, AutoTokenizer
 
     out = {}
     for kind in ("qwen2_5_vl", "internvl"):

@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="generate with a model on a benchmark and score it (crystal, m3cot, vlrmbench)",
         description=__doc__.splitlines()[0],
     )
-    p.add_argument("--model", required=True, help="base model or merged checkpoint: folder, hub id or tiny:<kind>")
+    p.add_argument("--model", required=True, help="base model or merged checkpoint: folder or hub id")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder (PEFT) applied to --model")
     p.add_argument("--allow-base-mismatch", action="store_true",
                    help="apply --adapter even if trained on another base model (e.g. a hub id at another revision)")
@@ -199,12 +199,10 @@ def _generator(args: argparse.Namespace, config: dict[str, Any], settings: Any, 
         resolve_model_and_adapter,
         vllm_available,
     )
-    from cpr.models import parse_tiny_name, resolve_model_path
+    from cpr.models import resolve_model_path
 
     pixels = {k: config[k] for k in ("min_pixels", "max_pixels")}
-    use_vllm = settings.backend == "vllm" or (
-        settings.backend == "auto" and vllm_available() and parse_tiny_name(args.model) is None
-    )
+    use_vllm = settings.backend == "vllm" or (settings.backend == "auto" and vllm_available())
     if use_vllm:  # pragma: no cover - needs vLLM and a GPU
         from transformers import AutoProcessor
 

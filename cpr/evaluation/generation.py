@@ -389,7 +389,7 @@ def load_model_for_eval(
     """Load a model (plus an optional LoRA adapter) and its processor for generation.
 
     Args:
-        model: a base model or merged checkpoint (folder, hub id, ``tiny:<kind>``), or an
+        model: a base model or merged checkpoint (folder or hub id), or an
             adapter folder (see :func:`resolve_model_and_adapter`).
         adapter: a LoRA adapter folder, loaded with ``peft.PeftModel.from_pretrained`` (not
             merged, so the evaluated weights are exactly the trained ones).

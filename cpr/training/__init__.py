@@ -7,7 +7,7 @@ lazily, so import what you need from the submodule, e.g. ``from cpr.training.sft
 * :mod:`~cpr.training.splits`: training / validation / test records;
 * :mod:`~cpr.training.runner`: :func:`~cpr.training.runner.run_experiment`, the orchestration of a run;
 * :mod:`~cpr.training.preflight`: are the model and the step encoder available;
-* :mod:`~cpr.training.policy`: the model's path (tiny models built), loading, LoRA config, adapters;
+* :mod:`~cpr.training.policy`: loading, LoRA config, adapters;
 * :mod:`~cpr.training.warm_start`: the supervised LoRA warm start, and supervised LoRA training;
 * :mod:`~cpr.training.sft`: ``SFTSettings`` and ``run_sft`` (TRL's ``SFTTrainer``);
 * :mod:`~cpr.training.phase`: one GRPO phase (``GRPOConfig``, trainer, final adapter);

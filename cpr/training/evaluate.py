@@ -198,7 +198,7 @@ def evaluate_adapter(
             samples are not generated again). ``metrics.json`` also records ``adapter`` and ``split``.
         label: the model's name in the markdown tables.
         templates: prompt templates (default: loaded from ``cfg.data.prompts``).
-        model_path: the resolved model (default: :func:`cpr.training.policy.resolve_model_path`).
+        model_path: the model folder or hub id (default: ``model.name_or_path``).
         echo: also print the tables to standard output.
 
     Returns:
@@ -290,7 +290,7 @@ def _evaluate(
                 f"no {split} records to score: give data.{split} or data.{split}_size", field=f"data.{split}_size"
             )
     state = process_state()
-    model_path = model_path or policy.resolve_model_path(cfg, splits)  # every process (a tiny model is built once)
+    model_path = model_path or cfg.model.name_or_path
     results: dict[str, dict[str, dict[str, Any]]] = {split: {} for split, _ in outputs}
     if state.is_main_process:
         from cpr.data import load_templates

@@ -112,7 +112,7 @@ def check_launch_settings(cfg: ExperimentConfig) -> None:
     import torch
 
     from cpr.distributed import check_launch
-    from cpr.models.loading import resolve_dtype
+    from cpr.models import resolve_dtype
 
     precision, vllm = [], False
     if cfg.warm_start.enabled:
@@ -218,7 +218,7 @@ def train_phase(
         phase: the phase's resolved settings.
         splits: the run's data splits (training records; the eval hook's validation records).
         templates: prompt templates.
-        model_path: the resolved model (:func:`cpr.training.policy.resolve_model_path`).
+        model_path: the model folder or hub id (``model.name_or_path``).
         init_adapter: the LoRA adapter the phase starts from (trainable), or ``None`` for a new one.
         resume: continue from the phase's last complete checkpoint
             (:func:`cpr.training.checkpoints.prepare_resume`).

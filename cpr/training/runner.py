@@ -4,7 +4,7 @@
 the pieces of :mod:`cpr.training`:
 
 * :mod:`~cpr.training.preflight`: are the model and the step encoder available (before anything loads);
-* :mod:`~cpr.training.policy`: the model (``tiny:`` models built), loading, LoRA adapters;
+* :mod:`~cpr.training.policy`: the model: loading, LoRA adapters;
 * :mod:`~cpr.training.warm_start`: the supervised LoRA warm start;
 * :mod:`~cpr.training.phase`: one GRPO phase (:mod:`~cpr.training.guards`: divergence guards;
   :mod:`~cpr.training.checkpoints`: markers and resume; :mod:`~cpr.training.logs`: JSON lines logs);
@@ -375,7 +375,7 @@ def delete_previous_run(out: Path, state: Any) -> None:
 def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = True) -> tuple[Any, Any, str]:
     """Everything about a run that can be checked before anything trains: the model and the step
     encoder can be had (:func:`cpr.training.preflight.preflight`, which loads the encoder), the data
-    load and validate, the prompt templates load, the model resolves (a ``tiny:`` model is built),
+    load and validate, the prompt templates load,
     each phase's ``init_adapter`` was trained on that model (:func:`cpr.training.policy.check_base`)
     and, with ``grpo`` (not for the SFT baseline), the warm start's settings and each phase's
     ``trl.GRPOConfig`` pass their own checks.
@@ -388,7 +388,7 @@ def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = Tru
     """
     from cpr.data import load_templates
     from cpr.training.phase import grpo_config
-    from cpr.training.policy import check_base, resolve_model_path
+    from cpr.training.policy import check_base
     from cpr.training.preflight import preflight
     from cpr.training.warm_start import warm_start_settings
 
@@ -400,7 +400,7 @@ def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = Tru
     preflight(cfg, str(state.device))
     splits = load_splits(cfg.data)
     templates = load_templates(cfg.data.prompts)
-    model_path = resolve_model_path(cfg, splits)
+    model_path = cfg.model.name_or_path
     for name in cfg.phases:
         if cfg.phase(name).init_adapter:
             check_base(cfg.phase(name).init_adapter, model_path, cfg, field=f"phase_settings.{name}.init_adapter")

@@ -38,7 +38,7 @@ def select_best(
         phase: the phase (``select_metric``: ``accuracy`` or ``match_f1``).
         splits: the run's data splits.
         templates: prompt templates.
-        model_path: the resolved model (:func:`cpr.training.policy.resolve_model_path`).
+        model_path: the model folder or hub id (``model.name_or_path``).
 
     Returns:
         The contents of ``<phase>/selection.json``: ``{"metric", "answer_mode", "n_validation",

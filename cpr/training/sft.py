@@ -40,7 +40,7 @@ What TRL 1.16's ``SFTTrainer`` does with such a dataset (``trl/trainer/sft_train
 * ``remove_unused_columns`` may stay ``True``: TRL keeps ``prompt``, ``completion`` and
   ``images`` for vision datasets (``_set_signature_columns_if_needed``).
 
-Tiny models (``cpr.models.tiny``) as built have random tied embeddings of std 0.02 and a final
+Tiny models (``tools/tiny_models.py``) as built have random tied embeddings of std 0.02 and a final
 RMSNorm of weight 1, so no logit exceeds about 2.6 whatever LoRA does to the decoder layers:
 the loss cannot fall below about 5 nats a token and samples at temperature 1 stay near uniform.
 A warm start works once the frozen final-norm weight is larger (x8): see

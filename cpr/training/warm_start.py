@@ -100,7 +100,7 @@ def train_lora(
         out_dir: ``run_sft``'s output folder (the adapter goes to ``<out_dir>/adapter``).
         records: the training records.
         templates: prompt templates (the GRPO training prompt).
-        model_path: the resolved model (:func:`cpr.training.policy.resolve_model_path`).
+        model_path: the model folder or hub id (``model.name_or_path``).
         oom_stage: name the training in an out-of-memory error (:func:`cpr.training.oom.explain_oom`);
             ``None``: the error passes through as raised.
 
@@ -148,7 +148,7 @@ def run_warm_start(
         splits: its data splits (``None``: loaded from ``cfg.data``).
         out_dir: the warm start's folder (module docstring).
         templates: prompt templates (default: loaded from ``cfg.data.prompts``).
-        model_path: the resolved model (default: :func:`cpr.training.policy.resolve_model_path`).
+        model_path: the model folder or hub id (default: ``model.name_or_path``).
         resume: reuse a finished adapter of an earlier attempt.
 
     Returns:
@@ -172,7 +172,7 @@ def run_warm_start(
     settings = warm_start_settings(cfg)
     splits = splits if splits is not None else load_splits(cfg.data)
     templates = templates if templates is not None else load_templates(cfg.data.prompts)
-    model_path = model_path or policy.resolve_model_path(cfg, splits)
+    model_path = model_path or cfg.model.name_or_path
     records = subset(splits.train, cfg.warm_start.max_records, cfg.seed)
     logger.info("warm start: %d records, %d steps", len(records), settings.max_steps)
     path = train_lora(cfg, settings, out, records, templates=templates, model_path=model_path, oom_stage="warm start")
