@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import tiny_run_config
+from conftest import tiny_model, tiny_run_config
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
@@ -104,7 +104,7 @@ def _check_base_unchanged(loaded):
 @pytest.mark.slow
 def test_two_phases_qwen(tmp_path, samples_dir, with_test_reward, record_loads, one_thread):
     loaded, wrapped = record_loads
-    data = _config(tmp_path, samples_dir, "tiny:qwen2_5_vl")
+    data = _config(tmp_path, samples_dir, tiny_model(data=True))
     data["evaluation"]["final_splits"] = ["test", "validation"]
     cfg = config_from_dict(data)
     summary = runner.run_experiment(cfg)
@@ -160,7 +160,7 @@ def test_two_phases_qwen(tmp_path, samples_dir, with_test_reward, record_loads, 
 @pytest.mark.slow
 def test_two_phases_internvl(tmp_path, samples_dir, with_test_reward, record_loads, one_thread):
     loaded, wrapped = record_loads
-    data = _config(tmp_path, samples_dir, "tiny:internvl")
+    data = _config(tmp_path, samples_dir, tiny_model("internvl", data=True))
     for p in data["phase_settings"].values():
         p["training"]["max_steps"] = 2
     cfg = config_from_dict(data)
@@ -179,7 +179,7 @@ def test_two_phases_internvl(tmp_path, samples_dir, with_test_reward, record_loa
 
 @pytest.mark.slow
 def test_single_phase_and_resume_skips_finished_phases(tmp_path, samples_dir, with_test_reward, one_thread):
-    data = _config(tmp_path, samples_dir, "tiny:qwen2_5_vl")
+    data = _config(tmp_path, samples_dir, tiny_model(data=True))
     data["phases"] = ["cpr"]
     data["phase_settings"] = {"cpr": data["phase_settings"]["cpr"]}
     data["phase_settings"]["cpr"]["training"]["max_steps"] = 2
@@ -220,7 +220,7 @@ def test_training_settings_reach_the_trainer_and_config_yaml(tmp_path, samples_d
     """training.reward_weights (TRL's field) weights every reward function of the phase;
     model.gradient_checkpointing reaches the trainer's args and model; torch_threads is applied; and
     config.yaml's training_effective holds the values the trainer trained with."""
-    data = _config(tmp_path, samples_dir, "tiny:qwen2_5_vl")
+    data = _config(tmp_path, samples_dir, tiny_model(data=True))
     data["phases"] = ["cpr"]
     data["phase_settings"] = {"cpr": {"rewards": ["format", "cpr", "distinct_chars"], "curriculum": {"schedule": "none"},
                                       "training": {"max_steps": 2, "learning_rate": 2e-3}}}
@@ -287,7 +287,7 @@ def test_console_shows_the_bar_and_one_line_a_step_and_run_log_keeps_everything(
     import subprocess
     import sys
 
-    data = _config(tmp_path, samples_dir, "tiny:qwen2_5_vl")
+    data = _config(tmp_path, samples_dir, tiny_model(data=True))
     data["phases"] = ["cpr"]
     data["phase_settings"] = {"cpr": {"rewards": ["format", "cpr", "noisy"], "curriculum": {"schedule": "none"},
                                       "training": {"max_steps": 3, "learning_rate": 2e-3, "save_steps": 10}}}
