@@ -21,7 +21,7 @@ from transformers import TrainerCallback
 import cpr.rewards as rewards_mod
 import cpr.training.policy as policy
 import cpr.training.runner as runner
-from cpr.training.config import config_from_dict
+from cpr.training.config import config_from_dict, load_config
 
 
 class DistinctChars(rewards_mod.RewardFunction):
@@ -255,6 +255,10 @@ def test_training_settings_reach_the_trainer_and_config_yaml(tmp_path, samples_d
     }
     assert {k: eff[k] for k in used} == used
     assert (eff["beta"], eff["scale_rewards"], eff["epsilon_high"], eff["max_completion_length"]) == (0.04, "batch", 0.2, 16)
+    # the run's config.yaml loads back as a config (training_effective is derived, and ignored)
+    again = load_config(tmp_path / "run" / "config.yaml").to_dict()
+    assert {k: v for k, v in again.items() if k != "config_path"} == {
+        k: v for k, v in saved.items() if k not in ("training_effective", "config_path")}
 
 
 CONSOLE_WRAPPER = """

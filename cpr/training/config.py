@@ -959,13 +959,15 @@ def _reward_shared(r: RewardsConfig) -> dict[str, Any]:
 
 
 def config_from_dict(data: Mapping[str, Any], *, config_path: str | None = None) -> ExperimentConfig:
-    """Build and validate an :class:`ExperimentConfig` from a mapping.
+    """Build and validate an :class:`ExperimentConfig` from a mapping. A run's resolved ``config.yaml``
+    loads too: its ``training_effective`` block is derived from the rest and ignored.
 
     Raises:
         ConfigError: an unknown key or an invalid value (dotted key named).
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"expected a mapping at the top level, got {type(data).__name__}", path=config_path)
+    data = {k: v for k, v in data.items() if k != "training_effective"}
     try:
         cfg = _build(ExperimentConfig, data, "")
         cfg.config_path = config_path
