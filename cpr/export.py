@@ -28,14 +28,9 @@ def _run_files(run_dir: Path) -> tuple[Path, str | None, str | None, str]:
             f"the run has no final adapter (status {summary.get('status')!r}); pass a checkpoint with --adapter",
             path=summary_file, field="final_adapter",
         )
-    config = run_dir / "config.yaml"
-    table = run_dir / "final_eval" / "metrics.md"
-    return (
-        Path(adapter),
-        config.read_text(encoding="utf-8") if config.is_file() else None,
-        table.read_text(encoding="utf-8") if table.is_file() else None,
-        str(summary.get("run_name") or run_dir.name),
-    )
+    config, table = (f.read_text(encoding="utf-8") if f.is_file() else None
+                     for f in (run_dir / "config.yaml", run_dir / "final_eval" / "metrics.md"))
+    return Path(adapter), config, table, str(summary.get("run_name") or run_dir.name)
 
 
 def model_card(name: str, base: str, adapter: Path, config_yaml: str | None, table: str | None) -> str:

@@ -180,18 +180,6 @@ class PhaseShape:
         return self.prompt_tokens + self.completion_tokens
 
 
-def _lora_bytes(device: str, wb: int) -> tuple[int, int]:
-    """(bytes a saved LoRA input / output element, bytes a dropout-mask element).
-
-    PEFT runs LoRA in the adapter's dtype (fp32; DeepSpeed's bf16 engine casts it to bf16); under
-    DDP with bf16, autocast makes the linear's saved input bf16. CUDA's fused dropout saves a bool
-    mask, the CPU kernel a mask of the input's dtype.
-    """
-    lora = 4 if (wb == 4 or device == "cpu") else 2
-    mask = lora if device == "cpu" else 1
-    return lora, mask
-
-
 def saved_activation_bytes(arch: Architecture, *, batch: int, tokens: int, scored_tokens: int, images: int, patches: int,
                            image_tokens: int, checkpointing: bool, include_vision: bool, dropout: bool, wb: int,
                            device: str = "cuda") -> dict[str, int]:
@@ -209,7 +197,11 @@ def saved_activation_bytes(arch: Architecture, *, batch: int, tokens: int, score
     without LoRA dropout shares one input among q / k / v and gate / up (up to 26 % over).
     """
     h, q, kv, i = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.intermediate
-    lora_b, mask_b = _lora_bytes(device, wb)
+    # bytes a saved LoRA input / output element: PEFT runs LoRA in the adapter's dtype (fp32; DeepSpeed's bf16
+    # engine casts it to bf16; under DDP with bf16 autocast saves the input in bf16); a dropout-mask element:
+    # CUDA's fused dropout saves a bool mask, the CPU kernel one of the input's dtype
+    lora_b = 4 if (wb == 4 or device == "cpu") else 2
+    mask_b = lora_b if device == "cpu" else 1
     per_in = lora_b + (mask_b if dropout else 0)
     layer = 2 * (4 * h + 4) + wb * (2 * q + 2 * kv) + 4 * arch.heads + 3 * i * wb
     layer += arch.lm_lora_in * per_in + arch.lm_lora_rank * lora_b
