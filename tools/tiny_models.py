@@ -274,6 +274,16 @@ def _save_generation_config(model: Any, tokenizer: Any) -> None:
     )
 
 
+def _save(model: Any, processor: Any, chat_template: str, output_dir: Path) -> Path:
+    """Scale the output norm (:data:`OUTPUT_SCALE`), save model and processor; returns ``output_dir``."""
+    processor.tokenizer.chat_template = chat_template
+    _scale_output(model)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output_dir)
+    processor.save_pretrained(output_dir)
+    return output_dir
+
+
 def _seeded(seed: int):
     import torch
 
@@ -379,12 +389,7 @@ def build_tiny_qwen2_5_vl(
         ),
         chat_template=QWEN2_5_VL_CHAT_TEMPLATE,
     )
-    tokenizer.chat_template = QWEN2_5_VL_CHAT_TEMPLATE
-    _scale_output(model)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir)
-    processor.save_pretrained(output_dir)
-    return output_dir
+    return _save(model, processor, QWEN2_5_VL_CHAT_TEMPLATE, output_dir)
 
 
 def build_tiny_internvl(
@@ -481,12 +486,7 @@ def build_tiny_internvl(
         image_seq_length=image_seq_length,
         chat_template=INTERNVL_CHAT_TEMPLATE,
     )
-    tokenizer.chat_template = INTERNVL_CHAT_TEMPLATE
-    _scale_output(model)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir)
-    processor.save_pretrained(output_dir)
-    return output_dir
+    return _save(model, processor, INTERNVL_CHAT_TEMPLATE, output_dir)
 
 
 _BUILDERS = {"qwen2_5_vl": build_tiny_qwen2_5_vl, "internvl": build_tiny_internvl}
