@@ -68,6 +68,9 @@ CASES = [
      "unknown reward function 'cpr_v2'"),
     (("phase_settings.cpr.rewards", "process_only"), "phase_settings.cpr.rewards", "unknown reward set 'process_only'"),
     (("data.train.0.path", "/nonexistent/tabmwp"), "data.train[0].path", "dataset path does not exist: /nonexistent/tabmwp"),
+    (("evaluation.compare", ["untrained", "phase1"]), "evaluation.compare[1]",
+     "unknown stage 'phase1'; expected one of untrained, answer_only, cpr"),
+    (("evaluation.compare", ["warm_start"]), "evaluation.compare[0]", "unknown stage 'warm_start'"),
     (("data.train.0.path", _DELETE), "data.train[0].path", "missing dataset path"),
     (("guards.nan.action", "explode"), "guards.nan.action", "unknown action 'explode'; expected one of warn, skip_step, stop"),
     (("guards.action", "halt"), "guards.action", "unknown action 'halt'"),
@@ -149,7 +152,7 @@ def test_numbers_written_without_a_dot_become_floats(tmp_path):
     assert args["save_steps"] == 10 and isinstance(args["save_steps"], int)
 
 
-@pytest.mark.parametrize("config", ["demo.yaml", "qwen2_5_vl_3b_cpr_curriculum.yaml", "internvl3_5_4b_cpr_curriculum.yaml"])
+@pytest.mark.parametrize("config", ["demo.yaml", "demo_tabmwp.yaml", "qwen2_5_vl_3b_cpr_curriculum.yaml", "internvl3_5_4b_cpr_curriculum.yaml"])
 def test_phases_override_runs_one_phase_of_a_two_phase_config(config, monkeypatch):
     """``--phases cpr`` (README) on the shipped two-phase configs: phase 1's settings are left out,
     phase 2's kept; a config file naming a phase it does not run is still refused (CASES)."""
@@ -315,3 +318,18 @@ def test_paper_configs_pin_every_setting_that_changes_the_loss(config):
               "optim", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm")
     assert [k for k in pinned if k not in t] == []
     assert (t["loss_type"], t["scale_rewards"], t["epsilon_high"], t["steps_per_generation"]) == ("dapo", "group", 0.2, 2)
+
+
+def test_compare_needs_the_final_test_evaluation_and_follows_a_phases_override(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["evaluation"] = {"compare": ["untrained", "answer_only"], "final_splits": ["validation"]}
+    path = tmp_path / "cmp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.field == "evaluation.compare" and "scores the test split" in e.value.message
+    data["evaluation"]["final_splits"] = ["test"]
+    path.write_text(yaml.safe_dump(data))
+    assert load_config(path).evaluation.compare == ["untrained", "answer_only"]
+    # --phases cpr leaves out phase 1, and its row of the comparison
+    assert load_config(path, ["phases=[cpr]"]).evaluation.compare == ["untrained"]

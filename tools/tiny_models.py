@@ -6,7 +6,7 @@ model families the paper trains, built from configs with random weights and save
 knows ``tiny:<kind>`` names (:func:`resolve`) and how a tiny model is built and cached::
 
     python tools/tiny_models.py qwen2_5_vl --out DIR [--config X.yaml]  # tokenizer also on X's training texts
-    python tools/tiny_models.py --demo                                  # the demo configs' models, where missing
+    python tools/tiny_models.py --demo [CONFIG ...]                     # the demo configs' models, where missing
 
 * :func:`build_tiny_qwen2_5_vl`: ``Qwen2_5_VLForConditionalGeneration`` + ``Qwen2_5_VLProcessor``.
 * :func:`build_tiny_internvl`: HF-format ``InternVLForConditionalGeneration`` (the format of
@@ -51,9 +51,12 @@ TINY_PREFIX = "tiny:"
 TINY_KINDS = ("qwen2_5_vl", "internvl")
 #: Bump when a builder changes what it writes: the cache key includes it.
 BUILDER_VERSION = 2
-#: The demo configs' models (folder relative to the repository -> kind, config whose training
-#: texts the tokenizer also learns); the recipes build them where missing.
-DEMO_MODELS = {"outputs/models/demo": ("qwen2_5_vl", "recipes/configs/demo.yaml")}
+#: The demo configs' models (folder relative to the repository -> kind, the config that names the folder
+#: and whose training texts the tokenizer also learns); the demo recipes build them where missing.
+DEMO_MODELS = {
+    "outputs/models/demo": ("qwen2_5_vl", "recipes/configs/demo.yaml"),
+    "outputs/models/demo_tabmwp": ("qwen2_5_vl", "recipes/configs/demo_tabmwp.yaml"),
+}
 
 #: Scale of the language model's final norm weight. With random tied embeddings (std 0.02) and
 #: a norm weight of 1 no logit can exceed about 2.6, so the loss cannot fall below about 5 nats
@@ -529,13 +532,14 @@ def record_texts(records: Iterable[Any]) -> list[str]:
     return default_corpus() + sorted({t for r in records for t in (r.question, render_target(r))})
 
 
-def config_texts(config: str | Path) -> list[str]:
-    """:func:`record_texts` of the training split of an experiment config (the records its warm
-    start and GRPO phases train on; the held-out validation and test records are not included)."""
+def config_texts(config: Any) -> list[str]:
+    """:func:`record_texts` of the training split of an experiment config (a file, or a loaded
+    ``ExperimentConfig``): the records its warm start and GRPO phases train on, not the held-out ones."""
     from cpr.training.config import load_config
     from cpr.training.splits import load_splits
 
-    return record_texts(load_splits(load_config(config).data).train)
+    cfg = load_config(config) if isinstance(config, (str, Path)) else config
+    return record_texts(load_splits(cfg.data).train)
 
 
 def _cache_key(kind: str, params: dict[str, Any]) -> str:
@@ -653,11 +657,15 @@ def ensure_tiny_model(
         return build_at(root / _cache_key(kind, params), kind, **params)
 
 
-def build_demo_models(root: str | Path = REPO) -> list[Path]:
-    """Build each of :data:`DEMO_MODELS` under ``root`` that is missing. Returns their folders."""
+def build_demo_models(*configs: str | Path, root: str | Path = REPO) -> list[Path]:
+    """Build the :data:`DEMO_MODELS` of the demo ``configs`` (all of them when none is given) under
+    ``root`` where missing. Returns their folders."""
+    wanted = {Path(c).resolve() for c in configs}
     folders = []
     for rel, (kind, config) in DEMO_MODELS.items():
         folder = Path(root) / rel
+        if wanted and (Path(root) / config).resolve() not in wanted:
+            continue
         if not (folder / "config.json").is_file():
             print(f"building the tiny {kind} model of {config} into {folder}", file=sys.stderr)
             build_at(folder, kind, texts=config_texts(Path(root) / config))
@@ -670,10 +678,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("kind", nargs="?", choices=TINY_KINDS, help="the model family to build")
     parser.add_argument("--out", help="the folder to write (kept when it already holds a model)")
     parser.add_argument("--config", help="an experiment config: the tokenizer also learns its training texts")
-    parser.add_argument("--demo", action="store_true", help="build the demo configs' models where missing")
+    parser.add_argument("--demo", nargs="*", metavar="CONFIG",
+                        help="build the models of these demo configs (default: all) where missing")
     args = parser.parse_args(argv)
-    if args.demo:
-        for folder in build_demo_models():
+    if args.demo is not None:
+        for folder in build_demo_models(*args.demo):
             print(folder)
         return 0
     if not (args.kind and args.out):

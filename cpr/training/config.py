@@ -18,7 +18,7 @@ Layout of a config file (every key optional except ``model.name_or_path`` and ``
     phase_settings:
       answer_only: {rewards, reward_weights, reward_params, curriculum, select_best, training}
       cpr:         {...}
-    evaluation:   {benchmarks: [...], eval_steps, metric_for_best, max_new_tokens, ..., final, final_splits}
+    evaluation:   {benchmarks: [...], eval_steps, metric_for_best, max_new_tokens, ..., final, final_splits, compare}
     guards:       {enabled, action, nan: {action}, kl: {limit, consecutive_steps, action},
                    zero_std: {window, fraction, action},
                    reward_hacking: {bounds, consecutive_steps, action}}  # divergence guards (cpr.training.guards)
@@ -243,6 +243,11 @@ class EvaluationConfig:
         "Splits the final evaluation scores (test, validation): test into final_eval/<benchmark>/, "
         "validation into final_eval/validation/<benchmark>/ (cpr.training.evaluate).",
         factory=lambda: ["test"],
+    )
+    compare: list[str] = _help(
+        "Earlier stages scored on the test split beside the final adapter, in the closing table: untrained, "
+        "warm_start, or a phase name (its hand-over adapter); cpr.training.report.",
+        factory=list,
     )
 
 
@@ -548,14 +553,16 @@ def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None)
         k = f"{key}[{i}]"
         if src.source not in ADAPTERS:
             raise ConfigError(f"unknown data source {src.source!r}; known: {sorted(ADAPTERS)}", field=f"{k}.source")
+        if src.limit is not None and src.limit < 1:
+            raise ConfigError(f"limit must be >= 1, got {src.limit}", field=f"{k}.limit")
+        if not ADAPTERS[src.source].reads_path:  # a generated source (synthetic)
+            continue
         if not src.path:
             raise ConfigError("missing dataset path", field=f"{k}.path")
         src.path = _resolve_path(src.path, base)
         hub = ADAPTERS[src.source].loads_hub_datasets
         if not Path(src.path).exists() and not (hub and looks_like_hub_name(src.path)):
             raise ConfigError(f"dataset path does not exist: {src.path}", field=f"{k}.path")
-        if src.limit is not None and src.limit < 1:
-            raise ConfigError(f"limit must be >= 1, got {src.limit}", field=f"{k}.limit")
 
 
 def num_processes() -> int:
@@ -867,6 +874,14 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
             )
     if len(set(ev.final_splits)) != len(ev.final_splits):
         raise ConfigError(f"a split is listed twice: {ev.final_splits}", field="evaluation.final_splits")
+    for i, stage in enumerate(ev.compare):
+        known = ["untrained", *(["warm_start"] if cfg.warm_start.enabled else []), *cfg.phases]
+        if stage not in known:
+            raise ConfigError(f"unknown stage {stage!r}; expected one of {', '.join(known)}",
+                              field=f"evaluation.compare[{i}]")
+    if ev.compare and not (ev.final and "test" in ev.final_splits):
+        raise ConfigError("the comparison scores the test split: set evaluation.final and list test in final_splits",
+                          field="evaluation.compare")
     if ev.final and not ev.final_splits:
         raise ConfigError(
             "no split to score: list test and / or validation, or set evaluation.final: false",
@@ -1019,8 +1034,9 @@ def _override_for(field_: str | None, overrides: Sequence[str]) -> str | None:
 
 def _prune_phase_settings(data: dict[str, Any], file_phases: Any) -> None:
     """Leave out the ``phase_settings`` of the file's phases that an override of ``phases`` no
-    longer runs (``--phases cpr`` on a two-phase config), with a warning. Settings of a phase the
-    file itself does not run (a misspelt phase name) are kept, so validation still refuses them."""
+    longer runs (``--phases cpr`` on a two-phase config), with a warning, and those phases' entries of
+    ``evaluation.compare``. Settings of a phase the file itself does not run (a misspelt phase name) are
+    kept, so validation still refuses them."""
     phases, settings = data.get("phases"), data.get("phase_settings")
     if not isinstance(phases, list) or not isinstance(settings, dict) or not isinstance(file_phases, list):
         return
@@ -1031,6 +1047,10 @@ def _prune_phase_settings(data: dict[str, Any], file_phases: Any) -> None:
         # no handler is set up yet: logging's last-resort handler prints warnings to standard error
         logging.getLogger("cpr.training").warning("phases %s: leaving out phase_settings of %s", phases, dropped)
         data["phase_settings"] = {k: v for k, v in settings.items() if str(k) not in dropped}
+    evaluation = data.get("evaluation")
+    compare = evaluation.get("compare") if isinstance(evaluation, dict) else None
+    if isinstance(compare, list) and any(c in file_phases and c not in phases for c in compare):
+        evaluation["compare"] = [c for c in compare if not (c in file_phases and c not in phases)]
 
 
 def read_yaml(path: str | Path) -> Any:
