@@ -333,11 +333,12 @@ def test_demo_overwrites_only_its_own_output(monkeypatch, argv, overwrite):
 
     seen = {}
     monkeypatch.setattr(cpr.training.cli, "run", lambda args: seen.setdefault("overwrite", args.overwrite) and 0)
-    monkeypatch.setattr(tiny_models, "build_demo_models", lambda: seen.setdefault("demo_models", True))
+    monkeypatch.setattr(tiny_models, "build_demo_models", lambda *configs: seen.setdefault("demo_models", configs))
     main = runpy.run_path(str(REPO / "recipes" / "cpr_curriculum.py"), run_name="cpr_recipe")["main"]
     monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", *argv])
     main()
-    assert seen == {"demo_models": True, "overwrite": overwrite}  # the demo's tiny model is built where missing
+    # the demo's tiny model is built where missing
+    assert seen == {"demo_models": (str(REPO / "recipes" / "configs" / "demo.yaml"),), "overwrite": overwrite}
 
 
 def test_a_run_that_failed_before_training_does_not_block_the_retry(tmp_path, monkeypatch, capsys, no_model_load):

@@ -289,15 +289,20 @@ def test_build_at_builds_once_into_the_given_folder(tmp_path, monkeypatch):
 
 def test_build_demo_models_builds_each_missing_demo_model(tmp_path, monkeypatch):
     built = []
-    monkeypatch.setattr(tiny, "DEMO_MODELS", {"outputs/models/demo": ("internvl", "recipes/configs/demo.yaml")})
+    monkeypatch.setattr(tiny, "DEMO_MODELS", {"outputs/models/demo": ("internvl", "recipes/configs/demo.yaml"),
+                                              "outputs/models/other": ("qwen2_5_vl", "recipes/configs/other.yaml")})
     monkeypatch.setattr(tiny, "config_texts", lambda config: built.append(config) or ["a b c"])
     monkeypatch.setattr(tiny, "build_at", lambda folder, kind, texts: built.append((folder, kind, texts)))
-    assert tiny.build_demo_models(tmp_path) == [tmp_path / "outputs/models/demo"]
+    # the models of the given demo configs only
+    assert tiny.build_demo_models(tmp_path / "recipes/configs/demo.yaml", root=tmp_path) == [
+        tmp_path / "outputs/models/demo"]
     assert built == [tmp_path / "recipes/configs/demo.yaml", (tmp_path / "outputs/models/demo", "internvl", ["a b c"])]
     (tmp_path / "outputs/models/demo").mkdir(parents=True)
     (tmp_path / "outputs/models/demo/config.json").write_text("{}")
     built.clear()
-    assert tiny.build_demo_models(tmp_path) == [tmp_path / "outputs/models/demo"] and built == []
+    # no config: every demo model, the ones already built kept
+    assert tiny.build_demo_models(root=tmp_path) == [tmp_path / "outputs/models/demo", tmp_path / "outputs/models/other"]
+    assert built == [tmp_path / "recipes/configs/other.yaml", (tmp_path / "outputs/models/other", "qwen2_5_vl", ["a b c"])]
 
 
 def test_the_shipped_demo_configs_name_the_demo_models():
