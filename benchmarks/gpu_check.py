@@ -334,10 +334,10 @@ def main() -> int:
     from cpr.training.check import PhaseShape, estimate_memory, load_architecture
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    args.tiny = args.model.startswith("tiny:")
-    if args.tiny:  # a tiny model from tools/tiny_models.py (built on first use), loaded from its folder
-        import tiny_models
+    import tiny_models
 
+    args.tiny = tiny_models.parse_tiny_name(args.model) is not None
+    if args.tiny:  # a tiny model from tools/tiny_models.py (built on first use), loaded from its folder
         args.model = tiny_models.resolve(args.model)
     if args.tiny and args.max_completion_length is None:
         args.max_completion_length = 32
