@@ -26,7 +26,7 @@ What the curves are:
 each step, counted from the ids of the completions in ``scored_completions.jsonl`` joined with the
 difficulty of the run's training records (loaded through the run's own ``config.yaml``, so the
 buckets are those the sampler used). It is exact and has one point per step, where the
-alternative, the ``curriculum_state.json`` of checkpoints, gives the *scheduled* sampling weights
+alternative, the curriculum state of checkpoints (``trainer_state.json``), gives the *scheduled* sampling weights
 at checkpoint steps only; :func:`bucket_mix_from_checkpoints` reads that one for runs without
 scored completions (phases trained with answer-only rewards score none).
 """
@@ -336,8 +336,8 @@ def bucket_mix_from_completions(run: RunFolder, difficulty: Mapping[str, str]) -
 
 
 def bucket_mix_from_checkpoints(run: RunFolder) -> list[dict[str, Any]]:
-    """The curriculum sampler's scheduled bucket weights saved in each checkpoint's
-    ``curriculum_state.json`` (``position.bucket_mix``), one point per checkpoint.
+    """The curriculum sampler's scheduled bucket weights saved in each checkpoint's ``trainer_state.json``
+    (``CurriculumStateCallback``'s ``curriculum_state.position.bucket_mix``), one point per checkpoint.
 
     Returns:
         ``{"global_step", "phase", "shares"}`` rows in step order (``[]`` for phases without a curriculum).
@@ -346,10 +346,12 @@ def bucket_mix_from_checkpoints(run: RunFolder) -> list[dict[str, Any]]:
     for p in run.phase_logs():
         folder = run.path / p.name
         for ckpt in checkpoints_of(folder):
-            state_path = ckpt / "curriculum_state.json"
-            if not state_path.is_file():
+            state_path = ckpt / "trainer_state.json"
+            saved = json.loads(state_path.read_text(encoding="utf-8")).get("stateful_callbacks", {}).get(
+                "CurriculumStateCallback") if state_path.is_file() else None
+            state = ((saved or {}).get("attributes") or {}).get("curriculum_state")
+            if state is None:
                 continue
-            state = json.loads(state_path.read_text(encoding="utf-8"))
             step = checkpoint_step(ckpt)
             mix = (state.get("position") or {}).get("bucket_mix")
             if not isinstance(mix, dict):
