@@ -249,7 +249,7 @@ def delete_previous_run(out: Path, state: Any) -> None:
 def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = True) -> tuple[Any, Any, str]:
     """Everything that can be checked before anything trains: the model and step encoder can be had
     (:func:`cpr.training.preflight.preflight`, which loads the encoder), the data and templates load, each
-    ``init_adapter`` was trained on it (:func:`cpr.training.policy.check_base`) and, with ``grpo``
+    ``init_adapter`` was trained on the model (:func:`cpr.training.policy.check_base`) and, with ``grpo``
     (not for the SFT baseline), each phase's ``GRPOConfig`` and the warm start's settings pass their checks.
 
     Returns:
