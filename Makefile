@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export WANDB_MODE ?= offline
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test lint bench ablation-demo reproduce clean
+.PHONY: setup demo-models demo test lint bench ablation-demo reproduce clean
 
 setup: $(STAMP)
 
@@ -22,7 +22,13 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
 
+# The demo configs' tiny models (tools/tiny_models.py: random weights, tokenizer trained on the data),
+# built into outputs/models/ where missing; the demo recipes also build them on first use.
+demo-models: $(STAMP)
+	$(PY) tools/tiny_models.py --demo
+
 demo: $(STAMP)
+	$(PY) tools/tiny_models.py --demo recipes/configs/demo.yaml
 	$(PY) recipes/cpr_curriculum.py
 
 # pytest exits 5 when it collected no tests: that is a failure, said in words.
@@ -31,7 +37,7 @@ test: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected" >&2; exit 1; fi; exit $$rc
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check cpr recipes tests benchmarks
+	$(VENV)/bin/ruff check cpr recipes tests benchmarks tools
 
 bench: $(STAMP)
 	$(PY) benchmarks/match_f1_throughput.py
@@ -39,12 +45,14 @@ bench: $(STAMP)
 	$(PY) benchmarks/guard_calibration.py
 
 ablation-demo: $(STAMP)
+	$(PY) tools/tiny_models.py --demo recipes/configs/demo_tabmwp.yaml
 	$(PY) recipes/reward_ablation.py --config recipes/configs/ablation_weights_demo.yaml
 	$(PY) recipes/reward_ablation.py --config recipes/configs/ablation_strategies_demo.yaml
 
 # The paper's Tables 5 and 6 in miniature (generated task, tiny model, CPU). Resumable: run it again after
 # an interruption and it finishes what is missing; the tables are in outputs/reproduce/*/ablation_*.md.
 reproduce: $(STAMP)
+	$(PY) tools/tiny_models.py --demo recipes/configs/demo.yaml
 	$(PY) recipes/reward_ablation.py --config recipes/configs/reproduce_strategies.yaml --resume
 	$(PY) recipes/reward_ablation.py --config recipes/configs/reproduce_weights.yaml --resume
 

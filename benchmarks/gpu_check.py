@@ -3,7 +3,7 @@
 Usage (offline; on a GPU machine it runs in a few minutes)::
 
     python benchmarks/gpu_check.py                                     # Qwen2.5-VL-3B, random bf16 weights
-    python benchmarks/gpu_check.py --model tiny:qwen2_5_vl --device cpu  # the same path on the tiny model
+    python benchmarks/gpu_check.py --model tiny:qwen2_5_vl --device cpu  # the same path on a tiny model
 
 The model is the architecture of ``cpr/models/configs/qwen2_5_vl_3b`` (the shipped config of
 ``Qwen/Qwen2.5-VL-3B-Instruct``) with random weights: nothing is downloaded. Its processor is the
@@ -47,6 +47,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))  # tiny_models: tiny:<kind> names, the tokenizer trainer
 
 QWEN_SPECIALS = (  # Qwen2.5's special tokens in id order from 151643 (its tokenizer_config.json)
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
@@ -59,10 +60,9 @@ def real_vocab_processor(folder: Path, texts: list[str]) -> Any:
     """A Qwen2.5-VL processor for the shipped config: the published image processor, a byte-level BPE
     trained on ``texts`` (Qwen's pre-tokenizer) padded with filler tokens to 151643 entries, then Qwen's
     special tokens at their real ids."""
+    from tiny_models import QWEN2_5_VL_CHAT_TEMPLATE, train_byte_level_bpe
     from tokenizers import AddedToken
     from transformers import Qwen2_5_VLProcessor, Qwen2Tokenizer, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
-
-    from cpr.models.tiny import QWEN2_5_VL_CHAT_TEMPLATE, train_byte_level_bpe
 
     vocab, merges = train_byte_level_bpe(texts, 4000)
     for i in range(len(vocab), 151643):
@@ -81,15 +81,16 @@ def real_vocab_processor(folder: Path, texts: list[str]) -> Any:
 
 
 def build_policy(name: str, device: str, texts: list[str], cfg: Any) -> tuple[Any, Any, Path]:
-    """(model, processor, config folder): a tiny model, or the shipped architecture with random weights."""
+    """(model, processor, config folder): a model folder (a tiny model), or the shipped architecture with random
+    weights."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
 
-    from cpr.models.loading import apply_pixel_limits, load_model_and_processor
+    from cpr.models import apply_pixel_limits, load_model_and_processor
     from cpr.training.check import config_folder
 
     folder = config_folder(name)
-    if name.startswith("tiny:"):
+    if Path(name).is_dir():
         model, processor = load_model_and_processor(name, device=device, dtype=cfg.model.dtype,
                                                     gradient_checkpointing=False)
         return model, processor, folder
@@ -225,9 +226,9 @@ def vllm_overrides() -> dict[str, Any]:
 def experiment(args: argparse.Namespace) -> Any:
     from cpr.training.config import load_config
 
-    tiny = args.model.startswith("tiny:")
+    tiny = args.tiny
     over = [
-        f"model.name_or_path={'tiny:qwen2_5_vl' if not tiny else args.model}",
+        f"model.name_or_path={args.model}",
         "data.train=[{source: tabmwp, path: data/samples/tabmwp, limit: 40}, "
         "{source: mathvision, path: data/samples/mathvision/test_subset.jsonl, limit: 24}]",
         "data.test=[]", "data.validation_size=0", "data.test_size=0",
@@ -250,10 +251,10 @@ def run_steps(cfg: Any, args: argparse.Namespace, device: str, extra: dict[str, 
               model_dir: Path | None = None, save_dir: Path | None = None) -> tuple[StepTimer, Any, Any, Any]:
     """Train ``args.steps`` steps. ``model_dir``: load the policy from this folder (vLLM reads its weights
     from ``model.name_or_path``); ``save_dir``: save the random-weight policy there first."""
+    from tiny_models import default_corpus
     from trl import GRPOTrainer
 
     from cpr.data import load_templates, render_target, to_grpo_dataset
-    from cpr.models.tiny import default_corpus
     from cpr.rewards import get_reward_set
     from cpr.training import policy
     from cpr.training.config import _reward_shared
@@ -264,7 +265,7 @@ def run_steps(cfg: Any, args: argparse.Namespace, device: str, extra: dict[str, 
     templates = load_templates(cfg.data.prompts)
     texts = default_corpus() + [t for r in splits.train for t in (r.question, render_target(r))]
     if model_dir is not None:
-        from cpr.models.loading import load_model_and_processor
+        from cpr.models import load_model_and_processor
 
         dtype = "bfloat16" if device.startswith("cuda") else cfg.model.dtype
         model, processor = load_model_and_processor(str(model_dir), device=device, dtype=dtype, gradient_checkpointing=False)
@@ -333,7 +334,12 @@ def main() -> int:
     from cpr.training.check import PhaseShape, estimate_memory, load_architecture
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.model.startswith("tiny:") and args.max_completion_length is None:
+    import tiny_models
+
+    args.tiny = tiny_models.parse_tiny_name(args.model) is not None
+    if args.tiny:  # a tiny model from tools/tiny_models.py (built on first use), loaded from its folder
+        args.model = tiny_models.resolve(args.model)
+    if args.tiny and args.max_completion_length is None:
         args.max_completion_length = 32
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)) if device == "cpu" else torch.get_num_threads())
     t0 = time.perf_counter()
@@ -344,10 +350,10 @@ def main() -> int:
         compare = device.startswith("cuda") and not args.no_vllm
     except ImportError:
         compare = False
-    saved = Path(tempfile.mkdtemp(prefix="gpu_check_model_")) if compare and not args.model.startswith("tiny:") else None
+    saved = Path(tempfile.mkdtemp(prefix="gpu_check_model_")) if compare and not args.tiny else None
     timer, trainer, splits, (funcs, folder, grpo) = run_steps(cfg, args, device, {}, save_dir=saved)
     gpu = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU"
-    print(f"\ngpu_check: {args.model} ({'random weights' if not args.model.startswith('tiny:') else 'tiny'}, "
+    print(f"\ngpu_check: {args.model} ({'tiny' if args.tiny else 'random weights'}, "
           f"{next(trainer.model.parameters()).dtype}) on {gpu}; phase {args.phase} of {args.config}, {args.steps} steps; "
           f"{grpo.per_device_train_batch_size} a micro-batch x {grpo.gradient_accumulation_steps}, "
           f"{grpo.num_generations} generations a prompt, {grpo.max_completion_length} completion tokens at most; "

@@ -19,12 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))  # tiny_models: the demo's tiny model
 
 
 def main() -> None:
@@ -34,6 +36,8 @@ def main() -> None:
     parser.add_argument("--output-dir", default="outputs/grpo_direction")
     parser.add_argument("--init-adapter", default=str(REPO / "outputs/demo_tabmwp/warm_start/adapter"))
     args = parser.parse_args()
+
+    import tiny_models
 
     from cpr.rewards import RewardFunction, register_reward_function
     from cpr.training.config import load_config
@@ -62,6 +66,7 @@ def main() -> None:
     else:
         print(f"no warm-start adapter in {init} (run the TabMWP demo first for a policy that writes JSON); "
               "starting from a new LoRA adapter")
+    tiny_models.build_demo_models(REPO / "recipes/configs/demo_tabmwp.yaml")  # its tiny model, where missing
     cfg = load_config(REPO / "recipes/configs/demo_tabmwp.yaml", overrides)
     run_experiment(cfg, overwrite=True)  # the benchmark's output is disposable
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -68,18 +69,18 @@ def main() -> None:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from cpr.models.loading import build_lora_config, load_model_and_processor
-    from cpr.models.tiny import ensure_tiny_model
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from tiny_models import ensure_tiny_model
+
+    from cpr.models import build_lora_config, load_model_and_processor
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        ensure_tiny_model(args.kind, Path(tmp) / "cache")
+        folder = ensure_tiny_model(args.kind, Path(tmp) / "cache")
         build_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        model, processor = load_model_and_processor(
-            f"tiny:{args.kind}", cache_dir=Path(tmp) / "cache", device="cpu"
-        )
+        model, processor = load_model_and_processor(folder, device="cpu")
         load_s = time.perf_counter() - t0
         n_params = sum(p.numel() for p in model.parameters())
 

@@ -1,6 +1,7 @@
 """Soak test: a long CPU run of the tiny model with the full CPR reward and the staged curriculum.
 
-Trains ``tiny:qwen2_5_vl`` on the embedded TabMWP samples through :func:`cpr.training.runner.run_experiment`
+Trains the TabMWP demo's tiny Qwen2.5-VL (``tools/tiny_models.py --demo``) on the embedded TabMWP samples
+through :func:`cpr.training.runner.run_experiment`
 (a short supervised warm start, so that completions hold JSON reasoning steps and the step encoder
 works on every batch, then the ``cpr`` phase: format + CPR, staged curriculum) and records, every
 ``--every`` optimizer steps, the process's resident memory (RSS, psutil) as it is and after
@@ -31,6 +32,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))  # tiny_models: the TabMWP demo's tiny model
 
 
 def _config(args: argparse.Namespace) -> dict:
@@ -38,7 +40,7 @@ def _config(args: argparse.Namespace) -> dict:
         "run_name": "soak",
         "output_dir": str(args.output),
         "seed": 42,
-        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
+        "model": {"name_or_path": str(REPO / "outputs" / "models" / "demo_tabmwp"), "dtype": "float32"},
         "lora": {"r": 16, "alpha": 32, "dropout": 0.0},
         "data": {
             # the TabMWP demo's data: 16 training records after holding out 4 + 8 (recipes/configs/demo_tabmwp.yaml)
@@ -128,6 +130,7 @@ def main() -> int:
                         help="trace Python allocations from the baseline step on and print the N sites that grew most")
     args = parser.parse_args()
 
+    import tiny_models
     import torch
     from transformers import TrainerCallback
 
@@ -136,6 +139,7 @@ def main() -> int:
     from cpr.training.runner import run_experiment
 
     torch.set_num_threads(args.threads)
+    tiny_models.build_demo_models(REPO / "recipes/configs/demo_tabmwp.yaml")  # the same data; where missing
     cfg = config_from_dict(_config(args))
     rows: list[dict] = []
     snapshots: list = []
@@ -191,7 +195,7 @@ def main() -> int:
     run_experiment(cfg, overwrite=True, callbacks=[Probe()])  # the soak's output is disposable
     wall = time.time() - t0
 
-    print(f"\nsoak: {args.steps} steps of tiny:qwen2_5_vl, rewards format + cpr, staged curriculum, "
+    print(f"\nsoak: {args.steps} steps of the TabMWP demo's tiny Qwen2.5-VL, rewards format + cpr, staged curriculum, "
           f"{args.batch} completions a step, {args.threads} thread(s), {wall:.0f} s in all")
     print(f"{'step':>5} {'RSS MB':>9} {'trimmed':>9} {'s/step':>7} {'LRU':>7} {'pinned':>7}")
     for r in rows:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # tiny_models: the tiny model builder
 
 from PIL import Image, ImageDraw  # noqa: E402
 
@@ -93,11 +95,11 @@ def main() -> None:
 
     import torch
     from peft import PeftModel
+    from tiny_models import ensure_tiny_model, record_texts
 
-    from cpr.data import BucketConfig, assign_bucket, load_templates, render_target
+    from cpr.data import BucketConfig, assign_bucket, load_templates
     from cpr.evaluation import GenerationSettings, ScoringSettings, evaluate_model
-    from cpr.models.loading import build_lora_config, load_model_and_processor
-    from cpr.models.tiny import default_corpus, ensure_tiny_model
+    from cpr.models import build_lora_config, load_model_and_processor
     from cpr.training.sft import SFTSettings, run_sft
 
     torch.set_num_threads(args.threads)
@@ -106,8 +108,7 @@ def main() -> None:
     train, val = items(args.train_size, "train", args.variant), items(args.eval_size, "validation", args.variant)
     for r in train + val:
         r.difficulty = assign_bucket(r, BucketConfig())
-    texts = default_corpus() + sorted({t for r in train for t in (r.question, render_target(r))})
-    path = str(ensure_tiny_model("qwen2_5_vl", texts=texts))
+    path = str(ensure_tiny_model("qwen2_5_vl", texts=record_texts(train)))
     model, processor = load_model_and_processor(path, dtype="float32")
     lora = build_lora_config("qwen2_5_vl", r=args.rank, alpha=2 * args.rank, dropout=0.0,
                              include_vision=args.include_vision)

@@ -5,7 +5,7 @@ Usage::
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/warm_start_probe.py --limit 16 --steps 150 --lr 5e-3 \
         --rank 16 --scheduler linear --warmup-ratio 0.05
 
-What it does: builds a tiny model (``cpr.models.ensure_tiny_model``, tokenizer trained on the
+What it does: builds a tiny model (``tools/tiny_models.py``, tokenizer trained on the
 default corpus plus the TabMWP samples' system prompt, questions and target JSON), trains a
 LoRA adapter with :func:`cpr.training.sft.run_sft` on the 114 embedded TabMWP samples
 (``data/samples/tabmwp``), then generates for the same prompts (the GRPO training prompts of
@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -59,12 +60,14 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 REPO = Path(__file__).resolve().parents[1]
 TABMWP = REPO / "data" / "samples" / "tabmwp" / "problems_test1k_subset.json"
+sys.path.insert(0, str(REPO / "tools"))  # tiny_models: the tiny model builder
 
 
 def tokenizer_texts(records, templates) -> list[str]:
     """Tokenizer corpus: the default corpus + system prompt, user texts and target JSON of the records."""
+    from tiny_models import default_corpus
+
     from cpr.data import render_target, user_text
-    from cpr.models.tiny import default_corpus
 
     return (
         default_corpus()
@@ -157,11 +160,11 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+    from tiny_models import ensure_tiny_model
     from transformers import TrainerCallback
 
     from cpr.data import load_records, load_templates
-    from cpr.models.loading import build_lora_config, load_model_and_processor
-    from cpr.models.tiny import ensure_tiny_model
+    from cpr.models import build_lora_config, load_model_and_processor
     from cpr.training.sft import SFTSettings, run_sft
 
     torch.set_num_threads(args.threads)

@@ -41,7 +41,7 @@ def check_launch(cfg: Any) -> None:
     """
     import torch
 
-    from cpr.models.loading import resolve_dtype
+    from cpr.models import resolve_dtype
     from cpr.training.phase import grpo_args
 
     deepspeed = _flag("ACCELERATE_USE_DEEPSPEED")

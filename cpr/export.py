@@ -1,15 +1,8 @@
-"""``cpr export``: merge a run's LoRA adapter into its base model and write a folder to serve.
+"""``cpr export``: merge a run's LoRA adapter into the base model it records and write a folder to serve.
 
-The folder holds the merged model (``save_pretrained``: ``config.json``, safetensors weights,
-``generation_config.json``), the processor the run trained with (the adapter folder's, with the
-run's image-size limits), and a model card ``README.md`` with the run's config and its final
-evaluation table. It loads with ``AutoModelForImageTextToText.from_pretrained`` /
-``AutoProcessor.from_pretrained`` and with ``vllm serve <folder>``: it is a plain checkpoint of
-the base model's architecture (PEFT's ``merge_and_unload``: ``W + (alpha / r) B A`` in every
-adapted linear).
-
-An adapter is merged only into the base it records (``adapter_config.json``,
-:func:`cpr.models.loading.check_adapter_base`).
+The folder is a plain checkpoint of the base architecture (PEFT's ``merge_and_unload``: ``W + (alpha /
+r) B A`` in every adapted linear) with the processor the run trained with and a model card (the run's
+config and final evaluation table); it loads with transformers' auto classes and ``vllm serve``.
 """
 
 from __future__ import annotations
@@ -21,8 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from cpr.errors import InputError
-
-__all__ = ["export_merged", "model_card", "register"]
 
 
 def _run_files(run_dir: Path) -> tuple[Path, str | None, str | None, str]:
@@ -37,81 +28,56 @@ def _run_files(run_dir: Path) -> tuple[Path, str | None, str | None, str]:
             f"the run has no final adapter (status {summary.get('status')!r}); pass a checkpoint with --adapter",
             path=summary_file, field="final_adapter",
         )
-    config = run_dir / "config.yaml"
-    table = run_dir / "final_eval" / "metrics.md"
-    return (
-        Path(adapter),
-        config.read_text(encoding="utf-8") if config.is_file() else None,
-        table.read_text(encoding="utf-8") if table.is_file() else None,
-        str(summary.get("run_name") or run_dir.name),
-    )
+    config, table = (f.read_text(encoding="utf-8") if f.is_file() else None
+                     for f in (run_dir / "config.yaml", run_dir / "final_eval" / "metrics.md"))
+    return Path(adapter), config, table, str(summary.get("run_name") or run_dir.name)
 
 
 def model_card(name: str, base: str, adapter: Path, config_yaml: str | None, table: str | None) -> str:
     """The exported folder's ``README.md`` (Hugging Face model card with YAML front matter)."""
-    lines = [
-        "---",
-        f"base_model: {base}",
-        "library_name: transformers",
-        "pipeline_tag: image-text-to-text",
-        "tags: [cpr, grpo, lora, process-reward]",
-        "---",
-        f"# {name}",
-        "",
-        f"`{base}` with the LoRA adapter `{adapter}` merged into its weights. Trained by cpr with GRPO on process "
-        "rewards (Match F1 and the Causal Process Reward of the CRYSTAL paper).",
-        "",
-        "```python",
-        "from transformers import AutoModelForImageTextToText, AutoProcessor",
-        'model = AutoModelForImageTextToText.from_pretrained("<this folder>", dtype="auto")',
-        'processor = AutoProcessor.from_pretrained("<this folder>")',
-        "```",
-        "",
-        "Serve with `vllm serve <this folder>`.",
-        "",
-        "## Final evaluation",
-        "",
-        table.strip() if table else "The run has no final evaluation table.",
-        "",
-    ]
-    if config_yaml:
-        lines += ["## Training config", "", "```yaml", config_yaml.rstrip(), "```", ""]
-    return "\n".join(lines)
+    config = f"## Training config\n\n```yaml\n{config_yaml.rstrip()}\n```\n" if config_yaml else ""
+    return f"""---
+base_model: {base}
+library_name: transformers
+pipeline_tag: image-text-to-text
+tags: [cpr, grpo, lora, process-reward]
+---
+# {name}
+
+`{base}` with the LoRA adapter `{adapter}` merged into its weights. Trained by cpr with GRPO on process \
+rewards (Match F1 and the Causal Process Reward of the CRYSTAL paper).
+
+```python
+from transformers import AutoModelForImageTextToText, AutoProcessor
+model = AutoModelForImageTextToText.from_pretrained("<this folder>", dtype="auto")
+processor = AutoProcessor.from_pretrained("<this folder>")
+```
+
+Serve with `vllm serve <this folder>`.
+
+## Final evaluation
+
+{table.strip() if table else "The run has no final evaluation table."}
+
+{config}"""
 
 
-def export_merged(
-    adapter: str | Path,
-    output: str | Path,
-    *,
-    base: str | None = None,
-    dtype: str = "auto",
-    name: str | None = None,
-    config_yaml: str | None = None,
-    table: str | None = None,
-    overwrite: bool = False,
-) -> Path:
-    """Merge ``adapter`` into its base model and write the folder ``output`` (module docstring).
+def export_merged(adapter: str | Path, output: str | Path, *, base: str | None = None, dtype: str = "auto",
+                  name: str | None = None, config_yaml: str | None = None, table: str | None = None,
+                  overwrite: bool = False) -> Path:
+    """Merge the LoRA ``adapter`` folder into its base model and write the folder ``output`` (written as
+    ``<output>.partial``, renamed when complete; returned). ``base``: ``None`` takes the one the adapter
+    records, another is refused. ``dtype``: ``auto`` (the base checkpoint's own, float32 when it names
+    none) or a name. ``name``, ``config_yaml``, ``table``: the model card's title, the run's config and
+    final table. ``overwrite`` replaces an existing non-empty ``output``.
 
-    Args:
-        adapter: a LoRA adapter folder (``adapter_config.json``).
-        output: the folder to write; written as ``<output>.partial`` and renamed when complete.
-        base: the base model; ``None`` takes the one the adapter records. Another model is refused.
-        dtype: ``auto`` (the base checkpoint's own dtype, float32 when it names none) or a dtype name.
-        name, config_yaml, table: the model card's title, the run's ``config.yaml`` and final table.
-        overwrite: replace an existing ``output``.
-
-    Returns:
-        The output folder.
-
-    Raises:
-        InputError: not an adapter folder, or ``output`` exists and ``overwrite`` is not set.
-        ConfigError: ``base`` differs from the adapter's recorded base.
-        ModelNotAvailableError: the base model is neither local nor downloadable.
+    Raises ``InputError`` (not an adapter folder, or ``output`` exists without ``overwrite``),
+    ``ConfigError`` (``base`` is not the recorded base), ``ModelNotAvailableError`` (no base model).
     """
     from peft import PeftModel
     from transformers import AutoConfig, AutoProcessor
 
-    from cpr.models.loading import check_adapter_base, load_model_and_processor, resolve_model_path
+    from cpr.models import check_adapter_base, load_model_and_processor, resolve_model_path
 
     adapter, output = Path(adapter), Path(output)
     recorded = check_adapter_base(adapter, base, field="base")

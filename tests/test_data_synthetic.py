@@ -105,7 +105,7 @@ def test_adapter_buckets_by_steps_and_checks_its_options():
 def test_config_needs_no_path_for_the_generated_source():
     from cpr.training.config import config_from_dict
 
-    cfg = config_from_dict({"model": {"name_or_path": "tiny:qwen2_5_vl"},
+    cfg = config_from_dict({"model": {"name_or_path": "models/unused"},
                             "data": {"train": [{"source": "synthetic", "options": {"size": 9}}]},
                             "phases": ["answer_only"]})
     assert cfg.data.train[0].path == ""

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import tiny_model
 from launch import BIN, REPO, free_port, start
 
 pytestmark = [
@@ -59,7 +60,7 @@ def _config(folder: Path) -> Path:
         "run_name": "ds",
         "output_dir": str(folder / "unused"),
         "seed": 7,
-        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
+        "model": {"name_or_path": tiny_model(data=True), "dtype": "float32"},
         "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
         "data": {"train": [{"source": "tabmwp", "path": str(REPO / "data" / "samples" / "tabmwp"), "limit": 28}],
                  "validation_size": 4, "test_size": 4},
@@ -197,7 +198,7 @@ def test_zero3_hook_generation_equals_the_plain_model_with_the_saved_adapter(run
     templates = load_templates(cfg.data.prompts)
     hook = eval_hook(cfg, splits, templates, tmp_path)
     spec = hook.benchmarks[0]
-    model_path = policy.resolve_model_path(cfg, splits)
+    model_path = cfg.model.name_or_path
     seen = set()
     for phase in ("answer_only", "cpr"):
         for step in (2, 4):

@@ -68,18 +68,17 @@ def test_two_cpu_processes_run_both_phases_and_refuse_together(tmp_path):
     shutil.rmtree(out)
 
 
-PROBE = """
-import json, os, time
-from types import SimpleNamespace
+PROBE = f"""
+import json, os, sys, time
+sys.path.insert(0, {str(REPO / "tools")!r})
 from cpr.distributed import process_state
-from cpr.training.policy import resolve_model_path
+from tiny_models import ensure_tiny_model
 
 state = process_state()
 if state.process_index == 0:
     time.sleep(3)  # rank 1 reaches the tiny model first
-cfg = SimpleNamespace(model=SimpleNamespace(name_or_path="tiny:qwen2_5_vl", tiny_vocab_from_data=False))
-path = resolve_model_path(cfg, None)
-print("probe:", json.dumps({"rank": state.process_index, "of": state.num_processes, "files": sorted(os.listdir(path))}))
+path = ensure_tiny_model("qwen2_5_vl")  # the main process builds it first (transformers saves on rank 0 only)
+print("probe:", json.dumps({{"rank": state.process_index, "of": state.num_processes, "files": sorted(os.listdir(path))}}))
 """
 
 

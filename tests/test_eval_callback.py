@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import tiny_model
 
 from cpr.data import load_records, load_templates, to_grpo_dataset
 from cpr.errors import ConfigError, InputError
@@ -40,7 +41,7 @@ def test_callback_in_grpo_training(mathvision, m3cot, tmp_path, one_thread, monk
 
     from cpr.models import build_lora_config, load_model_and_processor
 
-    model, processor = load_model_and_processor("tiny:qwen2_5_vl", device="cpu")
+    model, processor = load_model_and_processor(tiny_model(), device="cpu")
 
     def reward(completions, **kwargs):
         return [len(set(c[-1]["content"])) / 100 for c in completions]
@@ -228,7 +229,7 @@ def test_errors_reach_the_trainer(tmp_path, one_thread):
     from cpr.data.records import Record
     from cpr.models import load_model_and_processor
 
-    model, processor = load_model_and_processor("tiny:qwen2_5_vl", device="cpu")
+    model, processor = load_model_and_processor(tiny_model(), device="cpu")
     from PIL import Image
 
     bad = Record("v1", [Image.new("RGB", (32, 32))], "Which step is wrong?", [], "", ["a", "b"],

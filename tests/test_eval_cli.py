@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import tiny_model
 
 from cpr.cli import main
 from cpr.data import load_records
@@ -33,7 +34,7 @@ def encoder():
 def _eval(out: Path, benchmark: str, data: Path, encoder: str, *extra: str) -> int:
     return main(
         [
-            "eval", "--model", "tiny:qwen2_5_vl", "--benchmark", benchmark, "--data", str(data),
+            "eval", "--model", tiny_model(), "--benchmark", benchmark, "--data", str(data),
             "--output", str(out), "--batch-size", "2", "--max-new-tokens", "8", "--encoder", encoder,
             "--device", "cpu", "--no-progress", *extra,
         ]
@@ -198,10 +199,10 @@ def test_adapter_base_and_the_runs_image_size(samples_dir, tmp_path, encoder, ca
     evaluated with the processor's pixel limits of its run (config.yaml), which flags can override."""
     import yaml
     from peft import get_peft_model
+    from tiny_models import default_corpus, ensure_tiny_model
 
     import cpr.evaluation.runner
-    from cpr.models import build_lora_config, load_model_and_processor, resolve_model_path
-    from cpr.models.tiny import default_corpus, ensure_tiny_model
+    from cpr.models import build_lora_config, load_model_and_processor
 
     base = str(ensure_tiny_model("qwen2_5_vl", texts=default_corpus() + ["a run's own vocabulary"]))
     model, _ = load_model_and_processor(base, dtype="float32", device="cpu")
@@ -216,7 +217,7 @@ def test_adapter_base_and_the_runs_image_size(samples_dir, tmp_path, encoder, ca
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(err) == 1 and err[0].startswith(
         f"cpr eval: error: field '--adapter': LoRA adapter {adapter} was trained on base model {base!r}, not on "
-        f"{resolve_model_path('tiny:qwen2_5_vl')!r} (config, tokenizer or weights differ: fingerprint ")
+        f"{tiny_model()!r} (config, tokenizer or weights differ: fingerprint ")
 
     sizes = []
     original = cpr.evaluation.runner.evaluate_model

@@ -6,6 +6,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from conftest import tiny_model
 
 from cpr.data import load_records, load_templates
 from cpr.errors import ConfigError, InputError
@@ -23,7 +24,7 @@ from cpr.scoring import load_predictions
 
 @pytest.fixture(scope="module")
 def tiny():
-    model, processor = load_model_for_eval("tiny:qwen2_5_vl", device="cpu")
+    model, processor = load_model_for_eval(tiny_model(), device="cpu")
     return model, processor
 
 
@@ -134,9 +135,9 @@ def test_lora_adapter_loads_for_eval(tiny, records, tmp_path, one_thread):
     import torch
     from peft import PeftModel, get_peft_model
 
-    from cpr.models import build_lora_config, resolve_model_path
+    from cpr.models import build_lora_config
 
-    base, processor = load_model_for_eval("tiny:qwen2_5_vl", device="cpu")
+    base, processor = load_model_for_eval(tiny_model(), device="cpu")
     peft_model = get_peft_model(base, build_lora_config("qwen2_5_vl", r=4, alpha=8, dropout=0.0))
     torch.manual_seed(0)
     with torch.no_grad():
@@ -149,7 +150,7 @@ def test_lora_adapter_loads_for_eval(tiny, records, tmp_path, one_thread):
 
     messages = [standard_messages(load_templates(), "eval")(r) for r in records[:2]]
     expected = TransformersGenerator(peft_model, processor, 6)(messages)
-    loaded, _ = load_model_for_eval("tiny:qwen2_5_vl", str(adapter_dir), device="cpu")
+    loaded, _ = load_model_for_eval(tiny_model(), str(adapter_dir), device="cpu")
     assert isinstance(loaded, PeftModel) and not loaded.training
     assert TransformersGenerator(loaded, processor, 6)(messages) == expected
     inputs = TransformersGenerator(loaded, processor, 6)._inputs(messages)
@@ -159,10 +160,10 @@ def test_lora_adapter_loads_for_eval(tiny, records, tmp_path, one_thread):
     assert not torch.allclose(plain, adapted)
 
     # An adapter folder given as --model is read as that adapter on its base model.
-    base_path = resolve_model_path("tiny:qwen2_5_vl")
+    base_path = tiny_model()
     assert resolve_model_and_adapter(str(adapter_dir), None) == (base_path, str(adapter_dir))
     with pytest.raises(InputError, match="field '--adapter': not a PEFT adapter folder"):
-        resolve_model_and_adapter("tiny:qwen2_5_vl", str(tmp_path))
+        resolve_model_and_adapter(tiny_model(), str(tmp_path))
 
 
 def test_completions_file_errors(tmp_path):

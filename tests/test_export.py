@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import tiny_model
 
 from cpr.cli import main
 from cpr.errors import ConfigError, InputError
-from cpr.models.loading import check_adapter_base
+from cpr.models import check_adapter_base
 
 
 def _fake_run(tmp_path: Path, kind: str) -> tuple[Path, Path, str]:
@@ -17,10 +18,9 @@ def _fake_run(tmp_path: Path, kind: str) -> tuple[Path, Path, str]:
     import torch
     from peft import get_peft_model
 
-    from cpr.models.loading import build_lora_config, load_model_and_processor
-    from cpr.models.tiny import ensure_tiny_model
+    from cpr.models import build_lora_config, load_model_and_processor
 
-    base = str(ensure_tiny_model(kind))
+    base = tiny_model(kind)
     model, processor = load_model_and_processor(base, device="cpu", gradient_checkpointing=False)
     lora = build_lora_config(kind, r=8, alpha=16, dropout=0.0)
     lora.init_lora_weights = False  # random A and B: the merge must change the weights
@@ -30,7 +30,7 @@ def _fake_run(tmp_path: Path, kind: str) -> tuple[Path, Path, str]:
     get_peft_model(model, lora).save_pretrained(adapter)
     processor.save_pretrained(adapter)
     (run / "summary.json").write_text(json.dumps({"run_name": "tiny_run", "status": "finished", "final_adapter": str(adapter)}))
-    (run / "config.yaml").write_text(f"run_name: tiny_run\nmodel:\n  name_or_path: tiny:{kind}\nlora:\n  r: 8\n")
+    (run / "config.yaml").write_text(f"run_name: tiny_run\nmodel:\n  name_or_path: {base}\nlora:\n  r: 8\n")
     (run / "final_eval").mkdir()
     (run / "final_eval" / "metrics.md").write_text("| Model | Acc | Match F1 |\n|---|---|---|\n| tiny_run | 0.125 | 0.250 |\n")
     return run, adapter, base
@@ -53,7 +53,7 @@ def test_export_merges_the_final_adapter_into_its_base(tmp_path, kind, capsys):
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from cpr.models.loading import load_model_and_processor
+    from cpr.models import load_model_and_processor
 
     run, adapter, base = _fake_run(tmp_path, kind)
     out = tmp_path / "merged"
@@ -73,15 +73,13 @@ def test_export_merges_the_final_adapter_into_its_base(tmp_path, kind, capsys):
     card = (out / "README.md").read_text()
     assert f"base_model: {base}" in card
     assert "| tiny_run | 0.125 | 0.250 |" in card
-    assert f"name_or_path: tiny:{kind}" in card
+    assert f"name_or_path: {base}" in card
     assert not (tmp_path / "merged.partial").exists()
 
 
 def test_export_refuses_another_base_and_an_existing_output(tmp_path, capsys):
-    from cpr.models.tiny import ensure_tiny_model
-
     run, adapter, base = _fake_run(tmp_path, "qwen2_5_vl")
-    other = str(ensure_tiny_model("internvl"))
+    other = tiny_model("internvl")
     code = main(["export", "--run", str(run), "--base", other, "--output", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 2

@@ -1,4 +1,4 @@
-"""``benchmarks/gpu_check.py``: its processor for the shipped Qwen2.5-VL-3B config, and a CPU run on the tiny model."""
+"""``benchmarks/gpu_check.py``: its processor for the shipped Qwen2.5-VL-3B config, and a CPU run on a tiny model."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ def test_real_vocab_processor_uses_the_shipped_configs_token_ids():
         from gpu_check import real_vocab_processor
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
-    from cpr.models.loading import apply_pixel_limits
-    from cpr.models.tiny import default_corpus
+    from tiny_models import default_corpus
+
+    from cpr.models import apply_pixel_limits
 
     folder = REPO / "cpr/models/configs/qwen2_5_vl_3b"
     config = json.loads((folder / "config.json").read_text())

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import tiny_model
 
-from cpr.models.loading import build_lora_config, load_model_and_processor
+from cpr.models import build_lora_config, load_model_and_processor
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +63,7 @@ def test_grpo_trains_lora_on_cpu(
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    model, processor = load_model_and_processor(f"tiny:{kind}", cache_dir=tmp_path / "cache", device="cpu")
+    model, processor = load_model_and_processor(tiny_model(kind), device="cpu")
     base_before = {n: p.detach().clone() for n, p in model.named_parameters()}
 
     completions_seen: list[list[str]] = []

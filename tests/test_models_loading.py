@@ -7,9 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import tiny_model
 
 from cpr.errors import ConfigError, InputError, ModelNotAvailableError
-from cpr.models.loading import (
+from cpr.models import (
     apply_pixel_limits,
     build_lora_config,
     detect_family,
@@ -17,7 +18,6 @@ from cpr.models.loading import (
     lora_target_modules,
     resolve_dtype,
 )
-from cpr.models.tiny import ensure_tiny_model
 
 LM_MODULES = [
     f"model.language_model.layers.{i}.{m}"
@@ -55,12 +55,6 @@ VISION_MODULES = {
 }
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("tiny_cache")
-
-
-
 def _image_tokens(processor, image, token: str) -> int:
     messages = [
         {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "Q"}]}
@@ -75,8 +69,6 @@ def _image_tokens(processor, image, token: str) -> int:
 
 
 def test_detect_family_from_names():
-    assert detect_family("tiny:qwen2_5_vl") == "qwen2_5_vl"
-    assert detect_family("tiny:internvl") == "internvl"
     assert detect_family("Qwen/Qwen2.5-VL-3B-Instruct") == "qwen2_5_vl"
     assert detect_family("OpenGVLab/InternVL3_5-4B-HF") == "internvl"
     # The remote-code format, which the auto classes cannot load.
@@ -111,7 +103,10 @@ def test_missing_hub_model_raises_one_clear_error(name, monkeypatch):
     assert message.startswith(f"model {name!r} is not available: it is not a local folder")
     assert "HF_HUB_OFFLINE is set" in message
     assert f"hf download {name} --local-dir DIR" in message
-    assert "'tiny:qwen2_5_vl'" in message
+    assert message.endswith(
+        f"; download it where the hub is reachable (hf download {name} --local-dir DIR) and set the model path to DIR, "
+        "or point HF_HOME at a cache that holds it"
+    )
     # No chained traceback of hub retries.
     assert err.value.__cause__ is None and err.value.__suppress_context__
 
@@ -142,10 +137,12 @@ def test_resolve_dtype():
 
 
 @pytest.mark.parametrize("kind", ["qwen2_5_vl", "internvl"])
-def test_load_tiny_defaults(kind, cache):
+def test_load_tiny_defaults(kind):
     import torch
 
-    model, processor = load_model_and_processor(f"tiny:{kind}", cache_dir=cache, device="cpu")
+    folder = tiny_model(kind)
+    assert detect_family(folder) == kind
+    model, processor = load_model_and_processor(folder, device="cpu")
     assert type(model).__name__ == {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}.get(
         kind, "InternVLForConditionalGeneration"
     )
@@ -158,48 +155,44 @@ def test_load_tiny_defaults(kind, cache):
     assert model.generation_config.pad_token_id == pad_id
 
 
-def test_load_tiny_through_env_cache_with_options(monkeypatch, tmp_path):
+def test_load_tiny_with_options(tiny_qwen):
     import torch
 
-    monkeypatch.setenv("CPR_CACHE_DIR", str(tmp_path))
     model, _ = load_model_and_processor(
-        "tiny:qwen2_5_vl", dtype="bfloat16", gradient_checkpointing=True, attn_implementation="eager"
+        tiny_qwen, dtype="bfloat16", gradient_checkpointing=True, attn_implementation="eager"
     )
     assert model.dtype == torch.bfloat16
     assert model.is_activation_checkpointing
     assert model.config._attn_implementation == "eager"
-    assert [p.name.split("-")[0] for p in (tmp_path / "tiny_models").iterdir() if p.is_dir()] == [
-        "qwen2_5_vl"
-    ]
 
 
-def test_qwen_pixel_limits(cache):
+def test_qwen_pixel_limits(tiny_qwen):
     from PIL import Image
 
     # Defaults of the tiny processor: 3136..12544 pixels.  280x140 (39200 px) is scaled by
     # sqrt(39200/12544) = 1.768 and floored to multiples of 28: 56x140 -> 4x10 patches -> 10 tokens.
-    _, processor = load_model_and_processor("tiny:qwen2_5_vl", cache_dir=cache, device="cpu")
+    _, processor = load_model_and_processor(tiny_qwen, device="cpu")
     assert _image_tokens(processor, Image.new("RGB", (280, 140)), "<|image_pad|>") == 10
     # max_pixels 3136: scale sqrt(12.5) = 3.536 -> 28x56 -> 2x4 patches -> 2 tokens.
-    _, processor = load_model_and_processor("tiny:qwen2_5_vl", cache_dir=cache, device="cpu", max_pixels=3136)
+    _, processor = load_model_and_processor(tiny_qwen, device="cpu", max_pixels=3136)
     assert processor.image_processor.size["longest_edge"] == 3136
     assert _image_tokens(processor, Image.new("RGB", (280, 140)), "<|image_pad|>") == 2
     # min_pixels 12544: a 28x28 image is scaled up by sqrt(12544/784) = 4 -> 112x112 -> 8x8 patches -> 16 tokens.
     _, processor = load_model_and_processor(
-        "tiny:qwen2_5_vl", cache_dir=cache, device="cpu", min_pixels=12544, max_pixels=12544
+        tiny_qwen, device="cpu", min_pixels=12544, max_pixels=12544
     )
     assert _image_tokens(processor, Image.new("RGB", (28, 28)), "<|image_pad|>") == 16
 
 
-def test_internvl_pixel_limits_set_tile_count(cache):
+def test_internvl_pixel_limits_set_tile_count(tiny_internvl):
     from PIL import Image
 
     # Tiles of 56x56 = 3136 px, 4 tokens each.  A 224x56 image (aspect 4): default max 2 tiles
     # -> grid 2x1 + thumbnail = 3 tiles = 12 tokens; max_pixels 4 tiles' worth -> 4x1 + thumbnail = 20 tokens.
-    _, processor = load_model_and_processor("tiny:internvl", cache_dir=cache, device="cpu")
+    _, processor = load_model_and_processor(tiny_internvl, device="cpu")
     assert _image_tokens(processor, Image.new("RGB", (224, 56)), "<IMG_CONTEXT>") == 12
     _, processor = load_model_and_processor(
-        "tiny:internvl", cache_dir=cache, device="cpu", max_pixels=4 * 3136
+        tiny_internvl, device="cpu", max_pixels=4 * 3136
     )
     assert processor.image_processor.max_patches == 4
     assert _image_tokens(processor, Image.new("RGB", (224, 56)), "<IMG_CONTEXT>") == 20
@@ -212,8 +205,8 @@ def test_internvl_pixel_limits_set_tile_count(cache):
     assert _image_tokens(processor, Image.new("RGB", (56, 56)), "<IMG_CONTEXT>") == 20
 
 
-def test_pixel_limit_errors(cache):
-    _, processor = load_model_and_processor("tiny:qwen2_5_vl", cache_dir=cache, device="cpu")
+def test_pixel_limit_errors(tiny_qwen):
+    _, processor = load_model_and_processor(tiny_qwen, device="cpu")
     with pytest.raises(
         ConfigError, match=r"^field 'min_pixels': min_pixels \(5000\) is larger than max_pixels"
     ):
@@ -235,13 +228,13 @@ def test_pixel_limit_errors(cache):
 
 @pytest.mark.parametrize("kind", ["qwen2_5_vl", "internvl"])
 @pytest.mark.parametrize("include_vision", [False, True])
-def test_lora_targets_match_exactly_the_intended_modules(kind, include_vision, cache):
+def test_lora_targets_match_exactly_the_intended_modules(kind, include_vision):
     import torch
     from peft import get_peft_model
     from peft.tuners.lora import LoraLayer
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(ensure_tiny_model(kind, cache))
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model(kind))
     pattern = lora_target_modules(kind, include_vision=include_vision)
     linear_names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     matched = sorted(n for n in linear_names if re.fullmatch(pattern, n))
@@ -276,12 +269,11 @@ def test_lora_config_fields_and_errors():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["qwen2_5_vl", "internvl"])
-def test_generate_on_image_and_text(kind, monkeypatch, tmp_path, one_thread):
+def test_generate_on_image_and_text(kind, one_thread):
     import torch
     from PIL import Image
 
-    monkeypatch.setenv("CPR_CACHE_DIR", str(tmp_path))
-    model, processor = load_model_and_processor(f"tiny:{kind}", device="cpu")
+    model, processor = load_model_and_processor(tiny_model(kind), device="cpu")
     model.eval()
 
     def inputs_for(image):
@@ -334,7 +326,7 @@ def _adapter(path: Path, base: str) -> Path:
 
 
 def test_adapter_base_check_compares_fingerprints_then_names(tmp_path, caplog):
-    from cpr.models.loading import base_fingerprint, check_adapter_base
+    from cpr.models import base_fingerprint, check_adapter_base
 
     a = _model_folder(tmp_path / "models" / "qwen2_5_vl-aaaa", '{"vocab": ["x"]}')
     b = _model_folder(tmp_path / "models" / "qwen2_5_vl-bbbb", '{"vocab": ["y"]}')  # same config, other vocabulary

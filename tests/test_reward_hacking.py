@@ -193,7 +193,7 @@ def test_reward_hacking_warns_when_a_monitor_stays_past_its_bound(tmp_path, capl
     ],
 )
 def test_reward_hacking_config_errors_name_the_key(guards, field, samples_dir):
-    data = {"model": {"name_or_path": "tiny:qwen2_5_vl"}, "data": {"train": [
+    data = {"model": {"name_or_path": "models/unused"}, "data": {"train": [
         {"source": "tabmwp", "path": str(samples_dir / "tabmwp")}]}, "guards": guards}
     with pytest.raises(ConfigError) as e:
         config_from_dict(data)
@@ -203,7 +203,7 @@ def test_reward_hacking_config_errors_name_the_key(guards, field, samples_dir):
 def test_rewards_guard_in_the_config_reaches_the_reward_functions(samples_dir):
     from cpr.training.config import _reward_shared
 
-    data = {"model": {"name_or_path": "tiny:qwen2_5_vl"},
+    data = {"model": {"name_or_path": "models/unused"},
             "data": {"train": [{"source": "tabmwp", "path": str(samples_dir / "tabmwp")}]},
             "rewards": {"encoder": ENC, "guard": {"preset": "paper", "duplicates": True}}, "training": {"max_steps": 2}}
     cfg = config_from_dict(data)

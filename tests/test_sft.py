@@ -6,7 +6,7 @@ samples' texts) and check, against TRL's own vision-language collator, what ``ma
 counts; then they train: the loss falls, only LoRA tensors move, and the saved adapter reloads
 with PEFT and gives the same logits.
 
-The tiny models are built with their final norm weight scaled by 8 (cpr.models.tiny.OUTPUT_SCALE):
+The tiny models are built with their final norm weight scaled by 8 (tools/tiny_models.py, OUTPUT_SCALE):
 with random tied embeddings of std 0.02 and a norm weight of 1 every logit would be at most ~2.6
 in size whatever LoRA learns, and the loss could not fall much below 5 nats.
 """
@@ -167,7 +167,7 @@ def test_build_sft_config_maps_settings(tmp_path):
 
 
 def _tokenizer_texts(records, templates) -> list[str]:
-    from cpr.models.tiny import default_corpus
+    from tiny_models import default_corpus
 
     return (
         default_corpus()
@@ -178,17 +178,16 @@ def _tokenizer_texts(records, templates) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tiny_paths(tmp_path_factory, records, templates):
+def tiny_paths(records, templates):
     """Tiny model folders, built on first use (tokenizer trained on the corpus + sample texts)."""
-    from cpr.models.tiny import ensure_tiny_model
+    from tiny_models import ensure_tiny_model
 
-    cache = tmp_path_factory.mktemp("tiny_cache")
     texts = _tokenizer_texts(records, templates)
     built: dict[str, str] = {}
 
     def get(kind: str) -> str:
         if kind not in built:
-            built[kind] = str(ensure_tiny_model(kind, cache_dir=cache, texts=texts))
+            built[kind] = str(ensure_tiny_model(kind, texts=texts))
         return built[kind]
 
     return get
@@ -197,7 +196,7 @@ def tiny_paths(tmp_path_factory, records, templates):
 def _load(path: str, norm_scale: float = 1.0):
     import torch
 
-    from cpr.models.loading import load_model_and_processor
+    from cpr.models import load_model_and_processor
 
     model, processor = load_model_and_processor(path, device="cpu")
     if norm_scale != 1.0:
@@ -239,7 +238,7 @@ def test_example_lengths_match_trl_collator(kind, tiny_paths, records, templates
 
 @pytest.mark.slow
 def test_prompt_longer_than_max_length_is_an_error(tiny_paths, records, templates, tmp_path, caplog, one_thread):
-    from cpr.models.loading import build_lora_config
+    from cpr.models import build_lora_config
 
     model, processor = _load(tiny_paths("qwen2_5_vl"))
     chosen = records[:4]
@@ -280,7 +279,7 @@ def test_prompt_longer_than_max_length_is_an_error(tiny_paths, records, template
 def test_run_sft_needs_a_lora_adapter(tiny_paths, records, templates, tmp_path, one_thread):
     from peft import PeftModel, get_peft_model
 
-    from cpr.models.loading import build_lora_config
+    from cpr.models import build_lora_config
 
     model, processor = _load(tiny_paths("qwen2_5_vl"))
     with pytest.raises(ConfigError) as err:
@@ -346,7 +345,7 @@ def test_sft_lora_learns_and_adapter_reloads(tiny_paths, records, templates, tmp
     import torch
     from peft import PeftModel
 
-    from cpr.models.loading import build_lora_config
+    from cpr.models import build_lora_config
 
     path = tiny_paths("qwen2_5_vl")
     model, processor = _load(path)
@@ -417,7 +416,7 @@ def test_sft_lora_learns_and_adapter_reloads(tiny_paths, records, templates, tmp
 def test_sft_lora_runs_on_tiny_internvl(tiny_paths, records, templates, tmp_path, one_thread):
     import torch
 
-    from cpr.models.loading import build_lora_config
+    from cpr.models import build_lora_config
 
     model, processor = _load(tiny_paths("internvl"))
     base_before = {n: p.detach().clone() for n, p in model.named_parameters()}

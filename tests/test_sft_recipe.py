@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import SAMPLES_DIR, tiny_run_config
+from conftest import SAMPLES_DIR, tiny_model, tiny_run_config
 
 from cpr.ablation.cli import sft_main
 from cpr.ablation.sft_baseline import check_m3cot_ranges, load_sft_baseline_config, sft_baseline_from_dict
@@ -142,7 +142,7 @@ def test_sft_recipe_trains_scores_and_seeds_a_grpo_phase(tmp_path, capsys, one_t
     result = run_experiment(config_from_dict(grpo))
     (phase,) = result["phases"]
     assert phase["init_adapter"] == str(adapter) and phase["steps"] == 1
-    assert summary["model"] == "tiny:qwen2_5_vl"
+    assert summary["model"] == tiny_model(data=True)
     trained = tmp_path / "grpo" / "cpr" / "adapter"
     assert json.loads((trained / "adapter_config.json").read_text())["r"] == 4
     from safetensors.torch import load_file
@@ -156,9 +156,9 @@ def test_sft_overwrite_with_bad_data_keeps_the_previous_run(tmp_path, capsys, mo
     one error line, and the previous run's files stay byte-identical."""
     import shutil
 
-    import cpr.models.tiny
+    import cpr.models
 
-    monkeypatch.setattr(cpr.models.tiny, "ensure_tiny_model", lambda *a, **k: pytest.fail("a model was built"))
+    monkeypatch.setattr(cpr.models, "load_model_and_processor", lambda *a, **k: pytest.fail("a model was loaded"))
     data = tmp_path / "tabmwp"
     shutil.copytree(SAMPLES_DIR / "tabmwp", data)
     (data / "problems_test1k_subset.json").write_text('{"1": \n')

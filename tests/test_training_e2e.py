@@ -15,9 +15,10 @@ import json
 from pathlib import Path
 
 import pytest
+import tiny_models
 import torch
 import yaml
-from conftest import tiny_run_config
+from conftest import tiny_model, tiny_run_config
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
@@ -117,13 +118,15 @@ def _synthetic(data: dict) -> dict:
     for phase in data["phase_settings"].values():
         phase["rewards"] = [r for r in phase["rewards"] if r != "distinct_chars"]
         phase["training"]["learning_rate"] = 1e-4  # larger steps on real rewards can break the format
+    texts = tiny_models.config_texts(config_from_dict(data))  # the tokenizer also learns the task's texts
+    data["model"]["name_or_path"] = str(tiny_models.ensure_tiny_model("qwen2_5_vl", texts=texts))
     return data
 
 
 @pytest.mark.slow
 def test_two_phases_qwen(tmp_path, samples_dir, record_loads, one_thread):
     loaded, wrapped = record_loads
-    data = _synthetic(_config(tmp_path, samples_dir, "tiny:qwen2_5_vl"))
+    data = _synthetic(_config(tmp_path, samples_dir, tiny_model(data=True)))
     data["evaluation"]["final_splits"] = ["test", "validation"]
     data["evaluation"]["compare"] = ["untrained", "warm_start", "answer_only"]
     cfg = config_from_dict(data)
@@ -192,7 +195,7 @@ def test_two_phases_qwen(tmp_path, samples_dir, record_loads, one_thread):
 @pytest.mark.slow
 def test_two_phases_internvl(tmp_path, samples_dir, with_test_reward, record_loads, one_thread):
     loaded, wrapped = record_loads
-    data = _config(tmp_path, samples_dir, "tiny:internvl")
+    data = _config(tmp_path, samples_dir, tiny_model("internvl", data=True))
     for p in data["phase_settings"].values():
         p["training"]["max_steps"] = 2
     cfg = config_from_dict(data)
@@ -211,7 +214,7 @@ def test_two_phases_internvl(tmp_path, samples_dir, with_test_reward, record_loa
 
 @pytest.mark.slow
 def test_single_phase_and_resume_skips_finished_phases(tmp_path, samples_dir, with_test_reward, one_thread):
-    data = _config(tmp_path, samples_dir, "tiny:qwen2_5_vl")
+    data = _config(tmp_path, samples_dir, tiny_model(data=True))
     data["phases"] = ["cpr"]
     data["phase_settings"] = {"cpr": data["phase_settings"]["cpr"]}
     data["phase_settings"]["cpr"]["training"]["max_steps"] = 2
@@ -252,7 +255,7 @@ def test_training_settings_reach_the_trainer_and_config_yaml(tmp_path, samples_d
     """training.reward_weights (TRL's field) weights every reward function of the phase;
     model.gradient_checkpointing reaches the trainer's args and model; torch_threads is applied; and
     config.yaml's training_effective holds the values the trainer trained with."""
-    data = _config(tmp_path, samples_dir, "tiny:qwen2_5_vl")
+    data = _config(tmp_path, samples_dir, tiny_model(data=True))
     data["phases"] = ["cpr"]
     data["phase_settings"] = {"cpr": {"rewards": ["format", "cpr", "distinct_chars"], "curriculum": {"schedule": "none"},
                                       "training": {"max_steps": 2, "learning_rate": 2e-3}}}
@@ -323,7 +326,7 @@ def test_console_shows_the_bar_and_one_line_a_step_and_run_log_keeps_everything(
     import subprocess
     import sys
 
-    data = _config(tmp_path, samples_dir, "tiny:qwen2_5_vl")
+    data = _config(tmp_path, samples_dir, tiny_model(data=True))
     data["phases"] = ["cpr"]
     data["phase_settings"] = {"cpr": {"rewards": ["format", "cpr", "noisy"], "curriculum": {"schedule": "none"},
                                       "training": {"max_steps": 3, "learning_rate": 2e-3, "save_steps": 10}}}

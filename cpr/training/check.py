@@ -1,75 +1,33 @@
-"""``cpr train --check``: validate a run for N processes and estimate its per-GPU memory, without
-a GPU or weights (only the model's ``config.json``).
+"""``cpr train --check``: validate a run for N processes (``WORLD_SIZE=N``), build the model on the meta
+device with its LoRA adapter (only ``config.json`` needed; the paper models' ship in
+``cpr/models/configs``) and estimate one GPU's peak memory (README, "Check a run before it starts").
 
-Steps: the experiment config is validated as a launch on N processes would validate it
-(:func:`cpr.training.config.load_config` with ``WORLD_SIZE=N``); the architecture is built on
-the meta device (``torch.device("meta")``: shapes, no storage) and wrapped with the
-run's LoRA adapter by PEFT, which checks that the target modules exist; a vision or projector
-module among them is refused unless ``lora.include_vision`` is set; parameters are counted by
-part (vision, projector, language); and :func:`estimate_memory` gives the peak memory of one GPU
-during generation and during training, for plain DDP, DeepSpeed ZeRO-2 and ZeRO-3.
-
-The two paper models need no download: their ``config.json`` and ``preprocessor_config.json``
-ship in ``cpr/models/configs/`` (:data:`SHIPPED_CONFIGS`; where each number comes from is in
-that folder's README).
-
-What the estimate counts (bytes of one GPU; ``wb`` = bytes of the model dtype):
-
-* weights: every parameter x ``wb``, divided by N under ZeRO-3.
-* LoRA adapter: PEFT keeps adapter weights in fp32 (``autocast_adapter_dtype``). DDP: fp32
-  weights, gradients, DDP's gradient buckets and Adam's two moments (20 bytes a parameter).
-  DeepSpeed with bf16 casts the module to bf16 and keeps an fp32 master copy, Adam moments and an
-  fp32 gradient partition (16 bytes, divided by N) plus bf16 weights and gradients (4 bytes,
-  divided by N under ZeRO-3 only) (the ZeRO paper, Rajbhandari et al. 2020, section 3).
-* generation (transformers path of TRL): ZeRO-3 gathers every parameter for ``generate``
-  (``ds3_gather_for_generation``); the KV cache holds ``2 x layers x kv_heads x head_dim x wb``
-  a token for every generated sequence at full length; the prefill's working set is one decoder
-  layer for all prompts plus one vision block for all images; next-token logits are fp32.
-* training: the tensors autograd saves for backward (:func:`saved_activation_bytes`) for one
-  micro-batch of ``per_device_train_batch_size`` sequences, plus one decoder layer's saved tensors
-  again while it is recomputed and differentiated (its gradients); TRL 1.16 scores tokens with a
-  fused LM head (``trl.trainer.utils.add_fused_lm_head``), so the logits are tiles of at most
-  4096 tokens x 32768 vocabulary entries, never ``tokens x vocabulary``. ZeRO-3 holds the
-  gathered embedding / LM head and two decoder layers (the one computing, the one prefetched).
-* a fixed 1 GiB for the CUDA context, NCCL buffers and the step encoder.
-
-Attention is assumed to be a flash / memory-efficient kernel (``sdpa`` or ``flash_attention_2``):
-no ``tokens x tokens`` matrix. Sequences are counted at full length: prompt (text + image tokens)
-plus ``max_completion_length``.
+Byte counts (``wb`` = bytes of the model dtype): weights ``params x wb`` (/ N under ZeRO-3). LoRA
+(PEFT keeps adapters in fp32): DDP holds fp32 weights, gradients, buckets and two Adam moments (20 B
+a parameter); DeepSpeed bf16 an fp32 master, moments and gradient partition (16 B / N) plus bf16
+weights and gradients (4 B, / N under ZeRO-3 only) (Rajbhandari et al. 2020, ZeRO, section 3).
+Generation (TRL's transformers path): ZeRO-3 gathers every parameter; the KV cache holds ``2 x layers
+x kv_heads x head_dim x wb`` a token of every sequence at full length; the prefill's working set is
+one decoder layer for all prompts or one vision block for all images; fp32 logits. Training: what
+autograd saves for one micro-batch (:func:`saved_activation_bytes`) plus one layer's again while it
+is recomputed; TRL 1.16's fused LM head scores tiles of at most 4096 tokens x 32768 vocabulary
+entries; ZeRO-3 holds the gathered embedding and two layers. Plus 1 GiB for the CUDA context, NCCL
+and the step encoder. Attention is a flash / memory-efficient kernel (no ``tokens x tokens`` matrix).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from cpr.errors import ConfigError, ModelNotAvailableError
 
-__all__ = [
-    "SHIPPED_CONFIGS",
-    "LAUNCHERS",
-    "Architecture",
-    "PhaseShape",
-    "config_folder",
-    "load_architecture",
-    "saved_activation_bytes",
-    "estimate_memory",
-    "launcher_from_accelerate_config",
-    "run_check",
-]
-
 #: Hub ids whose config ships with cpr -> folder under ``cpr/models/configs``.
-SHIPPED_CONFIGS = {
-    "Qwen/Qwen2.5-VL-3B-Instruct": "qwen2_5_vl_3b",
-    "OpenGVLab/InternVL3_5-4B-HF": "internvl3_5_4b",
-}
+SHIPPED_CONFIGS = {"Qwen/Qwen2.5-VL-3B-Instruct": "qwen2_5_vl_3b", "OpenGVLab/InternVL3_5-4B-HF": "internvl3_5_4b"}
 LAUNCHERS = ("ddp", "zero2", "zero3")
 _LAUNCHER_NAMES = {"ddp": "DDP", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 GIB = 1024**3
@@ -79,13 +37,9 @@ HEAD_TILE = (4096, 32768)
 
 
 def config_folder(name_or_path: str) -> Path:
-    """The folder holding the model's ``config.json``: a ``tiny:`` model's (built on first use), a
-    local folder, the shipped copy of a paper model, or the hub cache (``HF_HUB_OFFLINE`` allowed).
-
-    Raises:
-        ModelNotAvailableError: none of these has the config.
-    """
-    from cpr.models.loading import resolve_model_path
+    """The folder holding the model's ``config.json``: a local folder, the shipped copy of a paper model,
+    or the hub cache (``HF_HUB_OFFLINE`` allowed). Raises ``ModelNotAvailableError`` when none has it."""
+    from cpr.models import resolve_model_path
 
     if name_or_path in SHIPPED_CONFIGS and not Path(name_or_path).is_dir():
         return Path(__file__).resolve().parents[1] / "models" / "configs" / SHIPPED_CONFIGS[name_or_path]
@@ -153,11 +107,8 @@ def _part(name: str) -> str:
 def load_architecture(folder: Path, lora_config: Any, *, include_vision: bool) -> tuple[Architecture, Any]:
     """Build the model of ``folder/config.json`` on the meta device, wrap it with ``lora_config``
     (PEFT) and read off an :class:`Architecture`. Returns ``(architecture, transformers config)``.
-
-    Raises:
-        ConfigError: no module matches the LoRA targets, or a vision / projector module does while
-            ``include_vision`` is false (field ``lora.target_modules``).
-    """
+    Raises ``ConfigError`` (field ``lora.target_modules``) when no module matches the LoRA targets,
+    or a vision / projector module does while ``include_vision`` is false."""
     import torch
     from peft import get_peft_model
     from transformers import AutoConfig, AutoModelForImageTextToText
@@ -194,29 +145,15 @@ def load_architecture(folder: Path, lora_config: Any, *, include_vision: bool) -
     lm_in, lm_r = lora_sums("language_model.layers.0.")
     v_in, v_r = lora_sums("visual.blocks.0." if hasattr(model.model, "visual") else "vision_tower.encoder.layer.0.")
     arch = Architecture(
-        family=config.model_type,
-        params=params,
-        trainable=trainable,
-        layers=text.num_hidden_layers,
-        hidden=text.hidden_size,
-        heads=text.num_attention_heads,
-        kv_heads=text.num_key_value_heads,
+        family=config.model_type, params=params, trainable=trainable, layers=text.num_hidden_layers,
+        hidden=text.hidden_size, heads=text.num_attention_heads, kv_heads=text.num_key_value_heads,
         head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
-        intermediate=text.intermediate_size,
-        vocab=text.vocab_size,
-        qk_norm=hasattr(layer.self_attn, "q_norm"),
-        layer_params=sum(p.numel() for p in layer.parameters()),
-        embed_params=lm.embed_tokens.weight.numel(),
-        vision_layers=len(blocks),
-        vision_hidden=vcfg.hidden_size,
+        intermediate=text.intermediate_size, vocab=text.vocab_size, qk_norm=hasattr(layer.self_attn, "q_norm"),
+        layer_params=sum(p.numel() for p in layer.parameters()), embed_params=lm.embed_tokens.weight.numel(),
+        vision_layers=len(blocks), vision_hidden=vcfg.hidden_size,
         vision_heads=getattr(vcfg, "num_heads", None) or vcfg.num_attention_heads,
-        vision_intermediate=vcfg.intermediate_size,
-        vision_gated=hasattr(blocks[0].mlp, "gate_proj"),
-        lm_lora_in=lm_in,
-        lm_lora_rank=lm_r,
-        vision_lora_in=v_in,
-        vision_lora_rank=v_r,
-        lora_modules=adapted,
+        vision_intermediate=vcfg.intermediate_size, vision_gated=hasattr(blocks[0].mlp, "gate_proj"),
+        lm_lora_in=lm_in, lm_lora_rank=lm_r, vision_lora_in=v_in, vision_lora_rank=v_r, lora_modules=adapted,
     )
     return arch, config
 
@@ -243,51 +180,28 @@ class PhaseShape:
         return self.prompt_tokens + self.completion_tokens
 
 
-def _lora_bytes(device: str, wb: int) -> tuple[int, int]:
-    """(bytes a saved LoRA input / output element, bytes a dropout-mask element).
+def saved_activation_bytes(arch: Architecture, *, batch: int, tokens: int, scored_tokens: int, images: int, patches: int,
+                           image_tokens: int, checkpointing: bool, include_vision: bool, dropout: bool, wb: int,
+                           device: str = "cuda") -> dict[str, int]:
+    """Bytes autograd keeps for backward after a training forward of ``batch`` sequences of ``tokens``
+    tokens (``scored_tokens`` completion tokens each) and ``images`` images: ``language``, ``vision``,
+    ``head``; ``layer`` is one decoder layer's (recomputed under gradient checkpointing),
+    ``vision_block`` one vision block's with its fp32 gradients.
 
-    PEFT runs LoRA in the adapter's dtype (fp32; DeepSpeed's bf16 engine casts it to bf16); under
-    DDP with bf16, autocast makes the linear's saved input bf16. CUDA's fused dropout saves a bool
-    mask, the CPU kernel a mask of the input's dtype.
-    """
-    lora = 4 if (wb == 4 or device == "cpu") else 2
-    mask = lora if device == "cpu" else 1
-    return lora, mask
-
-
-def saved_activation_bytes(
-    arch: Architecture,
-    *,
-    batch: int,
-    tokens: int,
-    scored_tokens: int,
-    images: int,
-    patches: int,
-    image_tokens: int,
-    checkpointing: bool,
-    include_vision: bool,
-    dropout: bool,
-    wb: int,
-    device: str = "cuda",
-) -> dict[str, int]:
-    """Bytes of the tensors autograd keeps for backward after one training forward of ``batch``
-    sequences of ``tokens`` tokens with ``scored_tokens`` completion tokens each and ``images``
-    images in all, split into ``language``, ``vision`` and ``head``; ``layer`` is one decoder
-    layer's saved tensors (recomputed under gradient checkpointing), ``vision_block`` one vision
-    block's with its fp32 gradients.
-
-    Per token and decoder layer (transformers 5.24 Qwen2 / Qwen3 layers, PEFT LoRA): each RMSNorm
-    its fp32 input and inverse RMS (``4 h + 4``, twice; Qwen3 also on q and k), attention
-    q, k, v, output and log-sum-exp (``wb (2 q + 2 kv) + 4 heads``), the gated MLP's gate, SiLU
-    and up outputs (``3 i wb``), and each adapted linear's LoRA input, dropout mask and rank-r
-    intermediate. Gradient checkpointing keeps only each layer's input (``h wb``), and (transformers'
-    ``enable_input_require_grads``) makes the frozen vision tower keep its block inputs as well.
-    Measured against ``torch.autograd.graph.saved_tensors_hooks`` on the tiny models (tests); an fp32
-    model without LoRA dropout shares one input among q / k / v and gate / up, counted here per
-    linear (up to 26 % over).
+    Per token and decoder layer (transformers 5.24 Qwen2 / Qwen3, PEFT LoRA): each RMSNorm's fp32 input
+    and inverse RMS (``4 h + 4``, twice; Qwen3 also on q and k), attention's q, k, v, output and
+    log-sum-exp (``wb (2 q + 2 kv) + 4 heads``), the MLP's gate, SiLU and up outputs (``3 i wb``), each
+    adapted linear's LoRA input, dropout mask and rank-r intermediate. Gradient checkpointing keeps each
+    layer's input (``h wb``) and (``enable_input_require_grads``) the frozen vision tower's block inputs.
+    Checked against ``torch.autograd.graph.saved_tensors_hooks`` on tiny models (tests); an fp32 model
+    without LoRA dropout shares one input among q / k / v and gate / up (up to 26 % over).
     """
     h, q, kv, i = arch.hidden, arch.heads * arch.head_dim, arch.kv_heads * arch.head_dim, arch.intermediate
-    lora_b, mask_b = _lora_bytes(device, wb)
+    # bytes a saved LoRA input / output element: PEFT runs LoRA in the adapter's dtype (fp32; DeepSpeed's bf16
+    # engine casts it to bf16; under DDP with bf16 autocast saves the input in bf16); a dropout-mask element:
+    # CUDA's fused dropout saves a bool mask, the CPU kernel one of the input's dtype
+    lora_b = 4 if (wb == 4 or device == "cpu") else 2
+    mask_b = lora_b if device == "cpu" else 1
     per_in = lora_b + (mask_b if dropout else 0)
     layer = 2 * (4 * h + 4) + wb * (2 * q + 2 * kv) + 4 * arch.heads + 3 * i * wb
     layer += arch.lm_lora_in * per_in + arch.lm_lora_rank * lora_b
@@ -316,10 +230,7 @@ def estimate_memory(arch: Architecture, shape: PhaseShape, *, launcher: str, pro
                     include_vision: bool = False, dropout: bool = True) -> dict[str, int]:
     """Peak bytes on one GPU for one phase under ``launcher`` (``ddp``, ``zero2``, ``zero3``), by
     component (module docstring); ``generation`` and ``training`` are the two peaks' totals.
-
-    Raises:
-        ValueError: an unknown launcher.
-    """
+    Raises ``ValueError`` for an unknown launcher."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"unknown launcher {launcher!r}; expected one of {LAUNCHERS}")
     n, z3 = processes, launcher == "zero3"
@@ -363,10 +274,7 @@ def estimate_memory(arch: Architecture, shape: PhaseShape, *, launcher: str, pro
 def launcher_from_accelerate_config(path: str | Path) -> tuple[str, int | None]:
     """``(launcher, num_processes)`` of an accelerate config file (``distributed_type`` and
     ``deepspeed_config.zero_stage``); ``num_processes`` is ``None`` when the file does not set it.
-
-    Raises:
-        ConfigError: an unreadable file or a DeepSpeed stage other than 2 or 3.
-    """
+    Raises ``ConfigError`` for a missing file or a DeepSpeed stage other than 2 or 3."""
     from cpr.training.config import read_yaml
 
     try:
@@ -382,20 +290,6 @@ def launcher_from_accelerate_config(path: str | Path) -> tuple[str, int | None]:
         launcher = f"zero{stage}"
     n = data.get("num_processes")
     return launcher, int(n) if isinstance(n, int) else None
-
-
-@contextlib.contextmanager
-def _world_size(n: int) -> Iterator[None]:
-    """Validate as a launch on ``n`` processes would (cpr.training.config.num_processes reads WORLD_SIZE)."""
-    old = os.environ.get("WORLD_SIZE")
-    os.environ["WORLD_SIZE"] = str(n)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("WORLD_SIZE", None)
-        else:
-            os.environ["WORLD_SIZE"] = old
 
 
 def _image_sizes(arch: Architecture, config: Any, folder: Path, cfg: Any) -> tuple[int, int, str, str | None]:
@@ -426,7 +320,7 @@ def _image_sizes(arch: Architecture, config: Any, folder: Path, cfg: Any) -> tup
     raise ConfigError(f"no image-size rule for model family {arch.family!r}", field="model.name_or_path")
 
 
-def _phase_shapes(cfg: Any, processes: int, image: tuple[int, int], text_tokens: int, on_gpu: bool) -> list[PhaseShape]:
+def _phase_shapes(cfg: Any, processes: int, image: tuple[int, int], text_tokens: int) -> list[PhaseShape]:
     from trl import GRPOConfig
 
     from cpr.training.config import phase_training_args
@@ -438,9 +332,8 @@ def _phase_shapes(cfg: Any, processes: int, image: tuple[int, int], text_tokens:
         b = args["per_device_train_batch_size"]
         spg = args["steps_per_generation"] or args["gradient_accumulation_steps"]
         gen = args["generation_batch_size"] // processes if args["generation_batch_size"] else b * spg
-        ckpt = cfg.model.gradient_checkpointing
-        ckpt = on_gpu if ckpt is None else ckpt
-        shapes.append(PhaseShape(name, b, gen, text_tokens, image[0], image[1], args["max_completion_length"], bool(ckpt)))
+        ckpt = cfg.model.gradient_checkpointing is not False  # None: on, as on a GPU
+        shapes.append(PhaseShape(name, b, gen, text_tokens, image[0], image[1], args["max_completion_length"], ckpt))
     return shapes
 
 
@@ -450,13 +343,9 @@ def _fmt_params(n: int) -> str:
 
 def run_check(args: argparse.Namespace) -> int:
     """``cpr train --check``: print the validation, the parameter table and the memory tables.
-
-    Returns 0, or 1 when ``--gpu-memory`` is given and no shown launcher fits in it.
-
-    Raises:
-        ConfigError: an invalid config for N processes, bad LoRA targets, or a bad option.
-        ModelNotAvailableError: no ``config.json`` for the model.
-    """
+    Returns 0, or 1 when ``--gpu-memory`` is given and no shown launcher fits in it. Raises
+    ``ConfigError`` (an invalid config for N processes, bad LoRA targets or option) and
+    ``ModelNotAvailableError`` (no ``config.json`` for the model)."""
     from cpr.training import policy
     from cpr.training.cli import config_from_args
     from cpr.training.config import phase_training_args
@@ -467,64 +356,61 @@ def run_check(args: argparse.Namespace) -> int:
     if args.accelerate_config:
         launcher, n_file = launcher_from_accelerate_config(args.accelerate_config)
         launchers, n = [launcher], n or n_file
-    n = n or 1
-    with _world_size(n):
+    n, world = n or 1, os.environ.get("WORLD_SIZE")
+    os.environ["WORLD_SIZE"] = str(n)  # validated as on n processes (cpr.training.config.num_processes)
+    try:
         cfg = config_from_args(args)
+    finally:
+        if world is None:
+            del os.environ["WORLD_SIZE"]
+        else:
+            os.environ["WORLD_SIZE"] = world
     folder = config_folder(cfg.model.name_or_path)
     arch, config = load_architecture(folder, policy.lora_config(cfg, str(folder)), include_vision=cfg.lora.include_vision)
     wb = 4 if cfg.model.dtype in ("float32", "fp32") else 2
     image = _image_sizes(arch, config, folder, cfg)
-    shapes = _phase_shapes(cfg, n, image, args.prompt_tokens, on_gpu=True)
-    out = sys.stdout
-    print(f"config {args.config}: valid for {n} process{'es' if n > 1 else ''}; phases {', '.join(cfg.phases)}", file=out)
-    print(f"model {cfg.model.name_or_path}: {arch.family}, config from {folder}, {'bf16' if wb == 2 else 'fp32'} weights", file=out)
+    shapes = _phase_shapes(cfg, n, image, args.prompt_tokens)
+    print(f"config {args.config}: valid for {n} process{'es' if n > 1 else ''}; phases {', '.join(cfg.phases)}")
+    print(f"model {cfg.model.name_or_path}: {arch.family}, config from {folder}, {'bf16' if wb == 2 else 'fp32'} weights")
     lm = [m for m in arch.lora_modules if _part(m) == "language"]
     kinds = sorted({m.rsplit(".", 1)[-1] for m in arch.lora_modules})
-    print(
-        f"LoRA r {cfg.lora.r}, alpha {cfg.lora.alpha}: {len(arch.lora_modules)} modules ({', '.join(kinds)}); "
-        f"{len(lm)} in the language model, {len(arch.lora_modules) - len(lm)} in vision / projector", file=out,
-    )
-    print(f"\n{'parameters':<12}{'total':>14}{'trainable':>14}", file=out)
+    print(f"LoRA r {cfg.lora.r}, alpha {cfg.lora.alpha}: {len(arch.lora_modules)} modules ({', '.join(kinds)}); "
+          f"{len(lm)} in the language model, {len(arch.lora_modules) - len(lm)} in vision / projector")
+    print(f"\n{'parameters':<12}{'total':>14}{'trainable':>14}")
     for part in ("vision", "projector", "language"):
-        print(f"  {part:<10}{_fmt_params(arch.params[part]):>14}{_fmt_params(arch.trainable[part]):>14}", file=out)
+        print(f"  {part:<10}{_fmt_params(arch.params[part]):>14}{_fmt_params(arch.trainable[part]):>14}")
     share = 100 * arch.lora_params / arch.total_params
-    print(f"  {'all':<10}{_fmt_params(arch.total_params):>14}{_fmt_params(arch.lora_params):>14} ({share:.2f} %)", file=out)
+    print(f"  {'all':<10}{_fmt_params(arch.total_params):>14}{_fmt_params(arch.lora_params):>14} ({share:.2f} %)")
     print(f"\nimages: {image[2]} ({image[1]} vision positions); prompt = {args.prompt_tokens} text tokens "
-          f"(--prompt-tokens) + one image", file=out)
+          f"(--prompt-tokens) + one image")
     if image[3]:
-        print(f"warning: {image[3]}", file=out)
+        print(f"warning: {image[3]}")
     if any(phase_training_args(cfg, name).get("use_vllm") for name in cfg.phases):
         print("note: training.use_vllm: generation runs in vLLM, which reserves vllm_gpu_memory_utilization of each GPU "
-              "(colocate mode); the 'gen:' rows below are for transformers' generate", file=out)
+              "(colocate mode); the 'gen:' rows below are for transformers' generate")
     fits = dict.fromkeys(launchers, True)
     for shape in shapes:
-        print(
-            f"\nphase {shape.name}: {shape.gen_batch} sequences generated at once, {shape.train_batch} a micro-batch, "
-            f"{shape.seq_tokens} tokens each ({shape.prompt_tokens} prompt + {shape.completion_tokens} completion); "
-            f"gradient checkpointing {'on' if shape.checkpointing else 'off'}", file=out,
-        )
+        print(f"\nphase {shape.name}: {shape.gen_batch} sequences generated at once, {shape.train_batch} a micro-batch, "
+              f"{shape.seq_tokens} tokens each ({shape.prompt_tokens} prompt + {shape.completion_tokens} completion); "
+              f"gradient checkpointing {'on' if shape.checkpointing else 'off'}")
         tables = {lc: estimate_memory(arch, shape, launcher=lc, processes=n, wb=wb, include_vision=cfg.lora.include_vision,
                                       dropout=cfg.lora.dropout > 0) for lc in launchers}
-        head = f"  {'per-GPU memory (GiB), ' + str(n) + ' processes':<40}" + "".join(f"{_LAUNCHER_NAMES[lc]:>9}" for lc in launchers)
-        print(head, file=out)
+        print(f"  {'per-GPU memory (GiB), ' + str(n) + ' processes':<40}" + "".join(f"{_LAUNCHER_NAMES[lc]:>9}" for lc in launchers))
         for row in tables[launchers[0]]:
             if row in ("generation", "training"):
                 continue
-            print(f"  {row:<40}" + "".join(f"{tables[lc][row] / GIB:>9.2f}" for lc in launchers), file=out)
+            print(f"  {row:<40}" + "".join(f"{tables[lc][row] / GIB:>9.2f}" for lc in launchers))
         for row in ("generation", "training"):
-            print(f"  {'peak in ' + row:<40}" + "".join(f"{tables[lc][row] / GIB:>9.2f}" for lc in launchers), file=out)
-        for lc in launchers:
-            peak = max(tables[lc]["generation"], tables[lc]["training"]) / GIB
-            if args.gpu_memory is not None and peak > args.gpu_memory:
-                fits[lc] = False
+            print(f"  {'peak in ' + row:<40}" + "".join(f"{tables[lc][row] / GIB:>9.2f}" for lc in launchers))
+        if args.gpu_memory is not None:
+            fits = {lc: fits[lc] and max(tables[lc]["generation"], tables[lc]["training"]) / GIB <= args.gpu_memory
+                    for lc in launchers}
     if args.gpu_memory is None:
         return 0
     ok = [_LAUNCHER_NAMES[lc] for lc, f in fits.items() if f]
-    if ok:
-        print(f"\nfits in {args.gpu_memory:g} GiB a GPU with {', '.join(ok)}", file=out)
-        return 0
-    print(f"\ndoes not fit in {args.gpu_memory:g} GiB a GPU with {', '.join(_LAUNCHER_NAMES[lc] for lc in launchers)}", file=out)
-    return 1
+    names = ", ".join(ok or [_LAUNCHER_NAMES[lc] for lc in launchers])
+    print(f"\n{'fits' if ok else 'does not fit'} in {args.gpu_memory:g} GiB a GPU with {names}")
+    return 0 if ok else 1
 
 
 def add_check_arguments(parser: argparse.ArgumentParser) -> None:

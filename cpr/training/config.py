@@ -94,16 +94,13 @@ def _help(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclas
 class ModelSettings:
     """The policy model (a Hugging Face vision-language checkpoint)."""
 
-    name_or_path: str = _help("Hub id, local folder, or tiny:qwen2_5_vl / tiny:internvl (built locally).", "")
+    name_or_path: str = _help("Hub id or local model folder.", "")
     dtype: str = _help("auto (bf16 on GPU, fp32 on CPU), bfloat16, float16 or float32.", "auto")
     min_pixels: int | None = _help("Image pixel lower bound (Qwen2.5-VL; InternVL: tile count).", None)
     max_pixels: int | None = _help("Image pixel upper bound (Qwen2.5-VL; InternVL: tile count).", None)
     gradient_checkpointing: bool | None = _help("None = on for GPU, off for CPU.", None)
     attn_implementation: str | None = _help("e.g. flash_attention_2, sdpa; None = transformers' default.", None)
     trust_remote_code: bool = _help("Passed to from_pretrained (HF-format checkpoints do not need it).", False)
-    tiny_vocab_from_data: bool = _help(
-        "tiny:* models only: train their tokenizer on the training records' texts too.", True
-    )
     allow_base_mismatch: bool = _help(
         "Put an adapter (init_adapter, hand-over, evaluation) on this model even if it was trained on another base.",
         False,

@@ -170,7 +170,7 @@ def final_evaluation(
     records ``adapter`` and ``split``) and ``metrics.md`` (all tables; with ``echo`` also printed).
 
     ``splits`` default to those of ``cfg.data``, ``templates`` to ``cfg.data.prompts``, ``model_path`` to
-    :func:`cpr.training.policy.resolve_model_path`; ``skip_empty`` leaves out a split without records.
+    ``model.name_or_path``; ``skip_empty`` leaves out a split without records.
 
     Returns:
         ``{split: {benchmark: overall summary}}`` (``{}`` for a skipped split, and on every process but
@@ -201,7 +201,7 @@ def final_evaluation(
         logger.info("final evaluation: no %s records, nothing to score on that split", split)
         del specs[split]
     state = process_state()
-    model_path = model_path or policy.resolve_model_path(cfg, splits)  # every process (a tiny model is built once)
+    model_path = model_path or cfg.model.name_or_path
     results: dict[str, dict[str, dict[str, Any]]] = {split: {} for split in on}
 
     def score(model: Any, processor: Any) -> None:

