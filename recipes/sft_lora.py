@@ -1,11 +1,8 @@
-"""LoRA fine-tuning baseline (the M3CoT paper's): supervised LoRA on the reference steps and answers
-in the output JSON format, then scored on the test split like the GRPO runs.
+"""LoRA fine-tuning baseline (the M3CoT paper's): supervised LoRA on the reference steps and answers in
+the output JSON format (the config's warm_start section, no GRPO phase), scored like the GRPO runs.
 
     python recipes/sft_lora.py --config recipes/configs/sft_lora_demo.yaml          # offline CPU demo
-    python recipes/sft_lora.py --config X.yaml --set sft.learning_rate=5e-5 --resume
-
-The adapter lands in <output_dir>/sft/adapter; a GRPO phase can start from it with
-``phase_settings.<phase>.init_adapter: <output_dir>/sft/adapter``.
+    python recipes/sft_lora.py --config X.yaml --set warm_start.learning_rate=5e-5 --resume
 """
 
 import os
@@ -14,6 +11,7 @@ import sys
 if __name__ == "__main__":
     if any(arg.endswith("_demo.yaml") for arg in sys.argv):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demos never touch the hub
-    from cpr.ablation.cli import sft_main
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from cpr.ablation.sft_baseline import main
 
-    sys.exit(sft_main())
+    sys.exit(main())
