@@ -1,17 +1,11 @@
 """Figures of run folders and ablations (PNG; matplotlib's Agg canvas, no pyplot state).
 
 Per run: reward components, KL, step Match F1 against accuracy, the hack monitors against the
-``reward_hacking`` guard's bounds, and the difficulty-bucket mix over training. Per ablation: the
-training-dynamics figure of a strategy comparison (paper Figure 5) and bars of the table's columns.
-The x axes are global training steps across the phases (dotted lines: phase boundaries); training
-values come from ``<phase>/log.jsonl`` (``steps/match_f1``; ``answer/accuracy`` in percent), evaluations
-from the eval hook's ``eval_history.jsonl``. A red ``X`` marks a run's first non-finite loss, grad
-norm, KL or reward, or its divergence guards' first ``nan`` event if earlier (:func:`divergence`).
-
-The bucket mix (a project choice) counts the difficulty of the records behind the completions scored
-at each step (``scored_completions.jsonl`` joined with the run's data, loaded through its
-``config.yaml``): what the policy trained on, one point per step. Runs without scored completions
-fall back to the scheduled mix the checkpoints' ``curriculum_state.json`` saved.
+``reward_hacking`` guard's bounds, the difficulty-bucket mix; per ablation: bars of the table's columns
+and the training dynamics of a strategy comparison (paper Figure 5). x axes: global training steps
+across the phases (dotted lines: phase boundaries); a red ``X``: the first non-finite value (:func:`divergence`).
+The bucket mix counts the difficulty of the records behind the completions scored at each step (what the
+policy trained on; a project choice), else the scheduled mix of the checkpoints' ``curriculum_state.json``.
 """
 
 from __future__ import annotations
@@ -61,16 +55,12 @@ def _series(rows: Sequence[Mapping[str, Any]], key: str, scale: float = 1.0) -> 
 
 def _broken(xs: Sequence[float], ys: Sequence[float], logs: Sequence[PhaseLogs]) -> tuple[list[float], list[float]]:
     """The series with a NaN at each phase boundary, so a line does not join two phases."""
-    bounds = [p.offset + 0.5 for p in logs[1:]]
-    out_x: list[float] = []
-    out_y: list[float] = []
-    for x, y in zip(xs, ys, strict=True):
-        if out_x and any(out_x[-1] < b < x for b in bounds):
-            out_x.append(math.nan)
-            out_y.append(math.nan)
-        out_x.append(x)
-        out_y.append(y)
-    return out_x, out_y
+    bounds, out = [p.offset + 0.5 for p in logs[1:]], []
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        if i and any(xs[i - 1] < b < x for b in bounds):
+            out.append((math.nan, math.nan))
+        out.append((x, y))
+    return [p[0] for p in out], [p[1] for p in out]
 
 
 def _phase_lines(ax: Any, logs: Sequence[PhaseLogs], color: str = "grey") -> None:
@@ -101,27 +91,36 @@ def _mark_divergence(ax: Any, logs: Sequence[PhaseLogs], xs: Sequence[int], ys: 
     return div is not None
 
 
-def plot_reward_components(run: RunFolder, path: str | Path, *, dpi: int = 120) -> Path:
-    """Total reward and each reward function's mean (``rewards/<name>/mean``) per training step."""
+def _line_plot(run: RunFolder, path: str | Path, labels: dict[str, str], *, title: str, ylabel: str,
+               limit: float | None = None, dpi: int = 120) -> Path:
+    """The training log's ``labels`` keys (the first drawn widest) against step, a red X at the first
+    divergence, a dashed limit line when given."""
     logs = run.phase_logs()
     rows = [r for p in logs for r in p.train]
     fig, axes = _figure()
     ax = axes[0][0]
-    keys = ["reward"] + sorted({k for r in rows for k in r if k.startswith("rewards/") and k.endswith("/mean")})
-    drawn = [k for k in keys if _series(rows, k)[0]]
+    drawn = [k for k in labels if _series(rows, k)[0]]
     for i, key in enumerate(drawn):
         ax.plot(*_broken(*_series(rows, key), logs), color=f"C{i}", linestyle=("-", "--", "-.", ":")[i % 4],
-                linewidth=2.2 if key == "reward" else 1.4,
-                label="total (weighted sum)" if key == "reward" else key.split("/")[1])
+                linewidth=2.2 if i == 0 and len(drawn) > 1 else 1.4, label=labels[key])
+    if drawn and limit is not None:
+        ax.axhline(limit, color="red", linestyle="--", linewidth=1, label=f"limit {limit:g}")
     div = divergence(logs) or {}
-    _mark_divergence(ax, logs, *_series(rows, "reward"), label=f"first {div.get('key')} = {div.get('value')}")
+    _mark_divergence(ax, logs, *_series(rows, next(iter(labels))), label=f"first {div.get('key')} = {div.get('value')}")
     _phase_lines(ax, logs)
-    ax.set(xlabel=_STEP, ylabel="reward (training batch mean)", title=f"Reward components: {run.path.name}")
+    ax.set(xlabel=_STEP, ylabel=ylabel, title=f"{title}: {run.path.name}")
     if drawn:
         ax.legend(fontsize=8)
     else:
-        _no_data(ax, "no reward logged")
+        _no_data(ax, f"no {ylabel} logged")
     return _save(fig, path, dpi)
+
+
+def plot_reward_components(run: RunFolder, path: str | Path, *, dpi: int = 120) -> Path:
+    """Total reward and each reward function's mean (``rewards/<name>/mean``) per training step."""
+    keys = sorted({k for p in run.phase_logs() for r in p.train for k in r if k.startswith("rewards/") and k.endswith("/mean")})
+    return _line_plot(run, path, {"reward": "total (weighted sum)", **{k: k.split("/")[1] for k in keys}},
+                      title="Reward components", ylabel="reward", dpi=dpi)
 
 
 def kl_guard_limit(run: RunFolder) -> float | None:
@@ -138,21 +137,7 @@ def kl_guard_limit(run: RunFolder) -> float | None:
 
 def plot_kl(run: RunFolder, path: str | Path, *, kl_limit: float | None = None, dpi: int = 120) -> Path:
     """Logged KL per training step, with a limit line at ``kl_limit`` when given."""
-    logs = run.phase_logs()
-    xs, ys = _series([r for p in logs for r in p.train], "kl")
-    fig, axes = _figure()
-    ax = axes[0][0]
-    if xs:
-        ax.plot(*_broken(xs, ys, logs), color="C0", label="KL (policy vs reference)")
-        if kl_limit is not None:
-            ax.axhline(kl_limit, color="red", linestyle="--", linewidth=1, label=f"limit {kl_limit:g}")
-        ax.legend(fontsize=8)
-    else:
-        _no_data(ax, "no KL logged")
-    _mark_divergence(ax, logs, xs, ys)
-    _phase_lines(ax, logs)
-    ax.set(xlabel=_STEP, ylabel="KL", title=f"KL: {run.path.name}")
-    return _save(fig, path, dpi)
+    return _line_plot(run, path, {"kl": "KL (policy vs reference)"}, title="KL", ylabel="KL", limit=kl_limit, dpi=dpi)
 
 
 def plot_hack_monitors(run: RunFolder, path: str | Path, *, dpi: int = 120) -> Path:
@@ -416,9 +401,9 @@ def ablation_figures(ablation_dir: str | Path, out_dir: str | Path | None = None
         raise InputError("no ablation_*.json table: run the ablation (or --table-only) first", path=ablation_dir)
     table = json.loads(path.read_text(encoding="utf-8"))
     figs = {"table": plot_table(table, out_dir / f"{path.stem}.png", dpi=dpi)}
-    if table["kind"] == "strategies":
-        runs = [(r["label"], read_run(r["folder"])) for r in table["runs"]]
+    if table["kind"] == "strategies":  # the runs that trained GRPO phases
+        runs = [(r["label"], run) for r in table["runs"] if (run := read_run(r["folder"])).phases]
         figs["training_dynamics"] = plot_training_dynamics(
-            [(label, run) for label, run in runs if run.phases], out_dir / "training_dynamics.png",
-            title=f"Training dynamics: {table['name']}", dpi=dpi)
+            runs, out_dir / "training_dynamics.png", title=f"Training dynamics: {table['name']} (Match F1 and accuracy)",
+            dpi=dpi)
     return figs

@@ -1,10 +1,9 @@
 """The ablation tables' numbers from a run's training logs (docs/method.md section 7).
 
-Inputs are rows of ``<phase>/scored_completions.jsonl`` (one per completion a reward function scored:
+Inputs: rows of ``<phase>/scored_completions.jsonl`` (one per completion a reward function scored:
 ``reward``, ``correct``, ``match_f1``, ...) and training rows of ``<phase>/log.jsonl`` (``loss``,
-``grad_norm``, ``reward``, ``kl``, ``rewards/<name>/mean``, ...; non-finite values logged as the strings
-``"nan"`` / ``"inf"`` / ``"-inf"``). A statistic undefined on its rows is ``None`` with the reason in
-words, never 0.
+``grad_norm``, ``reward``, ``kl``, ``rewards/<name>/mean``, ...; non-finite values logged as ``"nan"``,
+``"inf"``, ``"-inf"``). A statistic undefined on its rows is ``None`` with the reason in words, never 0.
 """
 
 from __future__ import annotations
@@ -19,34 +18,31 @@ __all__ = ["as_number", "discrimination", "first_nonfinite", "kl_max", "reward_f
 
 #: Log keys whose NaN / infinite value marks a diverged run (plus every key starting ``rewards/``).
 NONFINITE_KEYS = ("loss", "grad_norm", "kl", "reward", "reward_std")
-#: Divergence-guard conditions (cpr.training.guards) that mark a run unstable (``zero_std`` does not).
-UNSTABLE_GUARD_CONDITIONS = ("nan", "kl")
 
 
 def as_number(value: Any) -> float | None:
     """A logged value as a float (``"nan"``, ``"inf"``, ``"-inf"`` included); ``None`` for anything else."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    if isinstance(value, str) and value.strip().lower() in ("nan", "inf", "-inf", "infinity", "-infinity"):
-        return float(value.strip().lower())
-    return None
+    text = value.strip().lower() if isinstance(value, str) else None
+    return float(text) if text in ("nan", "inf", "-inf", "infinity", "-infinity") else None
+
+
+def _finite(row: Mapping[str, Any], key: str) -> float | None:
+    v = as_number(row.get(key))
+    return v if v is not None and math.isfinite(v) else None
 
 
 def _values(rows: Sequence[Mapping[str, Any]], keys: tuple[str, ...]) -> list[list[float]]:
-    """Each row's ``keys`` as finite floats. Raises InputError naming the row and key otherwise."""
-    out = []
+    """Each row's ``keys`` as finite floats; InputError naming the row and key otherwise."""
     for i, row in enumerate(rows):
-        for key in keys:
-            if key not in row:
-                raise InputError(f"scored completion row {i} has no {key!r} (keys: {sorted(row)})", field=key)
-        vals = [as_number(row[k]) for k in keys]
-        if any(v is None or not math.isfinite(v) for v in vals):
+        if any(k not in row for k in keys):
+            key = next(k for k in keys if k not in row)
+            raise InputError(f"scored completion row {i} has no {key!r} (keys: {sorted(row)})", field=key)
+        if any(_finite(row, k) is None for k in keys):
             raise InputError(f"scored completion row {i} has " + ", ".join(f"{k} {row[k]!r}" for k in keys),
                              field=keys[0])
-        out.append(vals)
-    return out
+    return [[_finite(row, k) for k in keys] for row in rows]
 
 
 def discrimination(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -80,33 +76,24 @@ def reward_f1_correlation(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Pearson correlation of each completion's reward with its step Match F1 (``scipy.stats.pearsonr``).
 
     Returns:
-        ``{"r", "p_value", "n", "reason"}``; ``r`` and ``p_value`` are ``None`` (with ``reason``) for
-        fewer than two completions or constant rewards or F1 values.
-
-    Raises:
-        InputError: a row without ``reward`` / ``match_f1`` or with a non-finite value.
+        ``{"r", "p_value", "n", "reason"}``; ``r`` and ``p_value`` are ``None`` (with ``reason``) for fewer
+        than two completions or constant rewards or F1 values. Raises InputError as :func:`discrimination`.
     """
     pairs = _values(rows, ("reward", "match_f1"))
     rewards, f1s = [p[0] for p in pairs], [p[1] for p in pairs]
-    n = len(pairs)
     reason = None
-    if n < 2:
-        reason = f"{n} scored completion(s): a correlation needs at least 2"
+    if len(pairs) < 2:
+        reason = f"{len(pairs)} scored completion(s): a correlation needs at least 2"
     elif min(rewards) == max(rewards):
         reason = f"every reward equals {rewards[0]:g}: the correlation is undefined"
     elif min(f1s) == max(f1s):
         reason = f"every Match F1 equals {f1s[0]:g}: the correlation is undefined"
     if reason is not None:
-        return {"r": None, "p_value": None, "n": n, "reason": reason}
+        return {"r": None, "p_value": None, "n": len(pairs), "reason": reason}
     from scipy.stats import pearsonr
 
     result = pearsonr(rewards, f1s)
-    return {"r": float(result.statistic), "p_value": float(result.pvalue), "n": n, "reason": None}
-
-
-def _finite(row: Mapping[str, Any], key: str) -> float | None:
-    v = as_number(row.get(key))
-    return v if v is not None and math.isfinite(v) else None
+    return {"r": float(result.statistic), "p_value": float(result.pvalue), "n": len(pairs), "reason": None}
 
 
 def kl_max(train_rows: Iterable[Mapping[str, Any]], *, step_key: str = "step") -> dict[str, Any]:
@@ -129,23 +116,19 @@ def first_nonfinite(train_rows: Iterable[Mapping[str, Any]], *, step_key: str = 
 
 def stability(train_rows: Sequence[Mapping[str, Any]], kl_limit: float | None, *, step_key: str = "step",
               guard_events: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """The stability flag: unstable when a logged loss, grad norm, KL or reward is NaN or infinite,
-    a logged KL exceeds ``kl_limit`` (a project choice; ``None``: no limit), or a divergence guard
-    recorded a ``nan`` or ``kl`` event (a NaN it skipped or stopped at may never reach the log).
+    """The stability flag: unstable when a logged loss, grad norm, KL or reward is NaN or infinite, a
+    logged KL exceeds ``kl_limit`` (a project choice; ``None``: no limit), or a divergence guard recorded
+    a ``nan`` or ``kl`` event (a NaN it skipped or stopped at may never reach the log; ``zero_std`` counts not).
 
     Returns:
         ``{"stable", "reason", "nonfinite", "kl_over": {"step", "value"} | None, "guard"}``; ``reason``
         names the first non-finite value, the first KL over the limit and / or the first guard event.
     """
     bad = first_nonfinite(train_rows, step_key=step_key)
-    over = None
-    if kl_limit is not None:
-        over = next(({"step": r.get(step_key), "value": v} for r in train_rows
-                     if (v := _finite(r, "kl")) is not None and v > kl_limit), None)
-    guard = next((dict(e) for e in guard_events if e.get("condition") in UNSTABLE_GUARD_CONDITIONS), None)
-    reasons = []
-    if bad is not None:
-        reasons.append(f"{bad['key']} = {bad['value']} at step {bad['step']}")
+    over = next(({"step": r.get(step_key), "value": v} for r in train_rows
+                 if kl_limit is not None and (v := _finite(r, "kl")) is not None and v > kl_limit), None)
+    guard = next((dict(e) for e in guard_events if e.get("condition") in ("nan", "kl")), None)
+    reasons = [f"{bad['key']} = {bad['value']} at step {bad['step']}"] if bad else []
     if over is not None:
         reasons.append(f"KL {over['value']:.3g} > {kl_limit:g} at step {over['step']}")
     if guard is not None:

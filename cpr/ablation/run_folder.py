@@ -1,10 +1,10 @@
-"""Read a run folder (what :func:`cpr.training.runner.run_experiment` writes): status, config, the
-phases' logs on one global step axis, and the final evaluation's metrics. Never loads a model or torch.
+"""Read a run folder (what :func:`cpr.training.runner.run_experiment` writes): status, config, the phases'
+logs on one global step axis, the final evaluation's metrics. Never loads a model or torch.
 
-Status: ``finished`` or ``diverged`` (a divergence guard with action ``stop`` ended it), as
-``summary.json`` says; ``unfinished`` (a ``config.yaml``, ``summary.json`` or ``run.log`` but neither
-of those: running, failed or killed); ``not started``. A resumed phase's logs need no de-duplication:
-the runner cuts them back to the checkpoint it resumes from (:func:`cpr.training.logs.rollback_logs`).
+Status: ``finished`` or ``diverged`` (a divergence guard stopped it), as ``summary.json`` says;
+``unfinished`` (a ``config.yaml``, ``summary.json`` or ``run.log``, but neither of those: running, failed
+or killed); ``not started``. A resumed phase's logs hold each step once: the runner cuts them back to the
+checkpoint it resumes from (:func:`cpr.training.logs.rollback_logs`).
 """
 
 from __future__ import annotations
@@ -26,18 +26,10 @@ FINISHED, DIVERGED, UNFINISHED, NOT_STARTED = "finished", "diverged", "unfinishe
 
 @dataclass
 class PhaseLogs:
-    """The logs of one phase, each row with ``global_step`` (``offset`` + its step).
-
-    Attributes:
-        name: the phase (its folder).
-        offset: the steps of the earlier phases of the run.
-        train: training rows of ``log.jsonl`` (those with ``loss`` or ``reward``).
-        scored: rows of ``scored_completions*.jsonl`` (every rank); ``global_step`` is ``offset + step + 1``:
-            a row's ``step`` is the trainer's step while it was scored, one less than the step it trains.
-        eval_history: the eval hook's ``eval_history.jsonl`` (accuracy in percent).
-        guard_events: ``guard_events.jsonl`` (:class:`cpr.training.guards.GuardEvent` rows).
-        last_step: ``phase_done.json``'s ``steps``, else the last logged step, else 0.
-    """
+    """One phase's rows, each with ``global_step`` = ``offset`` (the earlier phases' steps) + its step:
+    ``train`` (``log.jsonl`` rows with ``loss`` or ``reward``), ``scored`` (``scored_completions*.jsonl``
+    of every rank; + 1: a row's step is the one before the step it trains), ``eval_history`` (the eval
+    hook's, accuracy in percent), ``guard_events``; ``last_step`` from ``phase_done.json``, else the log."""
 
     name: str
     offset: int
@@ -61,8 +53,7 @@ def _global(rows: list[dict[str, Any]], offset: int, shift: int = 0) -> list[dic
 
 @dataclass
 class RunFolder:
-    """A run folder read by :func:`read_run`: ``status`` (module docstring), ``summary.json`` and
-    ``config.yaml`` (``None`` when absent)."""
+    """A run folder (:func:`read_run`): ``status``, ``summary.json`` and ``config.yaml`` (``None``: absent)."""
 
     path: Path
     status: str
@@ -75,12 +66,8 @@ class RunFolder:
         return [str(p) for p in (self.config or {}).get("phases") or []]
 
     def phase_logs(self, names: Sequence[str] | None = None) -> list[PhaseLogs]:
-        """The logs of the run's phases (all, or those in ``names``) in training order; phase k starts
-        where phase k-1 ended. Phases that have not started give empty logs.
-
-        Raises:
-            InputError: a malformed log file (file and line named).
-        """
+        """The logs of the run's phases (all, or those in ``names``) in order; phase k starts where phase
+        k-1 ended, one not started gives empty logs. Raises InputError naming a malformed file and line."""
         from cpr.training.logs import read_log
 
         out, offset = [], 0
@@ -100,11 +87,8 @@ class RunFolder:
         return out
 
     def eval_metrics(self, split: str, benchmark: str = "crystal") -> dict[str, Any] | None:
-        """``metrics.json`` of the final evaluation on ``split`` for ``benchmark`` (``None``: not written).
-
-        Raises:
-            ConfigError: an unknown split. InputError: a malformed ``metrics.json``.
-        """
+        """``metrics.json`` of the final evaluation on ``split`` for ``benchmark`` (``None``: not written);
+        ConfigError for an unknown split, InputError for a malformed file."""
         from cpr.training.evaluate import final_eval_dir
 
         return _read_json(final_eval_dir(self.path, split) / benchmark / "metrics.json")
@@ -121,11 +105,7 @@ class RunFolder:
 
 
 def read_run(path: str | Path) -> RunFolder:
-    """Read a run folder's status, ``summary.json`` and ``config.yaml`` (logs are read on demand).
-
-    Raises:
-        InputError: a malformed ``summary.json`` or ``config.yaml``.
-    """
+    """Read a run folder's status, ``summary.json`` and ``config.yaml`` (InputError: malformed); logs on demand."""
     path = Path(path)
     summary = _read_json(path / "summary.json")
     config = None

@@ -1,21 +1,15 @@
-"""The LoRA fine-tuning baseline of the M3CoT paper (``recipes/sft_lora.py``).
+"""The LoRA fine-tuning baseline of the M3CoT paper (``recipes/sft_lora.py``): an experiment that trains no
+GRPO phase, only its ``warm_start`` section (TRL's ``SFTTrainer`` on the reference steps and answer in the
+output JSON format, :mod:`cpr.training.warm_start`), then scores the adapter like every GRPO run. Any
+experiment config serves (its phases are left out); the adapter lands in ``<output_dir>/warm_start/adapter``.
 
-The baseline is an ordinary experiment that trains no GRPO phase: its ``warm_start`` section (TRL's
-``SFTTrainer`` on the training records' reference steps and answer in the output JSON format,
-:mod:`cpr.training.warm_start`) gives the settings, and the final evaluation scores the adapter like
-every GRPO run (same columns). :func:`load_sft_config` adds ``phases=[]`` and ``warm_start.enabled=true``
-to the overrides, so any experiment config serves (its GRPO sections are left out). The adapter lands
-in ``<output_dir>/warm_start/adapter``; a GRPO phase can start from it (``phase_settings.<phase>.init_adapter``).
-
-The M3CoT baseline (arXiv 2405.16473) uses a batch size of 2, 4 or 8, a learning rate in [1e-6, 8e-5]
-and at most 512 tokens; :func:`check_m3cot_ranges` compares the settings with these (the batch counted
-as ``per_device_train_batch_size x gradient_accumulation_steps x processes``).
+The M3CoT baseline (arXiv 2405.16473) uses a batch of 2, 4 or 8 (``per_device_train_batch_size x
+gradient_accumulation_steps x processes``), a learning rate in [1e-6, 8e-5] and 512 tokens at most.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,15 +26,8 @@ SFT_OVERRIDES = ("phases=[]", "warm_start.enabled=true")
 
 
 def check_m3cot_ranges(settings: Any, *, mode: str = "error", world_size: int = 1) -> list[str]:
-    """Compare :class:`cpr.training.sft.SFTSettings` with the M3CoT baseline's ranges.
-
-    Returns:
-        One message per setting outside the ranges (``mode="warn"`` logs each).
-
-    Raises:
-        ConfigError: ``mode="error"`` and a setting is outside (field ``warm_start.<key>``), or a mode
-            other than ``error`` / ``warn``.
-    """
+    """Compare :class:`cpr.training.sft.SFTSettings` with the M3CoT baseline's ranges: one message per
+    setting outside them (``mode="warn"`` logs each; ``"error"`` raises ConfigError naming ``warm_start.<key>``)."""
     if mode not in ("error", "warn"):
         raise ConfigError(f"must be error or warn, got {mode!r}", field="--ranges")
     s, (low, high) = settings, M3COT_LEARNING_RATES
@@ -63,22 +50,14 @@ def check_m3cot_ranges(settings: Any, *, mode: str = "error", world_size: int = 
 
 
 def load_sft_config(path: str | Path, overrides: Sequence[str] = ()) -> Any:
-    """The experiment config of an SFT baseline: ``path`` with ``overrides``, no GRPO phase, the warm start on.
-
-    Raises:
-        ConfigError: as :func:`cpr.training.config.load_config`.
-    """
+    """The experiment config of an SFT baseline: ``path`` with ``overrides``, no GRPO phase, the warm start on."""
     from cpr.training.config import load_config
 
     return load_config(path, [*overrides, *SFT_OVERRIDES])
 
 
 def run_sft_baseline(cfg: Any, *, ranges: str = "error", resume: bool = False, overwrite: bool = False) -> dict:
-    """Check the M3CoT ranges, then train and score the baseline (:func:`cpr.training.runner.run_experiment`).
-
-    Returns:
-        The run's summary. Raises: ConfigError: settings outside the ranges with ``ranges="error"``.
-    """
+    """Check the M3CoT ranges (:func:`check_m3cot_ranges`), then train and score the baseline; the summary."""
     from cpr.training.config import num_processes
     from cpr.training.runner import run_experiment
     from cpr.training.warm_start import warm_start_settings
@@ -96,14 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set warm_start.learning_rate=5e-5 (repeatable)")
     parser.add_argument("--output-dir", help="shortcut for --set output_dir=...")
-    parser.add_argument("--ranges", default="error", help="error | warn: settings outside the M3CoT ranges")
+    parser.add_argument("--ranges", default="error", choices=["error", "warn"], help="settings outside the M3CoT ranges")
     parser.add_argument("--resume", action="store_true", help="reuse a trained adapter and a partial evaluation")
     parser.add_argument("--overwrite", action="store_true", help="delete a previous run in output_dir first")
 
-    def run(args: argparse.Namespace) -> int:
-        cfg = load_sft_config(args.config, [*args.overrides, *([f"output_dir={args.output_dir}"] if args.output_dir else [])])
-        summary = run_sft_baseline(cfg, ranges=args.ranges, resume=args.resume, overwrite=args.overwrite)
-        print(json.dumps({k: summary.get(k) for k in ("run_name", "final_adapter", "final_eval", "wall_time_s")}, indent=1))
-        return 0
+    def run(args: argparse.Namespace) -> None:  # run_experiment prints the summary
+        overrides = [*args.overrides, *([f"output_dir={args.output_dir}"] if args.output_dir else [])]
+        run_sft_baseline(load_sft_config(args.config, overrides), ranges=args.ranges, resume=args.resume,
+                         overwrite=args.overwrite)
 
     return run_command("sft_lora", run, parser.parse_args(argv))

@@ -3,25 +3,23 @@
 An ablation file (``recipes/configs/ablation_*.yaml``, ``reproduce_*.yaml``; :class:`Ablation`)::
 
     kind: weights                 # the table: weights (paper Table 6) or strategies (Table 5, Figure 5)
-    name: reward_weights          # table title; run X is called <name>-X
+    name: reward_weights          # table title; run X is called <name>-X, in <output_dir>/X
     base_config: recipes/configs/qwen2_5_vl_3b_cpr_curriculum.yaml
-    output_dir: outputs/ablation_weights         # run X goes to <output_dir>/X
+    output_dir: outputs/ablation_weights
     launcher: python              # what --list puts before a recipe (e.g. accelerate launch ...)
-    seeds: [1, 2, 3]              # runs training GRPO phases run once per seed: X-s<seed>, seed=<seed>
+    seeds: [1, 2, 3]              # runs without phases: [] run once per seed: X-s<seed> with seed=<seed>
     set: {phases: [cpr]}          # overrides of every run (dotted keys, YAML values, as --set)
-    table: {split: validation, kl_limit: 2.0, phases: [cpr]}    # Table
-    runs:                         # in order; each: name, label, recipe (cpr_curriculum | sft_lora), set
+    table: {split: validation, kl_limit: 2.0, phases: [cpr]}
+    runs:                         # in order; recipe: cpr_curriculum (default) or sft_lora
       - {name: phase1, set: {phases: [answer_only]}}
       - {name: aw0.65_sw0.35, label: 0.65/0.35, set: {phase_settings.cpr.init_adapter: "@phase1"}}
 
-Each run is ``recipes/<recipe>.py --config <base_config> --set <the ablation's set> --set <the run's set>``
-with ``output_dir`` and ``run_name`` set, executed in this process
-(:func:`cpr.training.runner.run_experiment`; ``sft_lora``: :func:`cpr.ablation.sft_baseline.run_sft_baseline`).
-A value ``"@X"`` stands for the adapter run X ended with (``summary.json``'s ``final_adapter``), so a
-shared warm start or phase 1 is an earlier run. ``phases: []`` trains no GRPO phase: the run scores its
-warm-start adapter (``warm_start.enabled``) or the model as loaded. A finished or diverged run is
-skipped (its ``config.yaml`` must match), an unfinished one continues with ``--resume``. The table and
-figures (:mod:`cpr.ablation.tables`) are built from whatever the run folders hold.
+Run X is ``recipes/<recipe>.py --config <base_config> --set <set> --set <X's set>`` (plus ``output_dir``
+and ``run_name``), executed in this process by :func:`cpr.training.runner.run_experiment` (``sft_lora``:
+:func:`cpr.ablation.sft_baseline.run_sft_baseline`). ``"@X"`` stands for the adapter run X ended with
+(its ``summary.json``'s ``final_adapter``), so a shared warm start or phase 1 is an earlier run;
+``phases: []`` scores the warm start (``warm_start.enabled``) or the model as loaded. A finished or
+diverged run is skipped (its ``config.yaml`` must match), an unfinished one continues with ``--resume``.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ import argparse
 import json
 import logging
 import shlex
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,8 +91,7 @@ class Ablation(_Strict):
 
 @dataclass
 class Planned:
-    """One run of :func:`plan`: ``pairs`` are its overrides in order, ``group`` the row its seeds share,
-    ``trains`` whether it trains GRPO phases."""
+    """A run of :func:`plan`: ``pairs`` are its overrides in order, ``group`` the table row its seeds share."""
 
     name: str
     label: str
@@ -101,19 +99,19 @@ class Planned:
     recipe: str
     pairs: list[tuple[str, Any]]
     seed: int | None
-    trains: bool
 
 
 def load_ablation(path: str | Path) -> Ablation:
     """Read and check an ablation file (``base_config``: relative to the working directory, else to the file).
 
     Raises:
-        ConfigError: invalid YAML, an unknown key or a bad value (file and dotted key named), a run name
-            or seed listed twice, an ``"@X"`` that names no earlier run, or a missing ``base_config``.
-        FileNotFoundError: ``path`` does not exist.
+        ConfigError: no such file, invalid YAML, an unknown key or a bad value (file and dotted key named), a
+            run name or seed listed twice, an ``"@X"`` that names no earlier run, or a missing ``base_config``.
     """
     from cpr.training.config import read_yaml
 
+    if not Path(path).is_file():
+        raise ConfigError("no such file", path=str(path))
     data = read_yaml(path) or {}
     try:
         ab = Ablation.model_validate(data)
@@ -141,15 +139,14 @@ def load_ablation(path: str | Path) -> Ablation:
 
 
 def plan(ab: Ablation) -> list[Planned]:
-    """Every run of ``ab`` in order, runs that train GRPO phases once per seed (module docstring)."""
+    """Every run of ``ab`` in order, once per seed unless its overrides say ``phases: []``."""
     out = []
     for run in ab.runs:
-        trains = {**ab.set, **run.set}.get("phases") != []
-        for seed in ab.seeds if trains and ab.seeds else [None]:
+        for seed in ab.seeds if ab.seeds and {**ab.set, **run.set}.get("phases") != [] else [None]:
             name = run.name if seed is None else f"{run.name}-s{seed}"
             pairs = [*ab.set.items(), *run.set.items(), *([("seed", seed)] if seed is not None else []),
                      ("output_dir", str(Path(ab.output_dir) / name)), ("run_name", f"{ab.name}-{name}")]
-            out.append(Planned(name, run.label or run.name, run.name, run.recipe, pairs, seed, trains))
+            out.append(Planned(name, run.label or run.name, run.name, run.recipe, pairs, seed))
     return out
 
 
@@ -159,14 +156,8 @@ def _yaml(value: Any) -> str:
 
 
 def overrides(ab: Ablation, run: Planned, *, strict: bool = True) -> list[str]:
-    """The run's ``key=value`` overrides, each ``"@X"`` replaced by run X's final adapter.
-
-    Args:
-        strict: an ``"@X"`` whose run has not finished raises; otherwise the override is left out.
-
-    Raises:
-        ConfigError: (``strict``) run X has not finished.
-    """
+    """The run's ``key=value`` overrides, each ``"@X"`` replaced by run X's final adapter. Raises
+    ConfigError when run X has not finished (``strict``; else that override is left out)."""
     out = []
     for key, value in run.pairs:
         if isinstance(value, str) and value.startswith("@"):
@@ -182,11 +173,8 @@ def overrides(ab: Ablation, run: Planned, *, strict: bool = True) -> list[str]:
 
 
 def run_config(ab: Ablation, run: Planned, *, strict: bool = True) -> Any:
-    """The validated experiment config of a run (``strict``: as :func:`overrides`).
-
-    Raises:
-        ConfigError: an invalid value (the run, the file, the override and the dotted key named).
-    """
+    """The validated experiment config of a run (``strict``: as :func:`overrides`); a ConfigError names
+    the run, the file, the override and the dotted key."""
     from cpr.ablation.sft_baseline import load_sft_config
     from cpr.training.config import load_config
 
@@ -233,10 +221,8 @@ def _select(runs: list[Planned], only: Sequence[str]) -> list[Planned]:
 
 
 def run_ablation(ab: Ablation, *, only: Sequence[str] = (), resume: bool = False, table_only: bool = False) -> dict:
-    """Run the ablation's runs (or those in ``only``), then write the table and figures.
-
-    Every selected run's config is built and checked before anything trains (a run starting from an
-    unfinished run's adapter is checked without that ``init_adapter``).
+    """Run the ablation's runs (or those in ``only``; every config checked before anything trains, one
+    starting from an unfinished run without that ``init_adapter``), then write the table and figures.
 
     Returns:
         ``{"ran", "skipped", "diverged": [names], "statuses": {name: status}, "outputs": {what: path}}``.
@@ -268,9 +254,8 @@ def run_ablation(ab: Ablation, *, only: Sequence[str] = (), resume: bool = False
 
 
 def commands(ab: Ablation, only: Sequence[str] = ()) -> list[str]:
-    """``--list``'s lines: one command per run (those in ``only``, else all) in order, then the one that
-    writes the table. A run that starts from another run's adapter is listed as this tool's ``--only X``
-    (it reads the adapter when it starts); every other run as its recipe with one ``--set`` per override."""
+    """``--list``'s lines: per run (those in ``only``, else all), in order, its recipe with one ``--set`` per
+    override, or this tool's ``--only X`` for a run starting from another's adapter; then ``--table-only``."""
     launcher, config = shlex.split(ab.launcher), ab.path or "ABLATION.yaml"
     lines = ["# runs, in order (one that starts from another run's adapter needs that run finished)"]
     for run in plan(ab):
@@ -285,19 +270,8 @@ def commands(ab: Ablation, only: Sequence[str] = ()) -> list[str]:
             shlex.join(["python", ABLATION_RECIPE, "--config", config, "--table-only"])]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``cpr ablate`` and ``recipes/reward_ablation.py``."""
-    parser.add_argument("--config", required=True, help="ablation YAML (recipes/configs/ablation_*.yaml)")
-    parser.add_argument("--only", action="append", default=[], metavar="NAME",
-                        help="run only this run (repeatable or comma-separated); the table covers every run")
-    parser.add_argument("--resume", action="store_true", help="continue unfinished runs from their last checkpoint")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--list", action="store_true", help="print one command line per run and exit")
-    mode.add_argument("--table-only", action="store_true", help="build the table and figures from what has finished")
-
-
 def run(args: argparse.Namespace) -> int:
-    """Run the ablation the parsed arguments describe; exit code 0."""
+    """``cpr ablate`` / ``recipes/reward_ablation.py``: run the ablation the parsed arguments describe."""
     ab = load_ablation(args.config)
     only = [n.strip() for v in args.only for n in v.split(",") if n.strip()]
     if args.list:
@@ -313,17 +287,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
-    """Add ``cpr ablate`` to the ``cpr`` command line."""
+    """Add ``cpr ablate`` (also ``recipes/reward_ablation.py``) to the ``cpr`` command line."""
     p = subparsers.add_parser("ablate", help="run an ablation (a list of override sets), build its table and figures",
                               description=__doc__.split("\n\n")[0])
-    add_arguments(p)
+    p.add_argument("--config", required=True, help="ablation YAML (recipes/configs/ablation_*.yaml)")
+    p.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help="run only this run (repeatable or comma-separated); the table covers every run")
+    p.add_argument("--resume", action="store_true", help="continue unfinished runs from their last checkpoint")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--list", action="store_true", help="print one command line per run and exit")
+    mode.add_argument("--table-only", action="store_true", help="build the table and figures from what has finished")
     p.set_defaults(func=run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``recipes/reward_ablation.py``."""
-    from cpr.cli import run_command
+    """``cpr ablate ARGV`` (``recipes/reward_ablation.py``); the exit code."""
+    from cpr.cli import main as cpr_main
 
-    parser = argparse.ArgumentParser(prog="reward_ablation", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    return run_command("reward_ablation", run, parser.parse_args(argv))
+    return cpr_main(["ablate", *(sys.argv[1:] if argv is None else argv)])

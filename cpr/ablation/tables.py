@@ -1,15 +1,12 @@
-"""The ablation tables, read from the run folders (JSON, markdown and a bar figure; plus, for a
-strategy comparison, the training-dynamics figure).
+"""The ablation tables (JSON, markdown), read from the run folders; nothing is re-estimated.
 
-Every number comes from the runs' own files, nothing is re-estimated: Acc (percent), Match F1, P,
-R, ... from the final evaluation on ``table.split`` (``final_eval[/validation]/<benchmark>/metrics.json``);
-Discrimination and r(F1) from every completion ``table.reward_function`` scored during training in
-``table.phases`` (``scored_completions*.jsonl``); KL max and stability from those phases' training logs
-(:mod:`cpr.ablation.metrics`). ``kind: weights`` shows paper Table 6's columns (the paper's row beside
-each run whose cpr weights it reports), ``kind: strategies`` the benchmark's (paper Table 5) columns
-(the paper's Table 4 rows beside them). With ``seeds``, a row is the mean and sample standard
-deviation over its seeds' runs, which are listed below it. A run that has not finished shows its
-status and what it has logged; an undefined statistic shows ``-``, its reason in the JSON.
+Acc (percent), Match F1, P, R, ...: the final evaluation on ``table.split`` (``metrics.json``);
+Discrimination and r(F1): every completion ``table.reward_function`` scored during training in
+``table.phases``; KL max and stability: those phases' training logs (:mod:`cpr.ablation.metrics`).
+``kind: weights`` has paper Table 6's columns (the paper's row beside each run with its cpr weights),
+``strategies`` the benchmark's (Table 5; the paper's Table 4 rows beside them). With ``seeds`` a row is
+the mean and sample standard deviation over its seeds' runs, listed below it. An unfinished run shows
+its status and what it logged; an undefined statistic ``-`` (its reason in the JSON).
 """
 
 from __future__ import annotations
@@ -104,16 +101,10 @@ def _seed_means(rows: list[dict[str, Any]], keys: list[str]) -> list[dict[str, A
 
 
 def build_table(ab: Any, runs: list[Any]) -> dict[str, Any]:
-    """The table of an ablation's planned runs (:func:`cpr.ablation.sweep.plan`; module docstring).
-
-    Returns:
-        ``{"kind", "name", "split", "benchmark", "kl_limit", "reward_function", "phases", "columns",
-        "seeds", "rows", "seed_rows", "paper", "runs"}``; a row holds every column's key, ``status``,
-        ``evaluated``, ``n_eval``, ``n_scored``, ``stable`` / ``stability`` and the ``*_detail`` reasons.
-
-    Raises:
-        InputError: a malformed log, summary, config or metrics file (file named).
-    """
+    """The table of an ablation's planned runs (:func:`cpr.ablation.sweep.plan`): ``{"kind", "name", "split",
+    "benchmark", "kl_limit", "reward_function", "phases", "columns", "seeds", "rows", "seed_rows", "paper",
+    "runs"}``; a row holds each column's key, ``status``, ``evaluated``, ``n_eval``, ``n_scored``, ``stable``,
+    ``stability`` and the ``*_detail`` reasons. Raises InputError naming a malformed file."""
     from cpr.evaluation.benchmarks import get_benchmark
 
     t = ab.table
@@ -202,28 +193,13 @@ def render_markdown(table: dict[str, Any]) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    return [_json_safe(v) for v in obj] if isinstance(obj, (list, tuple)) else obj
-
-
 def write_outputs(ab: Any, runs: list[Any]) -> dict[str, Path]:
-    """Write ``ablation_<kind>.json`` / ``.md`` / ``.png`` (bars of the columns) into the ablation's
-    folder and, for a strategy comparison, ``training_dynamics.png``; return ``{what: path}``."""
-    from cpr.ablation.figures import plot_table, plot_training_dynamics
+    """Write ``ablation_<kind>.json`` / ``.md`` and the figures (:func:`cpr.ablation.figures.ablation_figures`)
+    into the ablation's folder; return ``{what: path}``."""
+    from cpr.ablation.figures import ablation_figures
 
-    out, stem = Path(ab.output_dir), f"ablation_{ab.kind}"
+    stem = Path(ab.output_dir) / f"ablation_{ab.kind}"
     table = build_table(ab, runs)
-    atomic_write_json(out / f"{stem}.json", _json_safe(table))
-    atomic_write_text(out / f"{stem}.md", render_markdown(table))
-    paths = {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md",
-             "table_figure": plot_table(table, out / f"{stem}.png")}
-    if ab.kind == "strategies":
-        trained = [(r["label"], read_run(r["folder"])) for r in table["runs"]]
-        paths["training_dynamics"] = plot_training_dynamics(
-            [(label, run) for label, run in trained if run.phases], out / "training_dynamics.png",
-            title=f"Training dynamics: {ab.name} (Match F1 and accuracy)")
-    return paths
+    atomic_write_json(stem.with_suffix(".json"), table)
+    atomic_write_text(stem.with_suffix(".md"), render_markdown(table))
+    return {"json": stem.with_suffix(".json"), "markdown": stem.with_suffix(".md"), **ablation_figures(ab.output_dir)}
