@@ -7,19 +7,19 @@ An ablation file (``recipes/configs/ablation_*.yaml``, ``reproduce_*.yaml``; :cl
     base_config: recipes/configs/qwen2_5_vl_3b_cpr_curriculum.yaml
     output_dir: outputs/ablation_weights
     launcher: python              # what --list puts before a recipe (e.g. accelerate launch ...)
-    seeds: [1, 2, 3]              # runs without phases: [] run once per seed: X-s<seed> with seed=<seed>
+    seeds: [1, 2, 3]              # runs not set to phases: [] run once per seed: X-s<seed>, seed=<seed>
     set: {phases: [cpr]}          # overrides of every run (dotted keys, YAML values, as --set)
     table: {split: validation, kl_limit: 2.0, phases: [cpr]}
     runs:                         # in order; recipe: cpr_curriculum (default) or sft_lora
       - {name: phase1, set: {phases: [answer_only]}}
       - {name: aw0.65_sw0.35, label: 0.65/0.35, set: {phase_settings.cpr.init_adapter: "@phase1"}}
 
-Run X is ``recipes/<recipe>.py --config <base_config> --set <set> --set <X's set>`` (plus ``output_dir``
-and ``run_name``), executed in this process by :func:`cpr.training.runner.run_experiment` (``sft_lora``:
-:func:`cpr.ablation.sft_baseline.run_sft_baseline`). ``"@X"`` stands for the adapter run X ended with
-(its ``summary.json``'s ``final_adapter``), so a shared warm start or phase 1 is an earlier run;
-``phases: []`` scores the warm start (``warm_start.enabled``) or the model as loaded. A finished or
-diverged run is skipped (its ``config.yaml`` must match), an unfinished one continues with ``--resume``.
+Run X is ``recipes/<recipe>.py --config <base_config> --set <set> --set <X's set>`` (with ``output_dir``
+and ``run_name``), run in this process (:func:`cpr.training.runner.run_experiment`; ``sft_lora``:
+:func:`cpr.ablation.sft_baseline.run_sft_baseline`). ``"@X"`` is the adapter run X ended with (its
+``summary.json``'s ``final_adapter``): a shared warm start or phase 1 is an earlier run. ``phases: []``
+scores the warm start (``warm_start.enabled``) or the model as loaded. A finished or diverged run is
+skipped (its ``config.yaml`` must match), an unfinished one continues with ``--resume``.
 """
 
 from __future__ import annotations
@@ -61,10 +61,9 @@ class Run(_Strict):
 
 
 class Table(_Strict):
-    """The table: the final evaluation on ``split`` of ``benchmark``; Discrimination and r(F1) over the
-    completions ``reward_function`` scored in ``phases`` (``None``: every phase), whose logs also give KL
-    max and stability (a logged KL above ``kl_limit`` is unstable; ``None``: no limit); ``paper``: the
-    paper's rows beside ours."""
+    """The final evaluation on ``split`` of ``benchmark``; Discrimination, r(F1), KL max and stability from
+    ``phases`` (``None``: all), scored by ``reward_function``; KL above ``kl_limit`` is unstable (``None``:
+    no limit); ``paper``: the paper's rows beside ours (:mod:`cpr.ablation.tables`)."""
 
     split: Literal["validation", "test"] = "test"
     benchmark: Literal["crystal", "m3cot"] = "crystal"
@@ -75,7 +74,7 @@ class Table(_Strict):
 
 
 class Ablation(_Strict):
-    """An ablation file (module docstring); build it with :func:`load_ablation`."""
+    """An ablation file (module docstring), read by :func:`load_ablation`."""
 
     kind: Literal["weights", "strategies"]
     name: str = "ablation"
@@ -106,20 +105,19 @@ def load_ablation(path: str | Path) -> Ablation:
 
     Raises:
         ConfigError: no such file, invalid YAML, an unknown key or a bad value (file and dotted key named), a
-            run name or seed listed twice, an ``"@X"`` that names no earlier run, or a missing ``base_config``.
+            run name or seed listed twice, an ``"@X"`` that names no earlier run, or no ``base_config`` file.
     """
     from cpr.training.config import read_yaml
 
     if not Path(path).is_file():
         raise ConfigError("no such file", path=str(path))
-    data = read_yaml(path) or {}
     try:
-        ab = Ablation.model_validate(data)
+        ab = Ablation.model_validate(read_yaml(path) or {})
     except ValidationError as e:
         err = e.errors()[0]
         key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
-        message = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        raise ConfigError(message, field=key or None, path=str(path)) from None
+        raise ConfigError("unknown key" if err["type"] == "extra_forbidden" else err["msg"], field=key or None,
+                          path=str(path)) from None
     ab.path, names = str(path), [r.name for r in ab.runs]
     for i, run in enumerate(ab.runs):
         if run.name in names[:i]:
@@ -130,9 +128,8 @@ def load_ablation(path: str | Path) -> Ablation:
                                   field=f"runs[{i}].set.{key}", path=str(path))
     if len(set(ab.seeds)) != len(ab.seeds):
         raise ConfigError(f"a seed is listed twice: {ab.seeds}", field="seeds", path=str(path))
-    base = Path(ab.base_config)
-    if not base.is_file() and (Path(path).parent / base).is_file():
-        ab.base_config = str(Path(path).parent / base)
+    if not Path(ab.base_config).is_file() and (Path(path).parent / ab.base_config).is_file():
+        ab.base_config = str(Path(path).parent / ab.base_config)
     if not Path(ab.base_config).is_file():
         raise ConfigError(f"experiment config not found: {ab.base_config}", field="base_config", path=str(path))
     return ab
@@ -150,25 +147,20 @@ def plan(ab: Ablation) -> list[Planned]:
     return out
 
 
-def _yaml(value: Any) -> str:
-    text = yaml.safe_dump(value, default_flow_style=True, width=10**9, sort_keys=False).strip()
-    return text.removesuffix("...").strip()
-
-
 def overrides(ab: Ablation, run: Planned, *, strict: bool = True) -> list[str]:
-    """The run's ``key=value`` overrides, each ``"@X"`` replaced by run X's final adapter. Raises
-    ConfigError when run X has not finished (``strict``; else that override is left out)."""
+    """The run's ``key=value`` overrides (values as one-line YAML), each ``"@X"`` replaced by run X's final
+    adapter. Raises ConfigError when run X has not finished (``strict``; else that override is left out)."""
     out = []
     for key, value in run.pairs:
         if isinstance(value, str) and value.startswith("@"):
-            adapter = read_run(Path(ab.output_dir) / value[1:]).final_adapter
-            if adapter is None and strict:
+            value = read_run(Path(ab.output_dir) / value[1:]).final_adapter or value
+            if value.startswith("@") and strict:
                 raise ConfigError(f"run {run.name!r} starts from run {value[1:]!r}'s adapter, and that run has not "
                                   f"finished: run it first (--only {value[1:]})", field=key)
-            if adapter is None:
+            if value.startswith("@"):
                 continue
-            value = adapter
-        out.append(f"{key}={_yaml(value)}")
+        text = yaml.safe_dump(value, default_flow_style=True, width=10**9, sort_keys=False).strip()
+        out.append(f"{key}={text.removesuffix('...').strip()}")
     return out
 
 
@@ -190,8 +182,7 @@ def _execute(ab: Ablation, run: Planned, resume: bool) -> str:
     from cpr.training.guards import TrainingDivergedError
     from cpr.training.runner import check_resumed_config, run_experiment
 
-    folder = read_run(Path(ab.output_dir) / run.name)
-    cfg = run_config(ab, run)
+    folder, cfg = read_run(Path(ab.output_dir) / run.name), run_config(ab, run)
     if folder.status in (FINISHED, DIVERGED):
         try:
             check_resumed_config(folder.path, cfg)
@@ -202,10 +193,7 @@ def _execute(ab: Ablation, run: Planned, resume: bool) -> str:
         return "skipped"
     logger.info("run %s: starting -> %s", run.name, folder.path)
     try:
-        if run.recipe == "sft_lora":
-            run_sft_baseline(cfg, resume=resume)
-        else:
-            run_experiment(cfg, resume=resume)
+        (run_sft_baseline if run.recipe == "sft_lora" else run_experiment)(cfg, resume=resume)
     except TrainingDivergedError as e:  # a result of the comparison; summary.json says diverged
         logger.warning("run %s: %s", run.name, e)
         return "diverged"
@@ -213,10 +201,9 @@ def _execute(ab: Ablation, run: Planned, resume: bool) -> str:
 
 
 def _select(runs: list[Planned], only: Sequence[str]) -> list[Planned]:
-    names = [r.name for r in runs]
     for name in only:
-        if name not in names:
-            raise ConfigError(f"no run named {name!r}; runs: {', '.join(names)}", field="--only")
+        if name not in [r.name for r in runs]:
+            raise ConfigError(f"no run named {name!r}; runs: {', '.join(r.name for r in runs)}", field="--only")
     return [r for r in runs if not only or r.name in only]
 
 
@@ -235,18 +222,17 @@ def run_ablation(ab: Ablation, *, only: Sequence[str] = (), resume: bool = False
     from cpr.distributed import process_state
     from cpr.training.logs import close_run_log, open_run_log
 
-    runs = plan(ab)
+    runs, state = plan(ab), process_state()
     selected = _select(runs, only)
-    main_process = process_state().is_main_process
-    handler = open_run_log(ab.output_dir, "ablation.log", write=main_process)
+    handler = open_run_log(ab.output_dir, "ablation.log", write=state.is_main_process)
     done: dict[str, list[str]] = {"ran": [], "skipped": [], "diverged": []}
     try:
-        if not table_only:
-            for run in selected:
-                run_config(ab, run, strict=False)
-            for run in selected:
-                done[_execute(ab, run, resume)].append(run.name)
-        outputs = write_outputs(ab, runs) if main_process else {}
+        for run in [] if table_only else selected:
+            run_config(ab, run, strict=False)
+        for run in [] if table_only else selected:
+            done[_execute(ab, run, resume)].append(run.name)
+            state.wait_for_everyone()  # the main process has written the run's summary.json
+        outputs = write_outputs(ab, runs) if state.is_main_process else {}
     finally:
         close_run_log(handler)
     return {**done, "statuses": {r.name: read_run(Path(ab.output_dir) / r.name).status for r in runs},
@@ -258,9 +244,7 @@ def commands(ab: Ablation, only: Sequence[str] = ()) -> list[str]:
     override, or this tool's ``--only X`` for a run starting from another's adapter; then ``--table-only``."""
     launcher, config = shlex.split(ab.launcher), ab.path or "ABLATION.yaml"
     lines = ["# runs, in order (one that starts from another run's adapter needs that run finished)"]
-    for run in plan(ab):
-        if only and run.name not in only:
-            continue
+    for run in _select(plan(ab), only):
         if any(isinstance(v, str) and v.startswith("@") for _, v in run.pairs):
             lines.append(shlex.join([*launcher, ABLATION_RECIPE, "--config", config, "--only", run.name]))
         else:

@@ -327,7 +327,7 @@ def _failed_without_output(out: Path) -> bool:
 
 def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) -> bool:
     """Refuse a previous run in ``out`` before a fresh run starts, or tell the caller to replace it
-    (used by :func:`run_experiment` and :func:`cpr.ablation.sft_baseline.run_sft_baseline`).
+    (used by :func:`run_experiment`).
 
     Nothing is deleted here: with ``overwrite`` (or a folder holding only a run that failed before
     training) the caller first runs :func:`check_before_training`, then :func:`delete_previous_run`,
