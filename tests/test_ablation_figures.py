@@ -129,9 +129,10 @@ def test_bucket_mix_from_scored_completion_ids(tmp_path):
 def test_bucket_mix_from_checkpoints(tmp_path):
     folder = _two_phase_run(tmp_path / "r")
     for step, mix in ((2, {"easy": 1.0, "medium": 0.0, "hard": 0.0}), (3, {"easy": 0.5, "medium": 0.5, "hard": 0.0})):
-        path = folder / "cpr" / f"checkpoint-{step}" / "curriculum_state.json"
+        path = folder / "cpr" / f"checkpoint-{step}" / "trainer_state.json"
         path.parent.mkdir(parents=True)
-        path.write_text(json.dumps({"position": {"bucket_mix": mix}}))
+        state = {"attributes": {"curriculum_state": {"position": {"bucket_mix": mix}}}}
+        path.write_text(json.dumps({"stateful_callbacks": {"CurriculumStateCallback": state}}))
     mix = figures.bucket_mix_from_checkpoints(read_run(folder))
     assert [(m["global_step"], m["shares"]["easy"]) for m in mix] == [(6, 1.0), (7, 0.5)]
     _png_ok(figures.plot_bucket_mix(mix, tmp_path / "mix.png", source="checkpoints"))

@@ -22,11 +22,9 @@ from transformers import TrainerState
 from trl.trainer.utils import RepeatSampler
 
 from cpr.curriculum import (
-    STATE_FILE_NAME,
     CurriculumConfig,
     CurriculumSampler,
     CurriculumStateCallback,
-    find_curriculum_sampler,
     total_generation_batches,
 )
 from cpr.errors import ConfigError, InputError
@@ -442,9 +440,8 @@ def test_callback_tracks_epoch_writes_and_verifies_state(tmp_path: Path):
     kw = dict(batch_size=4, mini=2, repeat=2, total=25)
     sampler = _sampler(diffs, **kw)
     loader = _prepared_loader(sampler, len(diffs), 8)  # 10 generation batches x 2 repeats per epoch
-    assert find_curriculum_sampler(skip_first_batches(loader, 2)) is sampler
     args = SimpleNamespace(gradient_accumulation_steps=4, output_dir=str(tmp_path), should_save=True)
-    cb = CurriculumStateCallback()
+    cb = CurriculumStateCallback(SimpleNamespace(curriculum_sampler=sampler))
     # 20 micro-batches, GA 4 -> 5 optimizer steps per epoch; step 6 is epoch 1 after 1 step (4 micro-batches).
     assert len(loader) == 20
     state = TrainerState(global_step=6)
@@ -459,26 +456,20 @@ def test_callback_tracks_epoch_writes_and_verifies_state(tmp_path: Path):
         "training_fraction": 12 / 25,
         "bucket_mix": sampler.bucket_mix(12),
     }
-    (tmp_path / "checkpoint-6").mkdir()
-    cb.on_save(args, state, None)
-    assert json.loads((tmp_path / "checkpoint-6" / STATE_FILE_NAME).read_text()) == saved
-
-    # Resumed run: the state comes back through trainer_state.json's stateful_callbacks.
+    # A checkpoint keeps it in trainer_state.json (transformers' ExportableState) and a resumed run gets it back.
+    TrainerState(global_step=6, stateful_callbacks=[cb]).save_to_json(str(tmp_path / "trainer_state.json"))
+    loaded = TrainerState.load_from_json(str(tmp_path / "trainer_state.json"))
+    assert loaded.stateful_callbacks["CurriculumStateCallback"]["attributes"]["curriculum_state"] == saved
     resumed = _sampler(diffs, **kw)
-    loaded = TrainerState(global_step=6, stateful_callbacks={"CurriculumStateCallback": cb.state()})
-    CurriculumStateCallback().on_train_begin(
-        args, loaded, None, train_dataloader=_prepared_loader(resumed, 40, 8)
-    )
+    CurriculumStateCallback(SimpleNamespace(curriculum_sampler=resumed)).on_train_begin(args, loaded, None)
     assert resumed.epoch == 1
 
     other = _sampler(diffs, **{**kw, "seed": 9})
     with pytest.raises(ConfigError, match="curriculum_state.seed"):
-        CurriculumStateCallback().on_train_begin(
-            args, loaded, None, train_dataloader=_prepared_loader(other, 40, 8)
-        )
+        CurriculumStateCallback(SimpleNamespace(curriculum_sampler=other)).on_train_begin(args, loaded, None)
     empty = TrainerState(global_step=6, stateful_callbacks={})
     with pytest.raises(ConfigError, match="from a checkpoint without curriculum state"):
-        CurriculumStateCallback().on_train_begin(args, empty, None, train_dataloader=loader)
+        CurriculumStateCallback(SimpleNamespace(curriculum_sampler=sampler)).on_train_begin(args, empty, None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -547,7 +538,7 @@ def test_trainer_follows_staged_order_and_resumes(tmp_path: Path):
         trainer.train(resume_from_checkpoint=resume)
         return trainer, seen
 
-    with pytest.raises(ConfigError, match="field 'max_steps': must be > 0 with the 'staged' curriculum"):
+    with pytest.raises(ConfigError, match="field 'max_steps': must be a positive integer to size the curriculum"):
         run(-1, None, num_train_epochs=1)
     with pytest.raises(ConfigError, match="field 'shuffle_dataset': must be True with a curriculum"):
         run(5, None, shuffle_dataset=False)
@@ -561,7 +552,8 @@ def test_trainer_follows_staged_order_and_resumes(tmp_path: Path):
     # Fractions 0, 0.2 < 0.3: easy only; 0.4: easy+medium; 0.6, 0.8: everything.
     assert all(p.startswith("easy") for b in seen[:2] for p in b)
     assert not any(p.startswith("hard") for p in seen[2])
-    saved = json.loads((tmp_path / "checkpoint-4" / STATE_FILE_NAME).read_text())
+    saved = json.loads((tmp_path / "checkpoint-4" / "trainer_state.json").read_text())
+    saved = saved["stateful_callbacks"]["CurriculumStateCallback"]["attributes"]["curriculum_state"]
     assert saved["position"]["epoch"] == 1 and saved["position"]["generation_batch"] == 4
     assert saved["fingerprint"] == s.fingerprint()
 

@@ -2,8 +2,8 @@
 injected into a real GRPO run of the tiny model on CPU (2-4 optimizer steps each).
 
 Injected conditions: a custom reward function returning NaN at one step (registered in the test),
-a loss made NaN at one step (patched ``GRPOTrainer._compute_loss``), a gradient norm reported as
-Inf (patched ``Trainer._get_grad_norm``), the real KL above a tiny limit, and a constant reward
+a loss made NaN at one step (patched ``GRPOTrainer._compute_loss``), a gradient entry made Inf after
+clipping (patched ``Accelerator.clip_grad_norm_``), the real KL above a tiny limit, and a constant reward
 (every group has zero reward std).
 """
 
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import tiny_run_config
-from transformers import TrainerControl
+from transformers import TrainerControl, TrainerState
 
 from cpr.errors import ConfigError
 from cpr.training.config import (
@@ -100,19 +100,19 @@ def _guard(cfg: GuardsConfig, tmp_path: Path):
     return guard, trainer, p, opt, state, args
 
 
-def _step(guard, trainer, p, opt, state, args, *, kl=None, frac=None, loss=0.5, grad_norm=1.0, rewards=None):
-    """One optimizer step as the trainer drives the guard; returns (control, whether grad survived)."""
+def _step(guard, trainer, p, opt, state, args, *, kl=None, frac=None, loss=0.5, grad=1.0, rewards=None):
+    """One optimizer step as the trainer drives the guard (``rewards``: rows of the reward functions r0 and r1;
+    ``grad``: every gradient entry); returns (control, whether grad survived)."""
     control = TrainerControl()
     guard.on_step_begin(args, state, control)
-    if rewards is not None:
-        guard.observe_rewards(torch.tensor(rewards), ["r0", "r1"])
+    for j, name in enumerate(["r0", "r1"] if rewards is not None else []):
+        guard.observe_rewards(name, [row[j] for row in rewards])
     if kl is not None:
         trainer._metrics["train"]["kl"].append(kl)
     if frac is not None:
         trainer._metrics["train"]["frac_reward_zero_std"].append(frac)
     guard.observe_loss(torch.tensor(loss))
-    p.grad = torch.ones(3)
-    guard.observe_grad_norm(torch.tensor(grad_norm))
+    p.grad = torch.full((3,), grad)
     guard.on_pre_optimizer_step(args, state, control, optimizer=opt)
     kept = p.grad is not None
     state.global_step += 1
@@ -166,7 +166,7 @@ def test_nan_stop_marks_the_checkpoint_and_the_state_round_trips(tmp_path):
     g, tr, p, opt, state, args = _guard(GuardsConfig(), tmp_path)
     control, kept = _step(g, tr, p, opt, state, args)
     assert kept and not control.should_training_stop
-    control, kept = _step(g, tr, p, opt, state, args, loss=float("inf"), grad_norm=float("nan"),
+    control, kept = _step(g, tr, p, opt, state, args, loss=float("inf"), grad=float("nan"),
                           rewards=[[0.1, float("nan")], [0.2, 0.3]])
     assert not kept
     assert control.should_save and control.should_training_stop
@@ -178,23 +178,22 @@ def test_nan_stop_marks_the_checkpoint_and_the_state_round_trips(tmp_path):
     marker = json.loads((folder / "diverged.json").read_text())
     assert marker["condition"] == "nan" and marker["step"] == 2 and marker["action"] == "stop"
     assert marker["values"] == {"rewards": {"r1": 1}, "loss": "inf", "grad_norm": "nan"}
-    saved = json.loads((folder / "guard_state.json").read_text())
+    # the counters go into the checkpoint's trainer_state.json (ExportableState) and come back on resume
+    TrainerState(global_step=2, stateful_callbacks=[g]).save_to_json(str(folder / "trainer_state.json"))
     g2 = DivergenceGuard(GuardsConfig())
-    g2.load_state_dict(saved)
+    g2.on_train_begin(args, TrainerState.load_from_json(str(folder / "trainer_state.json")), control)
     assert g2.state_dict() == g.state_dict()
     assert g2.counts["nan"] == {"steps": 1, "skipped": 0}
 
 
 def test_a_none_reward_is_not_a_nan(tmp_path):
-    # TRL turns a reward function's None into NaN; the function's none_count says how many of a
-    # column's NaNs are such "no reward" values, and only the rest are non-finite rewards.
+    # TRL turns a reward function's None (no reward for that completion) into NaN; the guard sees the
+    # function's own output, so only a NaN the function returned counts as a non-finite reward.
     g, tr, p, opt, state, args = _guard(GuardsConfig(), tmp_path)
-    control = TrainerControl()
-    g.on_step_begin(args, state, control)
-    g.observe_rewards(torch.tensor([[0.1, math.nan], [0.2, math.nan], [0.3, 0.4]]), ["r0", "r1"], [0, 2])
-    assert g._nonfinite_reasons()[0] == []
-    g.observe_rewards(torch.tensor([[0.1, math.nan], [0.2, math.nan]]), ["r0", "r1"], [0, 1])
-    assert g._nonfinite_reasons()[0] == ["reward r1 (1 of the batch)"]
+    control, kept = _step(g, tr, p, opt, state, args, rewards=[[0.1, None], [0.2, None], [0.3, 0.4]])
+    assert kept and g.events == [] and not control.should_training_stop
+    control, kept = _step(g, tr, p, opt, state, args, rewards=[[0.1, math.nan], [0.2, None]])
+    assert [e.reason for e in g.events] == ["non-finite reward r1 (1 of the batch)"]
 
 
 def test_skip_step_is_refused_where_it_cannot_drop_an_update():
@@ -386,18 +385,22 @@ def test_nan_loss_skip_step_drops_exactly_that_update(tmp_path, monkeypatch, one
 
 @pytest.mark.slow
 def test_inf_grad_norm_warns_and_keeps_training(tmp_path, monkeypatch, caplog, one_thread):
-    import transformers
+    from accelerate import Accelerator
 
     from cpr.training.runner import run_experiment
 
     _register(monkeypatch)
-    real = transformers.Trainer._get_grad_norm
+    real, clipped = Accelerator.clip_grad_norm_, []
 
-    def inf_at_step2(self, model, grad_norm=None):
-        value = real(self, model, grad_norm=grad_norm)
-        return float("inf") if self.state.global_step == 1 else value
+    def inf_at_step2(self, parameters, max_norm, norm_type=2):
+        parameters = list(parameters)
+        norm = real(self, parameters, max_norm, norm_type)
+        clipped.append(norm)
+        if len(clipped) == 2:  # the second optimizer step: one gradient entry overflows after clipping
+            next(p for p in parameters if p.grad is not None).grad.view(-1)[0] = float("inf")
+        return norm
 
-    monkeypatch.setattr(transformers.Trainer, "_get_grad_norm", inf_at_step2)
+    monkeypatch.setattr(Accelerator, "clip_grad_norm_", inf_at_step2)
     cfg = config_from_dict(_config(tmp_path, ["length"], steps=2, guards={"action": "warn"}))
     with caplog.at_level(logging.WARNING, logger="cpr.training.guards"):
         summary = run_experiment(cfg)

@@ -165,7 +165,8 @@ def test_two_phases_qwen(tmp_path, samples_dir, record_loads, one_thread):
     _check_base_unchanged(loaded)
 
     # curriculum state saved with phase 2's checkpoints; final evaluation written
-    assert (out / "cpr" / "checkpoint-2" / "curriculum_state.json").is_file()
+    state = json.loads((out / "cpr" / "checkpoint-2" / "trainer_state.json").read_text())["stateful_callbacks"]
+    assert state["CurriculumStateCallback"]["attributes"]["curriculum_state"]["position"]["generation_batch"] == 2
     metrics = json.loads((out / "final_eval" / "crystal" / "metrics.json").read_text())
     assert metrics["overall"]["n"] == 2 and metrics["split"] == "test"
     saved = json.loads((out / "summary.json").read_text())

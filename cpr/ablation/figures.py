@@ -5,7 +5,7 @@ Per run: reward components, KL, step Match F1 against accuracy, the hack monitor
 and the training dynamics of a strategy comparison (paper Figure 5). x axes: global training steps
 across the phases (dotted lines: phase boundaries); a red ``X``: the first non-finite value (:func:`divergence`).
 The bucket mix counts the difficulty of the records behind the completions scored at each step (what the
-policy trained on; a project choice), else the scheduled mix of the checkpoints' ``curriculum_state.json``.
+policy trained on; a project choice), else the scheduled mix the checkpoints' ``trainer_state.json`` saved.
 """
 
 from __future__ import annotations
@@ -246,16 +246,18 @@ def bucket_mix_from_completions(run: RunFolder, difficulty: Mapping[str, str]) -
 
 
 def bucket_mix_from_checkpoints(run: RunFolder) -> list[dict[str, Any]]:
-    """The sampler's scheduled bucket weights of each checkpoint's ``curriculum_state.json``
-    (``position.bucket_mix``): ``{"global_step", "phase", "shares"}`` rows in step order."""
+    """The sampler's scheduled bucket weights of each checkpoint (``trainer_state.json``'s
+    ``CurriculumStateCallback`` state, ``position.bucket_mix``): ``{"global_step", "phase", "shares"}`` rows."""
     from cpr.training.checkpoints import checkpoint_step, checkpoints_of
 
     out = []
     for p in run.phase_logs():
         for ckpt in checkpoints_of(run.path / p.name):
-            path = ckpt / "curriculum_state.json"
-            if path.is_file():
-                mix = (json.loads(path.read_text(encoding="utf-8")).get("position") or {}).get("bucket_mix")
+            path = ckpt / "trainer_state.json"
+            saved = json.loads(path.read_text(encoding="utf-8")).get("stateful_callbacks", {}) if path.is_file() else {}
+            state = ((saved.get("CurriculumStateCallback") or {}).get("attributes") or {}).get("curriculum_state")
+            if state is not None:
+                mix = (state.get("position") or {}).get("bucket_mix")
                 if not isinstance(mix, dict):
                     raise InputError("no position.bucket_mix", path=path, field="position.bucket_mix")
                 out.append({"global_step": p.offset + checkpoint_step(ckpt), "phase": p.name, "shares": dict(mix)})

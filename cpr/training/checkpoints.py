@@ -1,18 +1,7 @@
-"""The checkpoints of a GRPO phase: which are whole, which one a resumed run continues from.
-
-A phase folder holds TRL's ``checkpoint-N`` folders (N = optimizer step). The runner writes
-:data:`COMPLETE_MARKER` into a checkpoint once every process saved and every callback wrote its
-files (:class:`cpr.training.guards.CheckpointCompleteCallback`); a divergence guard that stops a
-phase writes :data:`DIVERGED_MARKER` into the checkpoint it saved at the stop. Every checkpoint
-holds the guard's counters in :data:`GUARD_STATE_FILE`.
-
-Resume (:func:`prepare_resume`): a phase continues from its last *complete*, not diverged
-checkpoint (:func:`last_checkpoint`); the phase's JSON lines logs are cut back to that
-checkpoint's step (:func:`cpr.training.logs.rollback_logs`) and the later checkpoint folders
-(incomplete or diverged) are renamed ``abandoned-checkpoint-N-<time>``, so the resumed run never
-mixes with the lost interval. A checkpoint that falls inside a generation batch also holds TRL's
-buffered generation batch (:data:`GENERATION_BUFFER_FILE`, written by
-:class:`cpr.training.guards.GenerationStateCallback`), so it resumes exactly.
+"""A GRPO phase's ``checkpoint-N`` folders (N = optimizer step): the state cpr adds, which are whole, which one a
+resume continues from. The state of cpr's callbacks (curriculum position, guard counters, TRL's position in a
+generation batch) goes into the checkpoint's ``trainer_state.json`` through transformers' ``ExportableState``
+(:class:`CheckpointState`); only TRL's buffered generation batch, tensors, is a file (:data:`GENERATION_BUFFER_FILE`).
 """
 
 from __future__ import annotations
@@ -25,23 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
 from cpr.errors import ConfigError
+from cpr.io import atomic_write_json
 
 logger = logging.getLogger("cpr.training")
-
-__all__ = [
-    "COMPLETE_MARKER",
-    "DIVERGED_MARKER",
-    "GENERATION_BUFFER_FILE",
-    "GUARD_STATE_FILE",
-    "adapter_folder",
-    "checkpoint_status",
-    "checkpoint_step",
-    "checkpoints_of",
-    "has_curriculum_state",
-    "last_checkpoint",
-    "prepare_resume",
-]
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -49,18 +29,17 @@ _CKPT = re.compile(r"^checkpoint-(\d+)$")
 COMPLETE_MARKER = "checkpoint_complete.json"
 #: Written into the checkpoint a divergence guard stopped at (the reason, as a GuardEvent).
 DIVERGED_MARKER = "diverged.json"
-#: The divergence guard's counters, in every checkpoint.
-GUARD_STATE_FILE = "guard_state.json"
 #: A process's buffered generation batch, in a checkpoint that falls inside one ({rank}: process index).
 GENERATION_BUFFER_FILE = "generation_buffer.rank{rank}.pt"
 
 
-def checkpoint_step(ckpt: str | Path) -> int:
-    """The optimizer step N of a ``checkpoint-N`` folder.
+def checkpoint_folder(args: Any, state: Any) -> Path:
+    """``<output_dir>/checkpoint-<global_step>``: the checkpoint a trainer saves at this step."""
+    return Path(args.output_dir) / f"checkpoint-{state.global_step}"
 
-    Raises:
-        ValueError: the folder name is not ``checkpoint-<N>``.
-    """
+
+def checkpoint_step(ckpt: str | Path) -> int:
+    """The step N of a ``checkpoint-N`` folder. Raises ``ValueError`` for another name."""
     m = _CKPT.match(Path(ckpt).name)
     if m is None:
         raise ValueError(f"not a checkpoint folder name: {Path(ckpt).name!r}")
@@ -70,83 +49,52 @@ def checkpoint_step(ckpt: str | Path) -> int:
 def checkpoints_of(phase_dir: str | Path) -> list[Path]:
     """``checkpoint-N`` folders of a phase, sorted by step (``[]`` when the folder does not exist)."""
     phase_dir = Path(phase_dir)
-    if not phase_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in phase_dir.iterdir() if (m := _CKPT.match(p.name)) and p.is_dir()]
-    return [p for _, p in sorted(found)]
+    found = [p for p in phase_dir.iterdir() if _CKPT.match(p.name) and p.is_dir()] if phase_dir.is_dir() else []
+    return sorted(found, key=checkpoint_step)
 
 
-def _valid_json(path: Path) -> bool:
+def _trainer_state(ckpt: Path) -> dict[str, Any] | None:
     try:
-        json.loads(path.read_text(encoding="utf-8"))
+        return json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return True
+        return None
 
 
 def checkpoint_status(ckpt: str | Path) -> str:
-    """``"complete"``, ``"diverged"`` or ``"incomplete"``.
-
-    A checkpoint is complete when it holds :data:`COMPLETE_MARKER` (written last, after every
-    process saved). Checkpoints of runs made before the marker existed (no checkpoint of the
-    phase has one) count as complete when their ``trainer_state.json`` (which transformers
-    writes after the weights, optimizer, scheduler and RNG states) parses. A complete checkpoint
-    holding :data:`DIVERGED_MARKER` is ``"diverged"``.
-    """
+    """``"complete"`` (holds :data:`COMPLETE_MARKER`; in a phase saved before the marker existed: its
+    ``trainer_state.json``, written last by transformers, parses), ``"diverged"`` (complete, with
+    :data:`DIVERGED_MARKER`) or ``"incomplete"`` (transformers writes in place: a kill while saving)."""
     ckpt = Path(ckpt)
-    if (ckpt / COMPLETE_MARKER).is_file():
-        complete = True
-    else:
-        siblings_marked = any((c / COMPLETE_MARKER).is_file() for c in checkpoints_of(ckpt.parent))
-        complete = not siblings_marked and _valid_json(ckpt / "trainer_state.json")
+    unmarked_phase = not any((c / COMPLETE_MARKER).is_file() for c in checkpoints_of(ckpt.parent))
+    complete = (ckpt / COMPLETE_MARKER).is_file() or (unmarked_phase and _trainer_state(ckpt) is not None)
     if not complete:
         return "incomplete"
     return "diverged" if (ckpt / DIVERGED_MARKER).is_file() else "complete"
 
 
 def last_checkpoint(phase_dir: str | Path) -> Path | None:
-    """The latest complete checkpoint that is not marked diverged (see :func:`checkpoint_status`), or ``None``."""
-    for ckpt in reversed(checkpoints_of(phase_dir)):
-        if checkpoint_status(ckpt) == "complete":
-            return ckpt
-    return None
+    """The latest checkpoint whose :func:`checkpoint_status` is ``"complete"``, or ``None``."""
+    return next((c for c in reversed(checkpoints_of(phase_dir)) if checkpoint_status(c) == "complete"), None)
 
 
 def has_curriculum_state(ckpt: Path) -> bool:
     """Whether a checkpoint's ``trainer_state.json`` holds the curriculum sampler's state
     (:class:`cpr.curriculum.CurriculumStateCallback`); ``False`` when it is missing or unreadable."""
-    try:
-        saved = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return "CurriculumStateCallback" in (saved.get("stateful_callbacks") or {})
+    return "CurriculumStateCallback" in ((_trainer_state(ckpt) or {}).get("stateful_callbacks") or {})
 
 
 def adapter_folder(path: Path, *, field: str = "init_adapter") -> Path:
-    """``path`` itself when it holds a LoRA adapter (a checkpoint holds it at its top level: TRL
-    saves PEFT adapters there).
-
-    Raises:
-        ConfigError: no ``adapter_config.json`` in ``path``, naming ``field`` (the setting or step
-            that gave the folder).
-    """
+    """``path`` when it holds a LoRA adapter (as a checkpoint does), else a :class:`ConfigError` naming ``field``."""
     if (Path(path) / "adapter_config.json").is_file():
         return Path(path)
     raise ConfigError(f"no LoRA adapter (adapter_config.json) in {path}", field=field)
 
 
 def prepare_resume(phase_dir: Path, resume: bool, state: Any) -> Path | None:
-    """The checkpoint a resumed phase continues from (module docstring); cut the phase's logs back
-    to it and set aside the checkpoints after it (incomplete or diverged) as
-    ``abandoned-checkpoint-N-<time>``.
-
-    Args:
-        phase_dir: the phase folder.
-        resume: whether the run resumes (``False``: nothing is done, ``None`` returned).
-        state: ``accelerate.PartialState`` (only the main process moves files; all wait).
-
-    Returns:
-        :func:`last_checkpoint` of the phase, or ``None`` (no resume, or nothing to resume from).
+    """The checkpoint a resumed phase continues from (:func:`last_checkpoint`; ``None`` without ``resume`` or
+    a checkpoint). The main process cuts the phase's logs back to its step
+    (:func:`cpr.training.logs.rollback_logs`) and renames later checkpoints (incomplete or diverged)
+    ``abandoned-checkpoint-N-<time>``, so the resumed run never mixes with the lost interval; all processes wait.
     """
     if not resume:
         return None
@@ -155,20 +103,90 @@ def prepare_resume(phase_dir: Path, resume: bool, state: Any) -> Path | None:
     ckpt = last_checkpoint(phase_dir)
     start = checkpoint_step(ckpt) if ckpt is not None else 0
     if state.is_main_process and phase_dir.is_dir():
-        stamp = int(time.time())
         for other in checkpoints_of(phase_dir):
             if checkpoint_step(other) > start:
-                target = phase_dir / f"abandoned-{other.name}-{stamp}"
-                logger.warning(
-                    "phase %s: %s is %s; moved aside to %s",
-                    phase_dir.name,
-                    other.name,
-                    checkpoint_status(other),
-                    target.name,
-                )
+                target = phase_dir / f"abandoned-{other.name}-{int(time.time())}"
+                logger.warning("phase %s: %s is %s; moved aside to %s", phase_dir.name, other.name,
+                               checkpoint_status(other), target.name)
                 os.replace(other, target)
         dropped = {k: v[1] for k, v in rollback_logs(phase_dir, start).items() if v[1]}
         if dropped:
             logger.info("phase %s: dropped log rows written after step %d: %s", phase_dir.name, start, dropped)
     state.wait_for_everyone()
     return ckpt
+
+
+class CheckpointState(TrainerCallback, ExportableState):
+    """A callback whose ``state_dict()`` transformers saves in every checkpoint's ``trainer_state.json``
+    (``ExportableState``: ``stateful_callbacks[<class name>] = {"args": {}, "attributes": state_dict()}``);
+    a resumed run gets it back from :meth:`saved_state` in ``on_train_begin``."""
+
+    def state(self) -> dict[str, Any]:  # noqa: D102
+        return {"args": {}, "attributes": self.state_dict()}
+
+    def saved_state(self, state: Any) -> dict[str, Any] | None:
+        """The attributes the resumed checkpoint saved for this callback (``None``: a fresh run, or a
+        checkpoint saved without it, whose state transformers is then told to save from now on)."""
+        if state.global_step <= 0:
+            return None
+        name = type(self).__name__
+        saved = state.stateful_callbacks.get(name)
+        saved = saved[-1] if isinstance(saved, list) else saved
+        if saved is None:  # transformers' checkpoints update only the states they hold
+            state.stateful_callbacks[name] = self.state()
+        return saved["attributes"] if saved else None
+
+
+class CheckpointCallback(CheckpointState):
+    """Completes each checkpoint of a ``GRPOTrainer`` (add it after every other callback that writes into them).
+
+    TRL generates a generation batch every ``steps_per_generation x num_iterations`` micro-steps (its ``_step``
+    counter) and trains the micro-steps in between on slices of ``_buffered_inputs``; neither is in its
+    checkpoints, so a run resumed inside a generation batch would generate again, from other weights. This
+    callback keeps ``_step`` in the checkpoint's state and, inside a generation batch, each process's buffer
+    (:data:`GENERATION_BUFFER_FILE`), and puts both back on resume. Then, once every process got there, the
+    main process writes :data:`COMPLETE_MARKER` (``{"step", "files", "time"}``).
+
+    Raises:
+        FileNotFoundError: the checkpoint folder is missing when saving; on resume, a checkpoint inside a
+            generation batch without this process's buffer (saved with another number of processes).
+    """
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+        return {"micro_step": int(self.trainer._step)}
+
+    def _buffer(self, args: Any, state: Any, step: int) -> Path | None:
+        """This process's buffer file when micro-step ``step`` falls inside a generation batch, else ``None``."""
+        if step % (self.trainer.args.steps_per_generation * self.trainer.num_iterations) == 0:
+            return None
+        rank = self.trainer.accelerator.process_index
+        return checkpoint_folder(args, state) / GENERATION_BUFFER_FILE.format(rank=rank)
+
+    def on_save(self, args, state, control, **kwargs):  # noqa: D102
+        path = self._buffer(args, state, self.trainer._step)
+        if path is not None and self.trainer._buffered_inputs is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(self.trainer._buffered_inputs, path.with_suffix(".tmp"))
+            os.replace(path.with_suffix(".tmp"), path)
+        self.trainer.accelerator.wait_for_everyone()
+        folder = checkpoint_folder(args, state)
+        if not args.should_save:
+            return
+        if not folder.is_dir():
+            raise FileNotFoundError(f"checkpoint folder {folder} not found; cannot mark it complete")
+        marker = {"step": state.global_step, "files": sorted(os.listdir(folder)), "time": time.time()}
+        atomic_write_json(folder / COMPLETE_MARKER, marker)
+
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: D102
+        saved = self.saved_state(state)
+        if saved is None:
+            return
+        self.trainer._step = step = int(saved["micro_step"])
+        path = self._buffer(args, state, step)
+        if path is not None:
+            if not path.is_file():
+                raise FileNotFoundError(f"{path} not found: the checkpoint falls inside a generation batch")
+            self.trainer._buffered_inputs = torch.load(path, map_location=self.trainer.accelerator.device)

@@ -1,24 +1,8 @@
-"""Run logs: the run's text log, the trainer's log records as JSON lines, and every scored completion.
+"""Run logs: the text log (``run.log``), the console, trainer log records as JSON lines, scored completions.
 
-* :func:`open_run_log` sends the ``cpr`` loggers' records to the console and to a run folder's
-  text log (``run.log``; the ablation's ``ablation.log``), and Python warnings (the libraries'
-  ``FutureWarning`` s, ...) and every trainer log record to that file only; :func:`close_run_log` ends it.
-* :func:`quiet_console` gives a trainer the console of :class:`ConsoleProgressCallback`: the
-  progress bar and one short line per logged step (:func:`console_line`) instead of transformers'
-  printed dict of every logged value.
-* :class:`JsonlLogCallback` appends each ``Trainer.log`` record (loss, reward, KL, the
-  per-reward means, cpr's ``steps/*`` / ``answer/*`` metrics, ...) to ``<phase>/log.jsonl``.
-* :class:`ScoredCompletionLog` receives, through :func:`cpr.rewards.set_completion_recorder`,
-  one row per completion scored by the ``cpr`` or ``step_f1`` reward (step, reward, correct,
-  Match F1, ...) and appends them to ``<phase>/scored_completions[.rank<N>].jsonl``. The
-  ablation tables compute Discrimination and r(F1) from these rows (paper Table 6).
-* :func:`rollback_logs` cuts a phase's JSON lines logs back to a checkpoint's step when a killed
-  run resumes, so the resumed run's logs equal an uninterrupted run's (no rows of the lost
-  interval, no duplicates).
-
-Both writers append each batch of lines with one ``write`` and fsync it
-(:func:`cpr.io.append_jsonl_many`); a kill leaves at most a truncated last line, which the
-readers drop and the next append removes.
+The JSON lines writers append each batch of lines with one fsync'ed ``write`` (:mod:`cpr.io`): a kill leaves at
+most a truncated last line, which the readers drop; :func:`rollback_logs` cuts a phase's logs back to the
+checkpoint a killed run resumes from, so they equal an uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -33,62 +17,25 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from cpr.io import append_jsonl, append_jsonl_many, read_jsonl, rewrite_jsonl
+from cpr.io import append_jsonl_many, read_jsonl, rewrite_jsonl
 
-__all__ = [
-    "ConsoleLogCallback",
-    "ConsoleProgressCallback",
-    "JsonlLogCallback",
-    "ScoredCompletionLog",
-    "close_run_log",
-    "console_line",
-    "open_run_log",
-    "quiet_console",
-    "read_log",
-    "rollback_logs",
-]
-
-#: Loggers written to the run's log file only, never to the console: Python warnings
-#: (``logging.captureWarnings``) and every trainer log record (:class:`ConsoleProgressCallback`).
+#: Loggers that go to the run's log file only: Python warnings and every trainer log record.
 FILE_ONLY_LOGGERS = ("py.warnings", "cpr.trainer_log")
 logging.getLogger("cpr.trainer_log").propagate = False  # never to the console, run log or not
 
 
 class _StderrHandler(logging.StreamHandler):
-    """A console handler writing to whatever ``sys.stderr`` is at the time (tests and notebooks
-    replace it; a handler holding the old, closed stream would print "Logging error" tracebacks)."""
+    """Writes to whatever ``sys.stderr`` is now (tests and notebooks replace it)."""
 
-    def __init__(self) -> None:
-        super().__init__(sys.stderr)
-
-    @property
-    def stream(self) -> Any:  # type: ignore[override]
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value: Any) -> None:
-        pass
+    stream = property(lambda self: sys.stderr, lambda self, value: None)
 
 
 def open_run_log(folder: str | Path, name: str = "run.log", *, write: bool = True) -> logging.Handler | None:
-    """Log the ``cpr`` loggers' INFO records to the console (standard error, ``[cpr] <message>``;
-    added once per process) and, when ``write``, to ``<folder>/<name>`` (time, level, logger,
-    message; the folder is created).
-
-    Args:
-        folder: the run folder.
-        name: the log file's name.
-        write: write the file (``False`` on processes other than the main one, which then log
-            warnings and errors only, so the console shows each message once).
-
-    With ``write``, Python warnings (``logging.captureWarnings``) and the trainer's log records go to
-    the file only (:data:`FILE_ONLY_LOGGERS`), so the console keeps the progress bar and short lines.
-
-    Returns:
-        The file handler, for :func:`close_run_log`; ``None`` when ``write`` is false.
-    """
+    """Send the ``cpr`` loggers' INFO records to standard error (``[cpr] <message>``) and, with ``write``, to
+    ``<folder>/<name>``, with Python warnings and the trainer's log records (:data:`FILE_ONLY_LOGGERS`, file only);
+    return the file handler for :func:`close_run_log`. Without ``write`` (the other processes of a distributed
+    run) only warnings and errors are logged, as transformers does."""
     root = logging.getLogger("cpr")
-    # other processes of a distributed run log warnings and errors only (as transformers does)
     root.setLevel(logging.INFO if write else logging.WARNING)
     if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in root.handlers):
         console = _StderrHandler()
@@ -96,13 +43,12 @@ def open_run_log(folder: str | Path, name: str = "run.log", *, write: bool = Tru
         root.addHandler(console)
     if not write:
         return None
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(folder / name, encoding="utf-8")
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(Path(folder) / name, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
-    for name in FILE_ONLY_LOGGERS:
-        file_only = logging.getLogger(name)
+    for logger_name in FILE_ONLY_LOGGERS:
+        file_only = logging.getLogger(logger_name)
         file_only.propagate = False
         file_only.setLevel(logging.INFO)
         file_only.addHandler(handler)
@@ -111,8 +57,8 @@ def open_run_log(folder: str | Path, name: str = "run.log", *, write: bool = Tru
 
 
 def close_run_log(handler: logging.Handler | None) -> None:
-    """Stop writing the log file of :func:`open_run_log` (nothing for ``None``); Python warnings go back
-    to standard error once no run log is open."""
+    """Stop writing the file of :func:`open_run_log`; Python warnings go back to standard error once no run
+    log is open."""
     if handler is not None:
         for name in ("cpr", *FILE_ONLY_LOGGERS):
             logging.getLogger(name).removeHandler(handler)
@@ -127,9 +73,8 @@ CONSOLE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "loss", "grad_no
 
 
 def console_line(state: Any, logs: dict[str, Any]) -> str | None:
-    """One short console line for a trainer log record: ``step N/M:`` then the :data:`CONSOLE_KEYS` it
-    holds and the eval hook's ``eval_<benchmark>/accuracy`` and ``/match_f1``, as ``key value`` pairs
-    (4 significant digits); ``None`` when the record holds none of them."""
+    """``step N/M: key value, ...`` for the :data:`CONSOLE_KEYS` and the eval hook's ``eval_*/accuracy`` and
+    ``eval_*/match_f1`` of a log record (floats to 4 significant digits); ``None`` when it holds none."""
     keys = [k for k in CONSOLE_KEYS if k in logs]
     keys += [k for k in logs if k.startswith("eval_") and k.endswith(("/accuracy", "/match_f1"))]
     if not keys:
@@ -139,127 +84,85 @@ def console_line(state: Any, logs: dict[str, Any]) -> str | None:
 
 
 class _ShortLines:
-    """``on_log``: the whole record to ``run.log`` (logger ``cpr.trainer_log``), one short line to the console."""
+    """``on_log``: the whole record to ``run.log`` (logger ``cpr.trainer_log``), :func:`console_line` to the console."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D102
         if not state.is_world_process_zero or not logs:
             return
-        record = {k: _finite(v) for k, v in logs.items()}
-        logging.getLogger("cpr.trainer_log").info("step %d: %s", state.global_step, json.dumps(record))
+        logging.getLogger("cpr.trainer_log").info("step %d: %s", state.global_step, json.dumps(_finite(logs)))
         line = console_line(state, logs)
-        bar = getattr(self, "training_bar", None)
-        if line is not None and bar is not None:
-            bar.write(line)
+        if line is not None and getattr(self, "training_bar", None) is not None:
+            self.training_bar.write(line)
         elif line is not None:
             print(line, flush=True)
 
 
 class ConsoleProgressCallback(_ShortLines, ProgressCallback):
-    """transformers' ``ProgressCallback`` (the progress bar) printing :func:`console_line` above the bar
-    instead of every logged value; the whole record goes to ``run.log`` (and ``log.jsonl``)."""
+    """transformers' progress bar, with :func:`console_line` above it instead of every logged value."""
 
 
 class ConsoleLogCallback(_ShortLines, PrinterCallback):
-    """transformers' ``PrinterCallback`` (``disable_tqdm: true``) printing :func:`console_line` instead
-    of every logged value; the whole record goes to ``run.log`` (and ``log.jsonl``)."""
+    """transformers' ``PrinterCallback`` (``disable_tqdm: true``) printing :func:`console_line` instead."""
 
 
 def quiet_console(trainer: Any) -> None:
-    """Replace a trainer's ``ProgressCallback`` / ``PrinterCallback`` (they print every log record as a
-    dict) with :class:`ConsoleProgressCallback` / :class:`ConsoleLogCallback`."""
+    """Replace a trainer's ``ProgressCallback`` / ``PrinterCallback`` (which print each record as a dict) with
+    :class:`ConsoleProgressCallback` / :class:`ConsoleLogCallback`."""
     for old, new in ((ProgressCallback, ConsoleProgressCallback), (PrinterCallback, ConsoleLogCallback)):
         if trainer.pop_callback(old) is not None:
             trainer.add_callback(new)
 
 
-def _finite(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)  # JSON has no NaN / Inf: "nan", "inf" keep the fact visible
-    return v
+def _finite(row: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no NaN / Inf: they become the strings ``"nan"``, ``"inf"``, ``"-inf"``."""
+    return {k: str(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
 
 
 class JsonlLogCallback(TrainerCallback):
-    """Append every log record of the trainer to a JSON lines file (main process only).
-
-    Each line: ``{"step": global_step, "epoch": ..., <logged keys>}``. NaN and infinite values
-    are written as the strings ``"nan"`` / ``"inf"``. The file is appended to (a resumed run
-    continues it, after :func:`rollback_logs`); each line is written with one ``write`` and fsync'ed.
-    """
+    """Append each trainer log record (main process) to a JSON lines file as ``{"step": global_step, <logged
+    keys>}`` (non-finite values as strings); a resumed run continues the file after :func:`rollback_logs`."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
-            return
-        row = {"step": state.global_step, **{k: _finite(v) for k, v in logs.items()}}
-        append_jsonl(self.path, row)
+    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D102
+        if state.is_world_process_zero and logs:
+            append_jsonl_many(self.path, [_finite({"step": state.global_step, **logs})])
 
 
 class ScoredCompletionLog:
-    """A completion recorder (see :func:`cpr.rewards.set_completion_recorder`) writing JSON lines.
-
-    Args:
-        path: file to append to; with ``rank > 0`` the rank is added to the name, so every
-            process writes its own completions without interleaving.
-        rank: this process's index.
-    """
+    """A completion recorder (:func:`cpr.rewards.set_completion_recorder`) appending its rows to ``path``
+    (``<stem>.rank<N><suffix>`` for ``rank`` > 0, so processes never interleave). The ablation tables compute
+    Discrimination and r(F1) from these rows (paper Table 6)."""
 
     def __init__(self, path: str | Path, rank: int = 0) -> None:
         path = Path(path)
-        if rank:
-            path = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
-        self.path = path
+        self.path = path.with_name(f"{path.stem}.rank{rank}{path.suffix}") if rank else path
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, rows: list[dict[str, Any]]) -> None:
-        append_jsonl_many(self.path, ({k: _finite(v) for k, v in r.items()} for r in rows))
+        append_jsonl_many(self.path, map(_finite, rows))
 
 
 def read_log(path: str | Path) -> list[dict[str, Any]]:
-    """Read a ``log.jsonl`` / ``scored_completions.jsonl`` file (a truncated last line is dropped)."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    return [row for _, row in read_jsonl(path, skip_truncated_tail=True)]
-
-
-#: Phase log files and how their rows relate to a checkpoint at optimizer step N: trainer logs,
-#: eval-hook scores and guard events of step <= N were written before the checkpoint; a scored
-#: completion row carries the global step *before* its optimizer step, so rows of step < N are.
-_ROLLBACK_RULES: tuple[tuple[str, bool], ...] = (
-    ("log.jsonl", True),
-    ("eval_history.jsonl", True),
-    ("guard_events.jsonl", True),
-    ("scored_completions*.jsonl", False),
-)
+    """The rows of a JSON lines log (``[]`` when missing; a truncated last line is dropped)."""
+    return [row for _, row in read_jsonl(path, skip_truncated_tail=True)] if Path(path).exists() else []
 
 
 def rollback_logs(phase_dir: str | Path, step: int) -> dict[str, tuple[int, int]]:
-    """Drop the rows a killed run wrote after the checkpoint at optimizer step ``step``.
-
-    Rewrites (atomically) ``log.jsonl``, ``eval_history.jsonl``, ``guard_events.jsonl`` (rows with
-    ``step <= step``) and ``scored_completions[.rankN].jsonl`` (rows with ``step < step``: their
-    ``step`` is the trainer's global step while the completion was scored, one less than the
-    optimizer step it belongs to) of a phase folder; a truncated last line goes too. ``step = 0``
-    empties them (a phase restarting from scratch). Rows without a numeric ``step`` are kept.
-
-    Returns:
-        ``{file name: (rows kept, rows dropped)}`` for the files that exist.
-
-    Raises:
-        InputError: a malformed line other than the last (from :func:`cpr.io.read_jsonl`).
-    """
-    phase_dir = Path(phase_dir)
+    """Drop the rows a killed run wrote after the checkpoint at optimizer step ``step`` (0: all of them):
+    atomically rewrite ``log.jsonl``, ``eval_history.jsonl`` and ``guard_events.jsonl`` keeping rows with ``step <=
+    step``, and ``scored_completions[.rankN].jsonl`` keeping ``step < step`` (a scored row carries the global step
+    before its optimizer step); rows without a numeric ``step`` stay. Returns ``{file: (kept, dropped)}`` of the
+    files that exist; raises ``InputError`` for a malformed line other than the last."""
     out: dict[str, tuple[int, int]] = {}
-    for pattern, inclusive in _ROLLBACK_RULES:
-        for path in sorted(phase_dir.glob(pattern)):
+    for pattern, last in (("log.jsonl", step), ("eval_history.jsonl", step), ("guard_events.jsonl", step),
+                          ("scored_completions*.jsonl", step - 1)):
+        for path in sorted(Path(phase_dir).glob(pattern)):
 
-            def keep(row: Any, inclusive: bool = inclusive) -> bool:
+            def keep(row: Any, last: int = last) -> bool:
                 s = row.get("step") if isinstance(row, dict) else None
-                if not isinstance(s, (int, float)) or isinstance(s, bool):
-                    return True
-                return s <= step if inclusive else s < step
+                return not isinstance(s, (int, float)) or isinstance(s, bool) or s <= last
 
             out[path.name] = rewrite_jsonl(path, keep)
     return out
