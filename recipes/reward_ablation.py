@@ -1,15 +1,11 @@
-"""Reward-weight ablation (paper Table 6) or strategy comparison (paper Table 5 and Figure 5).
+"""Ablations (paper Tables 5 and 6, Figure 5): runs listed as override sets over one experiment config,
+trained and scored as ordinary runs, then the table and figures (format: cpr/ablation/sweep.py).
 
-One YAML file (recipes/configs/ablation_*.yaml, ``kind: weights | strategies``) lists the runs, each
-an ordinary experiment (a base experiment config plus overrides); this recipe trains them, scores
-them, and writes the table (markdown + JSON) and figures into the ablation's output folder.
-
-    python recipes/reward_ablation.py --config recipes/configs/ablation_weights_demo.yaml      # offline CPU demo
+    python recipes/reward_ablation.py --config recipes/configs/ablation_weights_demo.yaml         # offline CPU demo
     python recipes/reward_ablation.py --config recipes/configs/reproduce_strategies.yaml --resume  # make reproduce
-    python recipes/reward_ablation.py --config recipes/configs/ablation_weights.yaml --list    # one command per run
-    python recipes/reward_ablation.py --config X.yaml --only aw0.65_sw0.35 --resume           # one run, continued
-    python recipes/reward_ablation.py --config X.yaml --evaluate-only                         # score finished runs, table
-    python recipes/reward_ablation.py --config X.yaml --table-only                            # table from what finished
+    python recipes/reward_ablation.py --config recipes/configs/ablation_weights.yaml --list   # one command per run
+    python recipes/reward_ablation.py --config X.yaml --only aw0.65_sw0.35 --resume          # one run, continued
+    python recipes/reward_ablation.py --config X.yaml --table-only                           # table from what finished
 """
 
 import os
@@ -23,6 +19,7 @@ if __name__ == "__main__":
         import tiny_models  # test and demo tooling: the demos' tiny models, built where missing
 
         tiny_models.build_demo_models()
-    from cpr.ablation.cli import main
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from cpr.ablation.sweep import main
 
     sys.exit(main())

@@ -1,11 +1,8 @@
-"""LoRA fine-tuning baseline (the M3CoT paper's): supervised LoRA on the reference steps and answers
-in the output JSON format, then scored on the test split like the GRPO runs.
+"""LoRA fine-tuning baseline (the M3CoT paper's): supervised LoRA on the reference steps and answers in
+the output JSON format (the config's warm_start section, no GRPO phase), scored like the GRPO runs.
 
     python recipes/sft_lora.py --config recipes/configs/sft_lora_demo.yaml          # offline CPU demo
-    python recipes/sft_lora.py --config X.yaml --set sft.learning_rate=5e-5 --resume
-
-The adapter lands in <output_dir>/sft/adapter; a GRPO phase can start from it with
-``phase_settings.<phase>.init_adapter: <output_dir>/sft/adapter``.
+    python recipes/sft_lora.py --config X.yaml --set warm_start.learning_rate=5e-5 --resume
 """
 
 import os
@@ -19,6 +16,7 @@ if __name__ == "__main__":
         import tiny_models  # test and demo tooling: the demos' tiny model, built where missing
 
         tiny_models.build_demo_models()
-    from cpr.ablation.cli import sft_main
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from cpr.ablation.sft_baseline import main
 
-    sys.exit(sft_main())
+    sys.exit(main())

@@ -1,18 +1,17 @@
-"""Ablation configs and plans: the shipped YAML files, the errors, and --list's command lines,
-which must build exactly the configs the ablation runs in-process."""
+"""Ablation files: the shipped YAML files, the errors, --list's command lines (which must build exactly
+the configs the ablation runs in-process), --only, and what a rerun does with existing run folders."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
 import pytest
 import yaml
-from ablation_runs import base_config
+from ablation_runs import base_config, write_run
 
-from cpr.ablation.cli import main
-from cpr.ablation.plan import plan_ablation, validate_run
-from cpr.ablation.spec import ablation_config_from_dict, load_ablation_config
+from cpr.ablation.sweep import load_ablation, main, plan, run_config
 from cpr.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,23 +21,27 @@ SHIPPED = ["ablation_weights.yaml", "ablation_weights_demo.yaml", "ablation_stra
 
 
 def _in_tmp(name: str, tmp_path: Path):
-    """A shipped ablation config with its output folder moved to tmp_path, and a stand-in shared
-    adapter (validation only checks that adapter_config.json exists)."""
+    """A shipped ablation file with its output folder moved to tmp_path."""
     data = yaml.safe_load((CONFIGS / name).read_text())
-    data["output_dir"] = str(tmp_path / "abl")
-    data["base_config"] = str(REPO / data["base_config"])
-    cfg = ablation_config_from_dict(data, config_path=str(CONFIGS / name))
-    if cfg.shared_start.type != "none":
-        (tmp_path / "abl" / "shared_adapter").mkdir(parents=True)
-        (tmp_path / "abl" / "shared_adapter" / "adapter_config.json").write_text("{}")
-    return cfg
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({**data, "output_dir": str(tmp_path / "abl"), "base_config": str(REPO / data["base_config"])}))
+    return path, load_ablation(path)
 
 
-def _parse_recipe(command: str):
-    """What the listed recipe command line would run: its argument parser and config loader."""
+def _finish(folder: Path, adapter_of: str = "adapter") -> str:
+    """A finished run folder whose final adapter is a stand-in (validation only reads adapter_config.json)."""
+    adapter = folder / adapter_of
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    (folder / "summary.json").write_text(json.dumps({"status": "finished", "final_adapter": str(adapter)}))
+    return str(adapter)
+
+
+def _parse_recipe(command: str) -> dict:
+    """What a listed recipe command line would run: its argument parser and config loader."""
     import argparse
 
-    from cpr.ablation.sft_baseline import load_sft_baseline_config
+    from cpr.ablation.sft_baseline import load_sft_config
     from cpr.training.cli import add_arguments, config_from_args
 
     argv = shlex.split(command)
@@ -49,157 +52,144 @@ def _parse_recipe(command: str):
         add_arguments(parser)
         return config_from_args(parser.parse_args(args)).to_dict()
     assert recipe.endswith("sft_lora.py")
-    config = args[args.index("--config") + 1]
     overrides = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
-    return load_sft_baseline_config(config, overrides).to_dict()
+    return load_sft_config(args[args.index("--config") + 1], overrides).to_dict()
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_shipped_configs_list_commands_that_build_the_planned_configs(name, tmp_path, monkeypatch):
+def test_shipped_files_list_commands_that_build_the_runs_configs(name, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
-    cfg = _in_tmp(name, tmp_path)
-    plan = plan_ablation(cfg)
-    assert plan.runs
-    for run in plan.runs:
-        built = validate_run(plan, run)
-        command = plan.command(run)
-        if run.type == "base":
-            assert command.endswith(f"--only {run.name}")
-            continue
-        assert _parse_recipe(command) == built.to_dict(), run.name
+    path, ab = _in_tmp(name, tmp_path)
+    runs = plan(ab)
+    starters = {r.name for r in runs if any(str(v).startswith("@") for _, v in r.pairs)}
+    for run in runs:  # a run that others start from has finished: every listed line is a recipe command
+        if any(str(v) == f"@{run.name}" for r in runs for _, v in r.pairs):
+            _finish(tmp_path / "abl" / run.name)
+    assert main(["--config", str(path), "--list"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
+    assert lines[-1] == f"python recipes/reward_ablation.py --config {path} --table-only"
+    assert len(lines) == len(runs) + 1
+    for run, line in zip(runs, lines, strict=False):
+        if run.name in starters:
+            assert line.endswith(f"recipes/reward_ablation.py --config {path} --only {run.name}")
+        built = run_config(ab, run)
+        assert built.output_dir == str(tmp_path / "abl" / run.name) and built.run_name == f"{ab.name}-{run.name}"
+        if run.name not in starters:
+            assert _parse_recipe(line) == built.to_dict(), run.name
+        # every run scores the table's split itself (its final evaluation)
+        assert built.evaluation.final and ab.table.split in built.evaluation.final_splits, run.name
 
 
-def test_weights_demo_plan(tmp_path, monkeypatch):
+def test_weights_demo_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
-    plan = plan_ablation(_in_tmp("ablation_weights_demo.yaml", tmp_path))
-    assert [r.name for r in plan.runs] == ["aw0.80_sw0.20", "aw0.70_sw0.30", "aw0.65_sw0.35", "aw0.50_sw0.50",
-                                          "aw0.35_sw0.65", "aw0.20_sw0.80"]
-    assert plan.names[0] == "shared_start"
-    for run in plan.runs:
-        exp = validate_run(plan, run)
-        a, s = run.weights
+    _, ab = _in_tmp("ablation_weights_demo.yaml", tmp_path)
+    warm, *runs = plan(ab)
+    assert [r.name for r in runs] == ["aw0.80_sw0.20", "aw0.70_sw0.30", "aw0.65_sw0.35", "aw0.50_sw0.50",
+                                      "aw0.35_sw0.65", "aw0.20_sw0.80"]
+    exp = run_config(ab, warm)
+    assert exp.phases == [] and exp.warm_start.enabled and exp.evaluation.final_splits == ["validation"]
+    with pytest.raises(ConfigError, match=r"run 'aw0.80_sw0.20' starts from run 'warm_start'.s adapter, and that "
+                                          r"run has not finished: run it first \(--only warm_start\)"):
+        run_config(ab, runs[0])
+    adapter = _finish(tmp_path / "abl" / "warm_start", "warm_start/adapter")
+    for run, (a, s) in zip(runs, [(0.8, 0.2), (0.7, 0.3), (0.65, 0.35), (0.5, 0.5), (0.35, 0.65), (0.2, 0.8)], strict=True):
+        exp = run_config(ab, run)
         params = exp.phase("cpr").reward_params["cpr"]
         assert (params["answer_weight"], params["step_weight"], params["wrong_answer_scale"]) == (a, s, 0.3)
         assert exp.phases == ["cpr"] and exp.seed == 42 and not exp.warm_start.enabled
-        assert exp.phase("cpr").init_adapter == str(tmp_path / "abl" / "shared_adapter")
-        assert exp.output_dir == str(tmp_path / "abl" / run.name)
-        assert exp.phase("cpr").training["max_steps"] == 6
-    lines = plan.commands("recipes/configs/ablation_weights_demo.yaml")
-    assert lines[1] == ("python recipes/reward_ablation.py --config recipes/configs/ablation_weights_demo.yaml "
-                        "--only shared_start")
-    assert sum(ln.startswith("python recipes/cpr_curriculum.py --config") for ln in lines) == 6
-    # each run scores the validation split itself (demo.yaml's evaluation.final: false leaves out test)
-    assert all(exp.evaluation.final and exp.evaluation.final_splits == ["validation"]
-               for exp in (validate_run(plan, r) for r in plan.runs))
-    assert lines[-2:] == ["# when they have finished: the table (each run scores the validation split itself)",
-                          "python recipes/reward_ablation.py --config recipes/configs/ablation_weights_demo.yaml "
-                          "--table-only"]
+        assert exp.phase("cpr").init_adapter == adapter and exp.phase("cpr").training["max_steps"] == 6
+        assert exp.evaluation.final_splits == ["validation"]
 
 
-def test_strategy_runs_drop_settings_of_phases_they_do_not_train(tmp_path, monkeypatch):
+def test_strategy_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
-    plan = plan_ablation(_in_tmp("ablation_strategies_demo.yaml", tmp_path))
-    comp = plan.get("composite")
-    exp = validate_run(plan, comp)
-    assert exp.phases == ["composite"] and list(exp.phase_settings) == ["composite"]
-    assert "phase_settings.answer_only.training.max_steps=6" in comp.dropped
-    assert exp.phase("composite").init_adapter == str(tmp_path / "abl" / "shared_adapter")
-    cpr = validate_run(plan, plan.get("cpr"))
-    assert cpr.phase("cpr").curriculum["schedule"] == "none" and cpr.phase("cpr").training["max_steps"] == 6
-    cur = validate_run(plan, plan.get("cpr_curriculum"))
+    _, ab = _in_tmp("ablation_strategies_demo.yaml", tmp_path)
+    adapter = _finish(tmp_path / "abl" / "warm_start")
+    runs = {r.name: run_config(ab, r) for r in plan(ab)}
+    comp = runs["composite"]  # the settings of phases it does not train are left out
+    assert comp.phases == ["composite"] and list(comp.phase_settings) == ["composite"]
+    assert comp.phase("composite").init_adapter == adapter and comp.phase("composite").training == {}
+    assert runs["cpr"].phase("cpr").curriculum["schedule"] == "none" and runs["cpr"].phase("cpr").training["max_steps"] == 6
+    cur = runs["cpr_curriculum"]
     assert cur.phases == ["answer_only", "cpr"]
-    assert cur.phase("answer_only").init_adapter is not None and cur.phase("cpr").init_adapter is None
+    assert cur.phase("answer_only").init_adapter == adapter and cur.phase("cpr").init_adapter is None
     # Answer-Only phases score steps for the figure with weight 0: the training reward is unchanged
-    ans = validate_run(plan, plan.get("answer_only")).phase("answer_only")
-    for phase in (ans, cur.phase("answer_only")):
+    for phase in (runs["answer_only"].phase("answer_only"), cur.phase("answer_only")):
         assert phase.rewards == ["format", "accuracy", "step_f1"] and phase.reward_weights == [1.0, 1.0, 0.0]
-    sft = validate_run(plan, plan.get("sft"))
-    assert sft.sft.learning_rate == 8e-5 and sft.sft.seed == 42 and sft.experiment.data.test_size == 8
-    base = plan.get("base")
-    assert base.adapter == str(tmp_path / "abl" / "shared_adapter")
+    sft = runs["sft"]  # the SFT baseline: the warm start's settings, no GRPO phase
+    assert sft.phases == [] and sft.warm_start.enabled and sft.warm_start.learning_rate == 8e-5
+    assert sft.seed == 42 and sft.data.test_size == 8
+    assert runs["warm_start"].phases == [] and runs["warm_start"].warm_start.learning_rate == 5e-3
 
 
-def _weights(tmp_path, **extra):
-    return {"kind": "weights", "base_config": str(base_config(tmp_path)), "output_dir": str(tmp_path / "o"), **extra}
+def _write(tmp_path: Path, **data) -> Path:
+    path = tmp_path / "abl.yaml"
+    runs = [{"name": "aw0.80_sw0.20", "set": {"phase_settings.cpr.reward_params.cpr.answer_weight": 0.8}},
+            {"name": "aw0.50_sw0.50", "set": {"phase_settings.cpr.reward_params.cpr.answer_weight": 0.5}}]
+    path.write_text(yaml.safe_dump({"kind": "weights", "base_config": str(base_config(tmp_path)),
+                                    "output_dir": str(tmp_path / "o"), "set": {"phases": ["cpr"]}, "runs": runs, **data}))
+    return path
 
 
 @pytest.mark.parametrize(
     ("extra", "field", "message"),
     [
         ({"weigths": [[0.5, 0.5]]}, "weigths", "unknown key"),
-        ({"weights": [[0.5]]}, "weights[0]", "expected [answer_weight, step_weight]"),
-        ({"weights": [[0.5, -0.1]]}, "weights[0]", "weights must be >= 0"),
-        ({"weights": [[0.5, 0.5], [0.5, 0.5]]}, "weights", "a weight pair is listed twice (aw0.50_sw0.50)"),
-        ({"runs": [{"name": "x"}]}, "runs", "applies to kind strategies only"),
-        ({"table": {"split": "train"}}, "table.split", "must be one of validation, test"),
-        ({"table": {"kl_limit": 0}}, "table.kl_limit", "must be > 0"),
-        ({"shared_start": {"type": "once"}}, "shared_start.type", "must be one of none, warm_start, phases"),
-        ({"set": {"a..b": 1}}, "set.a..b", "not a dotted config key"),
-        ({"figure": {"file": "x.svg"}}, "figure.file", "expected a PNG file name"),
+        ({"runs": []}, "runs", "at least 1 item"),
+        ({"runs": [{"name": "a b"}]}, "runs[0].name", "should match pattern"),
+        ({"runs": [{"name": "a"}, {"name": "a"}]}, "runs[1].name", "run name 'a' is used twice"),
+        ({"runs": [{"name": "a", "recipe": "dpo"}]}, "runs[0].recipe", "'cpr_curriculum' or 'sft_lora'"),
+        ({"runs": [{"name": "a", "set": {"phase_settings.cpr.init_adapter": "@b"}}, {"name": "b"}]},
+         "runs[0].set.phase_settings.cpr.init_adapter", "'@b' names no earlier run (runs: a, b)"),
+        ({"table": {"split": "train"}}, "table.split", "'validation' or 'test'"),
+        ({"table": {"kl_limit": 0}}, "table.kl_limit", "greater than 0"),
+        ({"seeds": [1, 1]}, "seeds", "a seed is listed twice"),
+        ({"base_config": "nope.yaml"}, "base_config", "experiment config not found"),
     ],
 )
-def test_config_errors_name_the_key(tmp_path, extra, field, message):
+def test_file_errors_name_the_key(tmp_path, extra, field, message):
+    path = _write(tmp_path, **extra)
     with pytest.raises(ConfigError) as e:
-        ablation_config_from_dict(_weights(tmp_path, **extra), config_path="abl.yaml")
-    assert e.value.field == field and message in e.value.message and e.value.path == "abl.yaml"
+        load_ablation(path)
+    assert e.value.field == field and message in e.value.message and e.value.path == str(path)
 
 
-def test_strategy_entry_errors(tmp_path):
-    def strategies(runs, **extra):
-        return {"kind": "strategies", "base_config": str(base_config(tmp_path)), "output_dir": "o", "runs": runs,
-                **extra}
-
-    with pytest.raises(ConfigError, match="run name 'a' is used twice"):
-        ablation_config_from_dict(strategies([{"name": "a"}, {"name": "a"}]))
-    with pytest.raises(ConfigError, match="'shared_start' cannot name a run folder"):
-        ablation_config_from_dict(strategies([{"name": "shared_start"}]))
-    with pytest.raises(ConfigError, match="applies to runs of type sft only") as e:
-        ablation_config_from_dict(strategies([{"name": "a", "sft": {"max_steps": 1}}]))
-    assert e.value.field == "runs[0].sft"
-    with pytest.raises(ConfigError, match="adapter: shared_start needs a shared_start section"):
-        ablation_config_from_dict(strategies([{"name": "b", "type": "base", "adapter": "shared_start"}]))
-    with pytest.raises(ConfigError, match="experiment config not found") as e:
-        ablation_config_from_dict({**strategies([{"name": "a"}]), "base_config": "nope.yaml"})
-    assert e.value.field == "base_config"
-
-
-def test_invalid_run_config_names_run_and_key(tmp_path):
-    plan = plan_ablation(ablation_config_from_dict(_weights(tmp_path, set={"training.num_generations": 3})))
-    with pytest.raises(ConfigError, match="run 'aw0.80_sw0.20': the global generation batch") as e:
-        validate_run(plan, plan.runs[0])
-    assert e.value.field.endswith("num_generations")
-    plan = plan_ablation(ablation_config_from_dict(_weights(tmp_path, set={"phases": ["answer_only"]})))
-    with pytest.raises(ConfigError, match="does not train phase 'cpr'"):
-        validate_run(plan, plan.runs[0])
-    composite = {"phases": ["composite"]}
-    plan = plan_ablation(ablation_config_from_dict(_weights(tmp_path, set=composite, phase="composite")))
-    with pytest.raises(ConfigError, match=r"run 'aw0.80_sw0.20': parameters given for reward functions not in use"):
-        validate_run(plan, plan.runs[0])
-
-
-def test_cli_list_and_unknown_only(tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(REPO)
-    path = tmp_path / "abl.yaml"
-    path.write_text(yaml.safe_dump(_weights(tmp_path, weights=[[0.7, 0.3], [0.65, 0.35]])))
-    assert main(["--config", str(path), "--list"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert [ln for ln in out if not ln.startswith("#")][:2] == [
-        shlex.join(["python", "recipes/cpr_curriculum.py", "--config", str(tmp_path / "base.yaml"),
-                    "--set", "phase_settings.cpr.reward_params.cpr.answer_weight=0.7",
-                    "--set", "phase_settings.cpr.reward_params.cpr.step_weight=0.3",
-                    "--set", "evaluation.final=true", "--set", "evaluation.final_splits=[test, validation]",
-                    "--set", f"output_dir={tmp_path / 'o' / 'aw0.70_sw0.30'}",
-                    "--set", "run_name=ablation_weights-aw0.70_sw0.30"]),
-        shlex.join(["python", "recipes/cpr_curriculum.py", "--config", str(tmp_path / "base.yaml"),
-                    "--set", "phase_settings.cpr.reward_params.cpr.answer_weight=0.65",
-                    "--set", "phase_settings.cpr.reward_params.cpr.step_weight=0.35",
-                    "--set", "evaluation.final=true", "--set", "evaluation.final_splits=[test, validation]",
-                    "--set", f"output_dir={tmp_path / 'o' / 'aw0.65_sw0.35'}",
-                    "--set", "run_name=ablation_weights-aw0.65_sw0.35"]),
-    ]
-    assert main(["--config", str(path), "--only", "aw0.10_sw0.90"]) == 2
+def test_invalid_run_config_names_run_and_key(tmp_path, capsys):
+    path = _write(tmp_path, set={"training.num_generations": 3})
+    assert main(["--config", str(path), "--list"]) == 2
     err = capsys.readouterr().err
-    assert "no run named 'aw0.10_sw0.90'; runs: aw0.70_sw0.30, aw0.65_sw0.35" in err
+    assert "run 'aw0.80_sw0.20': the global generation batch" in err and "num_generations" in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: [weights\n")
+    with pytest.raises(ConfigError, match="invalid YAML") as e:
+        load_ablation(bad)
+    assert e.value.path == str(bad)
+
+
+def test_list_only_and_unknown_names(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = _write(tmp_path, name="w", launcher="accelerate launch --num_processes 2")
+    assert main(["--config", str(path), "--list", "--only", "aw0.50_sw0.50"]) == 0
+    out = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
+    assert out == [
+        shlex.join(["accelerate", "launch", "--num_processes", "2", "recipes/cpr_curriculum.py",
+                    "--config", str(tmp_path / "base.yaml"), "--set", "phases=[cpr]",
+                    "--set", "phase_settings.cpr.reward_params.cpr.answer_weight=0.5",
+                    "--set", f"output_dir={tmp_path / 'o' / 'aw0.50_sw0.50'}", "--set", "run_name=w-aw0.50_sw0.50"]),
+        f"python recipes/reward_ablation.py --config {path} --table-only",
+    ]
+    for argv in (["--list", "--only", "aw0.10_sw0.90"], ["--only", "aw0.10_sw0.90"]):
+        assert main(["--config", str(path), *argv]) == 2
+        assert "no run named 'aw0.10_sw0.90'; runs: aw0.80_sw0.20, aw0.50_sw0.50" in capsys.readouterr().err
+
+
+def test_seeds_give_one_run_each_except_runs_without_phases(tmp_path):
+    path = _write(tmp_path, seeds=[1, 2], runs=[{"name": "base", "set": {"phases": []}}, {"name": "cpr", "label": "CPR"}])
+    ab = load_ablation(path)
+    runs = plan(ab)
+    assert [(r.name, r.label, r.group, r.seed) for r in runs] == [
+        ("base", "base", "base", None), ("cpr-s1", "CPR", "cpr", 1), ("cpr-s2", "CPR", "cpr", 2)]
+    assert run_config(ab, runs[2]).seed == 2 and run_config(ab, runs[0]).seed == 3
 
 
 def test_cpr_ablate_is_registered():
@@ -209,47 +199,44 @@ def test_cpr_ablate_is_registered():
     assert args.table_only and args.config == "x.yaml" and callable(args.func)
 
 
-def test_load_ablation_config_reads_yaml_errors(tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("kind: [weights\n")
-    with pytest.raises(ConfigError, match="invalid YAML") as e:
-        load_ablation_config(bad)
-    assert e.value.path == str(bad)
-
-
-def test_execute_run_refuses_unfinished_folders_and_skips_done_ones(tmp_path):
-    from ablation_runs import write_run
-
-    from cpr.ablation.runner import execute_run
-
-    data = _weights(tmp_path, weights=[[0.8, 0.2], [0.5, 0.5], [0.35, 0.65]])
-    plan = plan_ablation(ablation_config_from_dict(data))
-    a, b, c = plan.runs
-    write_run(Path(a.output_dir), weights=(0.8, 0.2), finished=False, phases={"cpr": {"log": []}})
-    with pytest.raises(ConfigError, match="holds an unfinished run: pass --resume to continue it, or delete the folder"):
-        execute_run(plan, a)
-    write_run(Path(b.output_dir), weights=(0.5, 0.5), phases={"cpr": {"log": []}})
-    assert execute_run(plan, b) == "skipped"
-    write_run(Path(c.output_dir), weights=(0.35, 0.65), phases={"cpr": {"log": []}},
-              diverged={"phase": "cpr", "step": 3, "condition": "nan", "reason": "nan loss", "checkpoint": None})
-    assert execute_run(plan, c) == "skipped"  # a diverged run is a result, never resumed
-
-    shared = plan_ablation(ablation_config_from_dict({**data, "shared_start": {"type": "warm_start"}}))
-    with pytest.raises(ConfigError, match=r"run 'aw0.80_sw0.20' starts from the shared adapter .* run the shared "
-                                          r"start first \(--only shared_start\)"):
-        execute_run(shared, shared.runs[0], resume=True)
+def test_reruns_skip_done_folders_and_refuse_unfinished_or_stale_ones(tmp_path, capsys):
+    """Finished and diverged runs are results: skipped (their config.yaml must match); an unfinished
+    folder needs --resume; a folder made with other settings is an error naming the key."""
+    path = _write(tmp_path, runs=[{"name": "a", "set": {"phase_settings.cpr.reward_params.cpr.answer_weight": 0.8}},
+                                  {"name": "b", "set": {"phase_settings.cpr.reward_params.cpr.answer_weight": 0.5}},
+                                  {"name": "c", "set": {"phase_settings.cpr.reward_params.cpr.answer_weight": 0.35}}])
+    ab = load_ablation(path)
+    a, b, c = plan(ab)
+    for run, done in ((a, {}), (b, {"diverged": {"phase": "cpr", "step": 3, "condition": "nan", "reason": "nan loss"}})):
+        folder = write_run(tmp_path / "o" / run.name, weights=(0.8, 0.2), phases={"cpr": {"log": []}}, **done)
+        (folder / "config.yaml").write_text(yaml.safe_dump(run_config(ab, run).to_dict()))
+    write_run(tmp_path / "o" / "c", weights=(0.35, 0.65), finished=False, phases={"cpr": {"log": []}})
+    assert main(["--config", str(path), "--only", "a,b"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out[out.rindex('{\n "ran"'):])
+    assert result["skipped"] == ["a", "b"] and result["ran"] == [] and result["statuses"]["b"] == "diverged"
+    assert main(["--config", str(path), "--only", "c"]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "pass --resume to continue it" in err
+    stale = yaml.safe_load((tmp_path / "o" / "a" / "config.yaml").read_text())
+    stale["phase_settings"]["cpr"]["reward_params"]["cpr"]["answer_weight"] = 0.7
+    (tmp_path / "o" / "a" / "config.yaml").write_text(yaml.safe_dump(stale))
+    assert main(["--config", str(path), "--only", "a"]) == 2
+    assert "holds a finished run made with another config" in capsys.readouterr().err
 
 
 def test_reproduce_plans_three_seeds_of_each_strategy_at_one_budget(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
-    plan = plan_ablation(_in_tmp("reproduce_strategies.yaml", tmp_path))
-    assert [r.name for r in plan.runs] == ["untrained", "warm_start"] + [
+    _, ab = _in_tmp("reproduce_strategies.yaml", tmp_path)
+    runs = plan(ab)
+    assert [r.name for r in runs] == ["untrained", "warm_start"] + [
         f"{n}-s{s}" for n in ("answer_only", "composite", "cpr", "cpr_curriculum") for s in (1, 2, 3)]
+    _finish(tmp_path / "abl" / "warm_start")
     steps = {}
-    for run in plan.runs[2:]:
-        cfg = validate_run(plan, run)
-        assert cfg.seed == int(run.name[-1]) and cfg.data.test[0].options == {"size": 90, "seed": 0}
-        steps[run.group] = sum(cfg.phase(p).training["max_steps"] for p in cfg.phases)
-    assert steps == {"answer_only": 75, "composite": 75, "cpr": 75, "cpr_curriculum": 75}  # the same budget
-    weights = plan_ablation(_in_tmp("reproduce_weights.yaml", tmp_path / "w"))
-    assert len(weights.runs) == 6 * 3 and {r.seed for r in weights.runs} == {1, 2, 3}
+    for run in runs[2:]:
+        cfg = run_config(ab, run)
+        assert cfg.seed == run.seed == int(run.name[-1]) and cfg.data.test[0].options == {"size": 90, "seed": 0}
+        steps.setdefault(run.group, set()).add(sum(cfg.phase(p).training["max_steps"] for p in cfg.phases))
+    assert steps == {"answer_only": {75}, "composite": {75}, "cpr": {75}, "cpr_curriculum": {75}}  # one budget
+    _, weights = _in_tmp("reproduce_weights.yaml", tmp_path / "w")
+    assert len(plan(weights)) == 6 * 3 and {r.seed for r in plan(weights)} == {1, 2, 3}

@@ -1,6 +1,6 @@
-"""The reward-weight ablation end to end on the tiny Qwen2.5-VL (CPU): a shared warm start, two
-weight pairs, two GRPO steps each, validation scores (each run's own final evaluation), the table
-from the real logs.
+"""The reward-weight ablation end to end on the tiny Qwen2.5-VL (CPU): a warm-start run, two weight
+pairs starting from its adapter, two GRPO steps each, validation scores (each run's own final
+evaluation), the table from the real logs; --table-only, reruns, --only with --resume.
 
 The warm start (60 supervised steps on 4 records) makes the tiny model answer some of its
 training prompts right at temperature 1, so the scored completions hold both correct and wrong
@@ -20,9 +20,7 @@ import yaml
 from ablation_runs import write_jsonl
 from conftest import tiny_run_config
 
-from cpr.ablation.cli import main
-from cpr.ablation.runner import run_ablation
-from cpr.ablation.spec import ablation_config_from_dict
+from cpr.ablation.sweep import load_ablation, main, run_ablation
 
 PAIRS = [(0.8, 0.2), (0.5, 0.5)]
 
@@ -40,15 +38,20 @@ def ablation(tmp_path_factory, one_thread_module):
         phase_settings={"answer_only": {"training": {"max_steps": 2}},
                         "cpr": {"curriculum": {"schedule": "none"},
                                 "training": {"max_steps": 2, "learning_rate": 5.0e-5}}},
-        evaluation={"max_new_tokens": 96, "batch_size": 4, "final": False},
+        evaluation={"max_new_tokens": 96, "batch_size": 4},
     )))
     config = tmp / "ablation.yaml"
+    weights = [{"name": f"aw{a:.2f}_sw{s:.2f}", "label": f"{a:.2f}/{s:.2f}",
+                "set": {"phase_settings.cpr.init_adapter": "@warm_start",
+                        "phase_settings.cpr.reward_params.cpr.answer_weight": a,
+                        "phase_settings.cpr.reward_params.cpr.step_weight": s}} for a, s in PAIRS]
     config.write_text(yaml.safe_dump({
         "kind": "weights", "name": "e2e", "base_config": str(base), "output_dir": str(tmp / "abl"),
-        "set": {"phases": ["cpr"]}, "shared_start": {"type": "warm_start"},
-        "table": {"split": "validation", "kl_limit": 2.0}, "weights": [list(p) for p in PAIRS],
+        "set": {"phases": ["cpr"], "warm_start.enabled": False, "evaluation.final_splits": ["validation"]},
+        "table": {"split": "validation", "kl_limit": 2.0},
+        "runs": [{"name": "warm_start", "set": {"phases": [], "warm_start.enabled": True}}, *weights],
     }))
-    cfg = ablation_config_from_dict(yaml.safe_load(config.read_text()), config_path=str(config))
+    cfg = load_ablation(config)
     result = run_ablation(cfg)
     return cfg, result, config
 
@@ -76,10 +79,12 @@ def _expected(folder: Path) -> dict:
 def test_weights_ablation_fills_every_column_from_the_logs(ablation):
     cfg, result, _ = ablation
     out = Path(cfg.output_dir)
-    assert result["ran"] == ["shared_start", "aw0.80_sw0.20", "aw0.50_sw0.50"]
-    assert result["evaluated"] == []  # each run scored the validation split itself (evaluation.final_splits)
+    assert result["ran"] == ["warm_start", "aw0.80_sw0.20", "aw0.50_sw0.50"]
     table = json.loads((out / "ablation_weights.json").read_text())
-    for (a, s), row in zip(PAIRS, table["rows"], strict=True):
+    warm, *rows = table["rows"]  # the warm start's own row: scored, no training logs
+    assert warm["evaluated"] and warm["n_eval"] == 2 and warm["n_scored"] == 0 and warm["stable"] is None
+    warm_adapter = str(out / "warm_start" / "warm_start" / "adapter")
+    for (a, s), row in zip(PAIRS, rows, strict=True):
         folder = out / row["name"]
         exp = _expected(folder)
         assert exp["n_right"] and exp["n_wrong"], "the warm start should give correct and wrong answers"
@@ -94,10 +99,10 @@ def test_weights_ablation_fills_every_column_from_the_logs(ablation):
         for r in _rows(folder / "cpr" / "scored_completions.jsonl"):
             c, f = float(r["correct"]), r["match_f1"]
             assert r["reward"] == pytest.approx(c * (a + s * f) + (1 - c) * 0.3 * s * f, abs=1e-6)
-        # every run started from the shared warm start
+        # every run started from the warm-start run's adapter
         summary = json.loads((folder / "summary.json").read_text())
-        assert summary["phases"][0]["init_adapter"] == str(out / "shared_adapter")
-        # the run's own final evaluation: validation only (the base config has evaluation.final: false)
+        assert summary["phases"][0]["init_adapter"] == warm_adapter
+        # the run's own final evaluation: validation only (evaluation.final_splits)
         assert summary["final_eval_validation"]["crystal"] == exp["metrics"] and "final_eval" not in summary
         assert not (folder / "final_eval" / "crystal").exists()
     md = (out / "ablation_weights.md").read_text()
@@ -114,21 +119,26 @@ def test_rebuilt_table_follows_an_edited_log_and_reruns_skip(ablation, capsys):
     i = next(k for k, r in enumerate(rows) if r["correct"])
     rows[i]["reward"] += 0.5  # one correct completion earns 0.5 more
     write_jsonl(path, rows)
-    before = json.loads((out / "ablation_weights.json").read_text())["rows"][0]
+    before = json.loads((out / "ablation_weights.json").read_text())["rows"][1]
     assert main(["--config", str(config), "--table-only"]) == 0
-    after = json.loads((out / "ablation_weights.json").read_text())["rows"][0]
+    after = json.loads((out / "ablation_weights.json").read_text())["rows"][1]
     n_right = sum(1 for r in rows if r["correct"])
     assert after["discrimination"] == pytest.approx(before["discrimination"] + 0.5 / n_right, abs=1e-9)
     assert after["r_f1"] != before["r_f1"]
     # a second full run trains nothing and scores nothing again
     result = run_ablation(cfg)
-    assert result["ran"] == [] and result["evaluated"] == []
-    assert result["skipped"] == ["shared_start", "aw0.80_sw0.20", "aw0.50_sw0.50"]
-    # --evaluate-only scores a finished run that lacks the validation score (e.g. one made before
-    # evaluation.final_splits), into the same folder: greedy decoding gives the same numbers again
-    scores = out / "aw0.50_sw0.50" / "final_eval" / "validation"
+    assert result["ran"] == [] and result["skipped"] == ["warm_start", "aw0.80_sw0.20", "aw0.50_sw0.50"]
+    # a run killed during its final evaluation: --only NAME needs --resume, which skips its finished
+    # phase and scores it again into the same folder (greedy decoding: the same numbers)
+    folder = out / "aw0.50_sw0.50"
+    scores = folder / "final_eval" / "validation"
     first = json.loads((scores / "crystal" / "metrics.json").read_text())["overall"]
     shutil.rmtree(scores)
-    assert main(["--config", str(config), "--evaluate-only"]) == 0
+    summary = json.loads((folder / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
+    assert main(["--config", str(config), "--only", "aw0.50_sw0.50"]) == 2
+    assert "pass --resume to continue it" in capsys.readouterr().err
+    assert main(["--config", str(config), "--only", "aw0.50_sw0.50", "--resume"]) == 0
+    assert '"ran": [\n  "aw0.50_sw0.50"\n ]' in capsys.readouterr().out
     assert json.loads((scores / "crystal" / "metrics.json").read_text())["overall"] == first
-    assert '"evaluated": [\n  "aw0.50_sw0.50"\n ]' in capsys.readouterr().out
+    assert json.loads((folder / "summary.json").read_text())["status"] == "finished"

@@ -139,11 +139,19 @@ def test_bucket_mix_from_checkpoints(tmp_path):
 
 
 def test_run_figures_write_every_png(tmp_path):
-    folder, _ = _run_with_data(tmp_path)
-    paths = figures.run_figures(folder, tmp_path / "figs", kl_limit=2.0)
-    assert sorted(paths) == ["bucket_mix", "f1_vs_accuracy", "hack_monitors", "kl", "reward_components"]
-    for path in paths.values():
+    folder, difficulty = _run_with_data(tmp_path)
+    run = read_run(folder)
+    mix, source = figures.bucket_mix(run)  # scored completions first, else the checkpoints
+    assert source == "scored completions" and mix == figures.bucket_mix_from_completions(run, difficulty)
+    paths = [figures.plot_reward_components(run, tmp_path / "figs" / "reward.png"),
+             figures.plot_kl(run, tmp_path / "figs" / "kl.png", kl_limit=2.0),
+             figures.plot_f1_vs_accuracy(run, tmp_path / "figs" / "f1.png"),
+             figures.plot_hack_monitors(run, tmp_path / "figs" / "hack.png"),
+             figures.plot_bucket_mix(mix, tmp_path / "figs" / "mix.png", source=source)]
+    for path in paths:
         _png_ok(path)
+    unscored = write_run(tmp_path / "r", phases={"answer_only": {"steps": 1, "log": [train_row(1)]}})
+    assert figures.bucket_mix(read_run(unscored)) == ([], "checkpoints' curriculum state")
     assert figures.folder_kind(folder) == "run"
     with pytest.raises(InputError, match="neither a run folder"):
         figures.folder_kind(tmp_path / "figs")

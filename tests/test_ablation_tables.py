@@ -1,4 +1,4 @@
-"""Ablation tables from handwritten run folders: every column from the logs, computed by hand.
+"""Ablation tables (--table-only) from handwritten run folders: every column from the logs, computed by hand.
 
 The runs are written in the runner's layout (tests/ablation_runs.py); the expected Discrimination,
 r(F1), KL max and stability flag are worked out by hand below. Editing a log row and rebuilding
@@ -12,27 +12,37 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 from ablation_runs import base_config, overall, scored, train_row, write_jsonl, write_run
 
-from cpr.ablation.plan import plan_ablation
-from cpr.ablation.run_folder import drop_superseded, read_run
-from cpr.ablation.spec import ablation_config_from_dict
-from cpr.ablation.tables import build_table, render_markdown, write_table
+from cpr.ablation.run_folder import read_run
+from cpr.ablation.sweep import main
 from cpr.errors import InputError
 
 PAIRS = [[0.8, 0.2], [0.65, 0.35], [0.5, 0.5], [0.35, 0.65]]
 
 
-def _weights_plan(tmp_path: Path):
-    cfg = ablation_config_from_dict({
-        "kind": "weights",
-        "base_config": str(base_config(tmp_path)),
-        "output_dir": str(tmp_path / "abl"),
-        "set": {"phases": ["cpr"]},
-        "table": {"split": "validation", "kl_limit": 2.0},
-        "weights": PAIRS,
-    })
-    return plan_ablation(cfg)
+def _ablation(tmp_path: Path, **data) -> Path:
+    path = tmp_path / "abl.yaml"
+    path.write_text(yaml.safe_dump({"base_config": str(base_config(tmp_path)), "output_dir": str(tmp_path / "abl"),
+                                    **data}))
+    return path
+
+
+def _weights_ablation(tmp_path: Path) -> Path:
+    runs = [{"name": f"aw{a:.2f}_sw{s:.2f}", "label": f"{a:.2f}/{s:.2f}",
+             "set": {"phase_settings.cpr.reward_params.cpr.answer_weight": a,
+                     "phase_settings.cpr.reward_params.cpr.step_weight": s}} for a, s in PAIRS]
+    return _ablation(tmp_path, kind="weights", set={"phases": ["cpr"]}, table={"split": "validation", "kl_limit": 2.0},
+                     runs=runs)
+
+
+def build(path: Path) -> dict:
+    """``--table-only``: the table JSON, with its markdown under ``"md"``."""
+    assert main(["--config", str(path), "--table-only"]) == 0
+    data = yaml.safe_load(path.read_text())
+    stem = Path(data["output_dir"]) / f"ablation_{data['kind']}"
+    return {**json.loads(stem.with_suffix(".json").read_text()), "md": stem.with_suffix(".md").read_text()}
 
 
 # Run 0.80/0.20: four cpr completions (rewards 1.0, 0.8 correct; 0.12, 0.0 wrong; F1 1.0, 0.6, 0.4, 0.0)
@@ -75,16 +85,15 @@ def _run_c(folder: Path) -> Path:
 
 @pytest.fixture
 def weights_setup(tmp_path):
-    plan = _weights_plan(tmp_path)
-    out = Path(plan.config.output_dir)
-    _run_a(out / "aw0.80_sw0.20")
-    _run_b(out / "aw0.65_sw0.35")
-    _run_c(out / "aw0.50_sw0.50")
-    return plan
+    path = _weights_ablation(tmp_path)
+    _run_a(tmp_path / "abl" / "aw0.80_sw0.20")
+    _run_b(tmp_path / "abl" / "aw0.65_sw0.35")
+    _run_c(tmp_path / "abl" / "aw0.50_sw0.50")
+    return path
 
 
 def test_every_column_from_the_logs(weights_setup):
-    table = build_table(weights_setup)
+    table = build(weights_setup)
     a, b, c, d = table["rows"]
     assert [r["name"] for r in table["rows"]] == ["aw0.80_sw0.20", "aw0.65_sw0.35", "aw0.50_sw0.50", "aw0.35_sw0.65"]
 
@@ -112,13 +121,13 @@ def test_every_column_from_the_logs(weights_setup):
     assert d["status"] == "not started"
     assert all(d[k] is None for k in ("accuracy", "discrimination", "r_f1", "kl_max", "stable"))
 
-    # the paper's rows are kept apart, labelled
-    assert [p["label"] for p in table["paper"]] == ["0.80/0.20", "0.65/0.35", "0.50/0.50", "0.35/0.65"]
+    # the paper's rows are kept apart, labelled: one per started run with the weights of a paper row
+    assert [p["label"] for p in table["paper"]] == ["0.80/0.20", "0.65/0.35", "0.50/0.50"]
     assert table["paper"][1]["accuracy"] == 82.70
 
 
 def test_markdown_shows_status_and_paper_rows(weights_setup):
-    md = render_markdown(build_table(weights_setup))
+    md = build(weights_setup)["md"]
     lines = md.splitlines()
     row_a = next(ln for ln in lines if ln.startswith("| 0.80/0.20 | this run"))
     assert row_a == "| 0.80/0.20 | this run (finished) | 75.00 | 0.500 | 0.450 | 0.840 | 0.920 | 1.200 | yes | 4 | 4 |"
@@ -130,15 +139,15 @@ def test_markdown_shows_status_and_paper_rows(weights_setup):
 
 
 def test_table_follows_the_logs(weights_setup):
-    before = build_table(weights_setup)["rows"][0]
-    folder = Path(weights_setup.config.output_dir) / "aw0.80_sw0.20" / "cpr"
+    before = build(weights_setup)["rows"][0]
+    folder = weights_setup.parent / "abl" / "aw0.80_sw0.20" / "cpr"
     rows = [json.loads(x) for x in (folder / "scored_completions.jsonl").read_text().splitlines()]
     rows[2]["reward"] = 0.4  # the wrong completion with F1 0.4 now earns 0.4
     write_jsonl(folder / "scored_completions.jsonl", rows)
     log = [json.loads(x) for x in (folder / "log.jsonl").read_text().splitlines()]
     log[4]["kl"] = 1.9  # step 4
     write_jsonl(folder / "log.jsonl", log)
-    after = build_table(weights_setup)["rows"][0]
+    after = build(weights_setup)["rows"][0]
     assert before["discrimination"] == pytest.approx(0.84)
     assert after["discrimination"] == pytest.approx(0.9 - 0.2)
     # means 0.55 / 0.5: products 0.54, squares 0.59 and 0.52
@@ -146,65 +155,51 @@ def test_table_follows_the_logs(weights_setup):
     assert (after["kl_max"], after["kl_max_step"]) == (1.9, 4)
     log[3]["loss"] = "nan"  # step 3
     write_jsonl(folder / "log.jsonl", log)
-    assert build_table(weights_setup)["rows"][0]["stability"]["reason"] == "loss = nan at step 3"
+    assert build(weights_setup)["rows"][0]["stability"]["reason"] == "loss = nan at step 3"
+    assert (weights_setup.parent / "abl" / "ablation_weights.png").stat().st_size > 5_000
 
 
-def test_write_table_files(weights_setup, tmp_path):
-    table = build_table(weights_setup)
-    json_path, md_path = write_table(table, tmp_path / "t", "ablation_weights")
-    assert json.loads(json_path.read_text())["rows"][0]["discrimination"] == pytest.approx(0.84)
-    assert md_path.read_text() == render_markdown(table)
-
-
-def test_stale_run_folder_with_other_weights_is_an_error(tmp_path):
-    plan = _weights_plan(tmp_path)
-    write_run(Path(plan.config.output_dir) / "aw0.80_sw0.20", weights=(0.7, 0.3), phases={"cpr": {"log": []}})
-    with pytest.raises(InputError, match=r"trained with answer_weight 0.7, the ablation config asks 0.8") as e:
-        build_table(plan)
-    assert e.value.field == "phase_settings.cpr.reward_params.cpr.answer_weight"
-
-
-def test_malformed_log_line_is_located(tmp_path):
-    plan = _weights_plan(tmp_path)
-    folder = _run_a(Path(plan.config.output_dir) / "aw0.80_sw0.20")
-    path = folder / "cpr" / "log.jsonl"
-    lines = path.read_text().splitlines()
+def test_malformed_log_line_is_located(tmp_path, capsys):
+    path = _weights_ablation(tmp_path)
+    folder = _run_a(tmp_path / "abl" / "aw0.80_sw0.20")
+    lines = (folder / "cpr" / "log.jsonl").read_text().splitlines()
     lines[1] = "{broken"
-    path.write_text("\n".join(lines) + "\n")
+    (folder / "cpr" / "log.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["--config", str(path), "--table-only"]) == 2
+    assert "log.jsonl:2: malformed JSON" in capsys.readouterr().err
     with pytest.raises(InputError, match=r"log.jsonl:2: malformed JSON"):
-        build_table(plan)
+        read_run(folder).phase_logs()
 
 
 def test_resumed_logs_keep_the_latest_attempt(tmp_path):
-    # attempt 1 logged steps 1-3, was killed; attempt 2 resumed from checkpoint-1 and logged 2-4
-    log = [train_row(1, kl=0.1), train_row(2, kl=0.9), train_row(3, kl=5.0),
-           train_row(2, kl=0.2), train_row(3, kl=0.3), train_row(4, kl=0.4)]
-    kept = drop_superseded(log, kind_of=lambda r: "train")
-    assert [(r["step"], r["kl"]) for r in kept] == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
-    rows = [scored(0, 1.0, True, 1.0), scored(1, 0.0, False, 0.0), scored(2, 0.5, True, 0.5), scored(1, 0.7, True, 0.7)]
-    assert [r["reward"] for r in drop_superseded(rows, strict=True)] == [1.0, 0.7]
-    folder = write_run(tmp_path / "r", phases={"cpr": {"log": log, "scored": rows, "steps": 4}})
+    """A resumed run's logs are cut back to its checkpoint (the runner's rollback_logs), so the
+    table reads each step once: attempt 1 logged steps 1-3 and was killed, attempt 2 resumed from
+    checkpoint-1 and logged 2-4."""
+    from cpr.training.logs import rollback_logs
+
+    rows = [scored(0, 1.0, True, 1.0), scored(1, 0.0, False, 0.0), scored(2, 0.5, True, 0.5)]
+    folder = write_run(tmp_path / "r", phases={"cpr": {"steps": 4, "scored": rows,
+                                                       "log": [train_row(1, kl=0.1), train_row(2, kl=0.9), train_row(3, kl=5.0)]}})
+    rollback_logs(folder / "cpr", 1)
+    with open(folder / "cpr" / "log.jsonl", "a") as f:
+        f.write("".join(json.dumps(train_row(s, kl=k)) + "\n" for s, k in ((2, 0.2), (3, 0.3), (4, 0.4))))
+    with open(folder / "cpr" / "scored_completions.jsonl", "a") as f:
+        f.write(json.dumps(scored(1, 0.7, True, 0.7)) + "\n")
     (logs,) = read_run(folder).phase_logs()
     assert [r["kl"] for r in logs.train] == [0.1, 0.2, 0.3, 0.4]
+    assert [r["reward"] for r in logs.scored] == [1.0, 0.7]
 
 
-def _strategies_plan(tmp_path: Path):
-    cfg = ablation_config_from_dict({
-        "kind": "strategies",
-        "base_config": str(base_config(tmp_path)),
-        "output_dir": str(tmp_path / "abl"),
-        "runs": [
-            {"name": "base", "label": "Base", "type": "base"},
+def _strategies_ablation(tmp_path: Path, **data) -> Path:
+    runs = [{"name": "base", "label": "Base", "set": {"phases": []}},
             {"name": "composite", "label": "Composite", "set": {"phases": ["composite"]}},
-            {"name": "cpr_curriculum", "label": "CPR-Curriculum"},
-        ],
-    })
-    return plan_ablation(cfg)
+            {"name": "cpr_curriculum", "label": "CPR-Curriculum"}]
+    return _ablation(tmp_path, kind="strategies", runs=runs, **data)
 
 
 def test_strategies_table_on_the_test_split(tmp_path):
-    plan = _strategies_plan(tmp_path)
-    out = Path(plan.config.output_dir)
+    path = _strategies_ablation(tmp_path)
+    out = tmp_path / "abl"
     write_run(out / "base", phases={}, kind="base", metrics={"test": overall(25.0, 0.3, 0.4, 0.25, steps=1.5, lis=0.9,
                                                                            ordered_f1=0.28)})
     write_run(out / "composite", phases={"composite": {"steps": 3, "log": [train_row(1), train_row(2, loss="nan")]}},
@@ -212,14 +207,14 @@ def test_strategies_table_on_the_test_split(tmp_path):
     write_run(out / "cpr_curriculum", phases={"answer_only": {"steps": 2, "log": [train_row(1), train_row(2)]},
                                               "cpr": {"steps": 2, "log": [train_row(1), train_row(2)]}},
               metrics={"test": overall(50.0, 0.6, 0.7, 0.55, steps=3.0, lis=0.8, ordered_f1=0.56)})
-    table = build_table(plan)
+    table = build(path)
     base, comp, cur = table["rows"]
     assert [c["title"] for c in table["columns"]] == ["Acc", "Match F1", "P", "R", "Steps", "LIS", "Ord. F1"]
     assert (base["accuracy"], base["steps"], base["lis"], base["ordered_f1"], base["stable"]) == (25.0, 1.5, 0.9, 0.28, None)
     assert comp["accuracy"] == 12.5  # the test split, not validation
     assert comp["stable"] is False and comp["stability"]["reason"] == "loss = nan at step 2"
     assert cur["stable"] is True and cur["phases"] == ["answer_only", "cpr"]
-    md = render_markdown(table)
+    md = table["md"]
     assert "| CPR-Curriculum | this run (finished) | 50.00 | 0.600 | 0.700 | 0.550 | 3.00 | 0.800 | 0.560 | yes | 4 |" in md
     assert "| Qwen2.5-VL-3B base | paper, Table 4 (CRYSTAL test) | 39.85 |" in md
     assert "Discrim." not in md
@@ -228,8 +223,8 @@ def test_strategies_table_on_the_test_split(tmp_path):
 def test_a_run_stopped_by_a_divergence_guard(tmp_path):
     """A guard with action stop ended the composite run at step 2: the NaN never reached log.jsonl,
     but guard_events.jsonl and summary.json (status diverged) say so."""
-    plan = _strategies_plan(tmp_path)
-    out = Path(plan.config.output_dir)
+    path = _strategies_ablation(tmp_path)
+    out = tmp_path / "abl"
     event = {"step": 2, "condition": "nan", "action": "stop", "reason": "non-finite loss (nan)", "values": {"loss": "nan"}}
     write_run(out / "composite", finished=False,
               diverged={"phase": "composite", "step": 2, "condition": "nan", "reason": "non-finite loss (nan)",
@@ -237,35 +232,29 @@ def test_a_run_stopped_by_a_divergence_guard(tmp_path):
               phases={"composite": {"log": [train_row(1)],
                                     "guard_events": [{"step": 1, "condition": "zero_std", "action": "warn",
                                                       "reason": "no signal", "values": {}}, event]}})
-    row = build_table(plan)["rows"][1]
+    table = build(path)
+    row = table["rows"][1]
     assert row["status"] == "diverged" and row["evaluated"] is False and row["accuracy"] is None
     assert row["stable"] is False
     assert row["stability"]["reason"] == "guard nan (stop) at step 2: non-finite loss (nan)"  # zero_std is no instability
-    md = render_markdown(build_table(plan))
+    md = table["md"]
     assert "| Composite | this run (diverged: composite step 2, nan) | - |" in md
 
 
 def test_seeds_give_one_run_each_and_mean_and_std_rows(tmp_path):
-    cfg = ablation_config_from_dict({
-        "kind": "strategies", "base_config": str(base_config(tmp_path)), "output_dir": str(tmp_path / "abl"),
-        "seeds": [1, 2, 3], "table": {"split": "test"},
-        "runs": [{"name": "base", "type": "base"}, {"name": "cpr", "label": "CPR", "set": {"phases": ["cpr"]}}],
-    })
-    plan = plan_ablation(cfg)
-    assert [(r.name, r.seed, r.group) for r in plan.runs] == [
-        ("base", None, "base"), ("cpr-s1", 1, "cpr"), ("cpr-s2", 2, "cpr"), ("cpr-s3", 3, "cpr")]
-    assert "seed=2" in plan.runs[2].overrides and not any(o.startswith("seed=") for o in plan.runs[0].overrides)
-    write_run(Path(plan.runs[0].output_dir), phases={}, kind="base", metrics={"test": overall(30.0, 0.2, 0.2, 0.2)})
+    path = _ablation(tmp_path, kind="strategies", seeds=[1, 2, 3], table={"split": "test"},
+                     runs=[{"name": "base", "set": {"phases": []}}, {"name": "cpr", "label": "CPR", "set": {"phases": ["cpr"]}}])
+    out = tmp_path / "abl"
+    write_run(out / "base", phases={}, kind="base", metrics={"test": overall(30.0, 0.2, 0.2, 0.2)})
     # Match F1 0.5, 0.6 and 0.8: mean 0.6333, sample std sqrt(((-.1333)^2 + (-.0333)^2 + .1667^2) / 2) = 0.1528
-    for run, acc, f1 in zip(plan.runs[1:3], (40.0, 50.0), (0.5, 0.6), strict=True):
-        write_run(Path(run.output_dir), phases={"cpr": {"steps": 2, "log": [train_row(1), train_row(2)]}},
+    for seed, acc, f1 in ((1, 40.0, 0.5), (2, 50.0, 0.6)):
+        write_run(out / f"cpr-s{seed}", phases={"cpr": {"steps": 2, "log": [train_row(1), train_row(2)]}},
                   metrics={"test": overall(acc, f1, 0.7, 0.4)})
-    table = build_table(plan)
-    cpr = table["rows"][1]
+    cpr = build(path)["rows"][1]
     assert cpr["status"] == "not started" and cpr["n_seeds"] == 2  # seed 3 has not run yet
-    write_run(Path(plan.runs[3].output_dir), phases={"cpr": {"steps": 2, "log": [train_row(1), train_row(2)]}},
+    write_run(out / "cpr-s3", phases={"cpr": {"steps": 2, "log": [train_row(1), train_row(2)]}},
               metrics={"test": overall(60.0, 0.8, 0.7, 0.4)})
-    table = build_table(plan)
+    table = build(path)
     base, cpr = table["rows"]
     assert base["label"] == "base" and base["accuracy"] == 30.0 and "accuracy_std" not in base
     assert (cpr["label"], cpr["status"], cpr["seeds"], cpr["n_seeds"]) == ("CPR", "finished", [1, 2, 3], 3)
@@ -273,7 +262,7 @@ def test_seeds_give_one_run_each_and_mean_and_std_rows(tmp_path):
     assert cpr["match_f1"] == pytest.approx(0.63333, abs=1e-5) and cpr["match_f1_std"] == pytest.approx(0.15275, abs=1e-5)
     assert cpr["precision_std"] == pytest.approx(0.0)
     assert [r["seed"] for r in table["seed_rows"]] == [None, 1, 2, 3]
-    md = render_markdown(table)
+    md = table["md"]
     assert "| CPR | this run, 3 of 3 seeds (finished) | 50.00 ± 10.00 | 0.633 ± 0.153 |" in md
     assert "mean ± sample standard deviation over the seeds [1, 2, 3]" in md
     assert "| CPR | 2 | finished | 50.00 | 0.600 |" in md and "| base | - | finished | 30.00 |" in md

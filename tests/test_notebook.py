@@ -14,8 +14,7 @@ import yaml
 from conftest import tiny_run_config
 from PIL import Image
 
-from cpr.ablation.runner import run_ablation
-from cpr.ablation.spec import ablation_config_from_dict
+from cpr.ablation.sweep import load_ablation, run_ablation
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "analysis.ipynb"
@@ -61,12 +60,13 @@ def strategies(tmp_path_factory, one_thread_module):
         evaluation={"eval_steps": 1, "max_new_tokens": 16, "batch_size": 2},
         guards={"kl": {"limit": 7.5}},  # the notebook draws this limit, read from the run's config.yaml
     )))
-    cfg = ablation_config_from_dict({
+    path = tmp / "abl.yaml"
+    path.write_text(yaml.safe_dump({
         "kind": "strategies", "name": "nb", "base_config": str(base), "output_dir": str(tmp / "abl"),
-        "runs": [{"name": "base", "label": "Base", "type": "base"}, {"name": "cpr", "label": "CPR-Curriculum"}],
-    })
-    run_ablation(cfg)
-    return Path(cfg.output_dir)
+        "runs": [{"name": "base", "label": "Base", "set": {"phases": []}}, {"name": "cpr", "label": "CPR-Curriculum"}],
+    }))
+    run_ablation(load_ablation(path))
+    return tmp / "abl"
 
 
 def _execute(kernel: str, run_dir: Path, fig_dir: Path) -> nbformat.NotebookNode:

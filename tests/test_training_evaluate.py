@@ -97,40 +97,7 @@ def test_evaluate_adapter_refuses_a_split_without_records(tmp_path):
         final_evaluation(_cfg(), None, adapter=tmp_path, run_dir=tmp_path, label="x", on=["validation"])
 
 
-def _ablation(tmp_path: Path, evaluation: dict, **extra) -> dict:
-    base = copy.deepcopy(BASE)
-    base["evaluation"] = evaluation
-    path = tmp_path / "base.yaml"
-    path.write_text(yaml.safe_dump(base))
-    return {"kind": "weights", "base_config": str(path), "output_dir": str(tmp_path / "abl"),
-            "weights": [[0.5, 0.5]], **extra}
-
-
-@pytest.mark.parametrize(
-    ("evaluation", "split", "added", "final_splits"),
-    [
-        ({"final": False}, "validation", ["evaluation.final=true", "evaluation.final_splits=[validation]"],
-         ["validation"]),
-        ({}, "validation", ["evaluation.final=true", "evaluation.final_splits=[test, validation]"],
-         ["test", "validation"]),
-        ({"final_splits": ["validation"]}, "validation", [], ["validation"]),
-        ({}, "test", [], ["test"]),
-        ({"final": False}, "test", ["evaluation.final=true", "evaluation.final_splits=[test]"], ["test"]),
-    ],
-)
-def test_ablation_runs_score_the_table_split_themselves(tmp_path, evaluation, split, added, final_splits):
-    from cpr.ablation.plan import plan_ablation, validate_run
-    from cpr.ablation.spec import ablation_config_from_dict
-
-    plan = plan_ablation(ablation_config_from_dict(_ablation(tmp_path, evaluation, table={"split": split})))
-    (run,) = plan.runs
-    assert [o for o in run.overrides if o.startswith("evaluation.")] == added
-    exp = validate_run(plan, run)
-    assert exp.evaluation.final and exp.evaluation.final_splits == final_splits
-    assert plan.commands()[-1].endswith("--table-only")
-
-
-def test_run_folder_reads_validation_scores_where_older_ablations_wrote_them(tmp_path):
+def test_run_folder_reads_the_final_evaluation_of_each_split(tmp_path):
     from cpr.ablation.run_folder import read_run
 
     def write(sub: str, accuracy: float) -> None:
@@ -140,11 +107,11 @@ def test_run_folder_reads_validation_scores_where_older_ablations_wrote_them(tmp
 
     run = read_run(tmp_path)
     assert run.eval_metrics("validation") is None
-    write("ablation_eval/validation", 50.0)
-    assert run.eval_metrics("validation")["overall"]["accuracy"] == 50.0
-    write("final_eval/validation", 100.0)  # the current place wins
+    write("final_eval/validation", 100.0)
     assert run.eval_metrics("validation")["overall"]["accuracy"] == 100.0
     assert run.eval_metrics("test") is None
+    write("final_eval", 50.0)
+    assert run.eval_metrics("test")["overall"]["accuracy"] == 50.0
     with pytest.raises(ConfigError, match="unknown split 'train'"):
         run.eval_metrics("train")
 

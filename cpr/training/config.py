@@ -776,8 +776,6 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     GuardSettings.parse(r.guard, threshold=r.threshold, field="rewards.guard")
     _check_guards(cfg.guards)
 
-    if not cfg.phases:
-        raise ConfigError("no phases to run", field="phases")
     if len(set(cfg.phases)) != len(cfg.phases):
         raise ConfigError(f"a phase is listed twice: {cfg.phases}", field="phases")
     unknown = set(cfg.phase_settings) - set(cfg.phases)
