@@ -238,5 +238,8 @@ def test_reproduce_plans_three_seeds_of_each_strategy_at_one_budget(tmp_path, mo
         assert cfg.seed == run.seed == int(run.name[-1]) and cfg.data.test[0].options == {"size": 90, "seed": 0}
         steps.setdefault(run.group, set()).add(sum(cfg.phase(p).training["max_steps"] for p in cfg.phases))
     assert steps == {"answer_only": {75}, "composite": {75}, "cpr": {75}, "cpr_curriculum": {75}}  # one budget
+    (tmp_path / "w").mkdir()
     _, weights = _in_tmp("reproduce_weights.yaml", tmp_path / "w")
-    assert len(plan(weights)) == 6 * 3 and {r.seed for r in plan(weights)} == {1, 2, 3}
+    runs = plan(weights)  # the shared warm start once, then six weight pairs per seed
+    assert [r.name for r in runs if r.seed is None] == ["warm_start"] and len(runs) == 1 + 6 * 3
+    assert {r.seed for r in runs[1:]} == {1, 2, 3}
