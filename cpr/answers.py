@@ -76,11 +76,25 @@ from math_verify.errors import TimeoutException
 from math_verify.grader import is_assignment_relation, is_relation, take_last_relation
 from sympy import Basic, MatrixBase, S, Set, Tuple
 
-__all__ = ["ANSWER_MODES", "AnswerCheck", "check_answer", "is_correct", "is_non_answer"]
+from cpr.errors import ConfigError
+
+__all__ = ["ANSWER_MODES", "AnswerCheck", "check_answer", "check_answer_mode", "is_correct", "is_non_answer"]
 
 logger = logging.getLogger(__name__)
 
 ANSWER_MODES = ("strict", "crystal")
+
+
+def check_answer_mode(mode: object, field: str = "answer_mode") -> str:
+    """Check an answer mode: one of :data:`ANSWER_MODES`.
+
+    Raises:
+        ConfigError: naming ``field``.
+    """
+    if mode not in ANSWER_MODES:
+        raise ConfigError(f"must be one of {', '.join(ANSWER_MODES)}, got {mode!r}", field=field)
+    return mode
+
 
 LETTERS = string.ascii_uppercase
 MATH_VERIFY_TIMEOUT_S = 5
@@ -137,8 +151,7 @@ def check_answer(
         TypeError: ``prediction``, ``reference``, ``question`` or an option is not a ``str``,
             or ``options`` is a single ``str``.
     """
-    if mode not in ANSWER_MODES:
-        raise ValueError(f"unknown answer mode {mode!r}; allowed modes: {', '.join(ANSWER_MODES)}")
+    check_answer_mode(mode, "mode")
     for name, value in (("prediction", prediction), ("reference", reference), ("question", question)):
         if not isinstance(value, str):
             raise TypeError(f"{name} must be str, got {type(value).__name__}")

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from cpr.errors import ModelNotAvailableError
+from cpr.errors import ConfigError, ModelNotAvailableError
 
 DEFAULT_ENCODER = "sentence-transformers/all-distilroberta-v1"
 DEFAULT_THRESHOLD = 0.35
@@ -58,6 +58,9 @@ __all__ = [
     "OFFLINE_ENCODER_ALIAS",
     "StepEncoder",
     "StepScores",
+    "check_alpha",
+    "check_matching",
+    "check_threshold",
     "get_encoder",
     "lis_ratio",
     "match_pairs",
@@ -101,16 +104,37 @@ class StepScores:
         return asdict(self)
 
 
-def _check_matching(matching: str) -> None:
+def check_threshold(threshold: Any, field: str = "threshold") -> float:
+    """Check tau, the cosine threshold of step matching (docs/method.md section 2): a number in [0, 1].
+
+    Raises:
+        ConfigError: naming ``field``.
+    """
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+        raise ConfigError(f"tau must be in [0, 1], got {threshold!r}", field=field)
+    return threshold
+
+
+def check_matching(matching: Any, field: str = "matching") -> str:
+    """Check a matching mode: one of :data:`MATCHING_MODES`.
+
+    Raises:
+        ConfigError: naming ``field``.
+    """
     if matching not in MATCHING_MODES:
-        raise ValueError(
-            f"matching must be one of {', '.join(repr(m) for m in MATCHING_MODES)}, got {matching!r}"
-        )
+        raise ConfigError(f"must be one of {', '.join(MATCHING_MODES)}, got {matching!r}", field=field)
+    return matching
 
 
-def _check_alpha(alpha: float) -> None:
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
+def check_alpha(alpha: Any, field: str = "alpha") -> float:
+    """Check the order weight of Ordered F1 (docs/method.md section 3): a number in [0, 1].
+
+    Raises:
+        ConfigError: naming ``field``.
+    """
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
+        raise ConfigError(f"must lie in [0, 1], got {alpha!r}", field=field)
+    return alpha
 
 
 def _as_matrix(similarity: np.ndarray | Sequence[Sequence[float]]) -> np.ndarray:
@@ -146,7 +170,7 @@ def match_pairs(
     Raises:
         ValueError: unknown ``matching`` or a matrix that is not 2-D.
     """
-    _check_matching(matching)
+    check_matching(matching)
     sim = _as_matrix(similarity)
     if sim.size == 0:
         return []
@@ -255,8 +279,8 @@ def score_similarity(
         ValueError: ``n_ref == 0`` (an empty reference list is invalid input), an unknown
             ``matching``, ``alpha`` outside [0, 1].
     """
-    _check_matching(matching)
-    _check_alpha(alpha)
+    check_matching(matching)
+    check_alpha(alpha)
     sim = _as_matrix(similarity)
     n_pred, n_ref = sim.shape
     if n_ref == 0:
@@ -310,8 +334,8 @@ def score_batch(
             bad ``matching`` / ``alpha``.
         TypeError: a step is not a string.
     """
-    _check_matching(matching)
-    _check_alpha(alpha)
+    check_matching(matching)
+    check_alpha(alpha)
     if len(predicted) != len(references):
         raise ValueError(f"predicted has {len(predicted)} samples but references has {len(references)}")
     for k, ref in enumerate(references):

@@ -307,14 +307,13 @@ def score_records(
             id with no reference (named).
         ValueError: unknown ``matching`` / ``answer_mode``, ``alpha`` outside [0, 1].
     """
-    from cpr.answers import ANSWER_MODES, check_answer
+    from cpr.answers import check_answer, check_answer_mode
     from cpr.matching import DEFAULT_ALPHA, DEFAULT_THRESHOLD, score_batch
     from cpr.steps import parse_completion
 
     threshold = DEFAULT_THRESHOLD if threshold is None else float(threshold)
     alpha = DEFAULT_ALPHA if alpha is None else float(alpha)
-    if answer_mode not in ANSWER_MODES:
-        raise ValueError(f"answer_mode must be one of {', '.join(ANSWER_MODES)}, got {answer_mode!r}")
+    check_answer_mode(answer_mode)
     refs = []
     seen: set[str] = set()
     for rec in references:
@@ -443,17 +442,11 @@ def run(args: argparse.Namespace) -> int:
             named); ``cpr.cli.main`` prints it on one line and exits with 2.
         ModelNotAvailableError: the encoder can be neither found locally nor downloaded.
     """
-    import math
-
     from cpr.io import atomic_write_json
-    from cpr.matching import get_encoder
+    from cpr.matching import check_alpha, check_threshold, get_encoder
 
-    if not (math.isfinite(args.threshold) and -1.0 <= args.threshold <= 1.0):
-        raise InputError(
-            f"must lie in [-1, 1] (cosine similarity), got {args.threshold}", field="--threshold"
-        )
-    if not 0.0 <= args.alpha <= 1.0:
-        raise InputError(f"must lie in [0, 1], got {args.alpha}", field="--alpha")
+    check_threshold(args.threshold, "--threshold")
+    check_alpha(args.alpha, "--alpha")
     if args.batch_size < 1:
         raise InputError(f"must be >= 1, got {args.batch_size}", field="--batch-size")
 

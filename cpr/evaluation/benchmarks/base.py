@@ -19,7 +19,6 @@ Every summary (``overall`` and each group) has the same keys, the benchmark's
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,7 +58,7 @@ class ScoringSettings:
         batch_size: encoder batch size.
 
     Raises:
-        ConfigError: unknown ``matching`` / ``answer_mode``, ``threshold`` outside [-1, 1],
+        ConfigError: unknown ``matching`` / ``answer_mode``, ``threshold`` outside [0, 1],
             ``alpha`` outside [0, 1] or ``batch_size < 1``.
     """
 
@@ -72,19 +71,15 @@ class ScoringSettings:
     batch_size: int = 64
 
     def __post_init__(self) -> None:
-        from cpr.answers import ANSWER_MODES
-        from cpr.matching import MATCHING_MODES
+        from cpr.answers import check_answer_mode
+        from cpr.matching import check_alpha, check_matching, check_threshold
 
-        if self.matching not in MATCHING_MODES:
-            raise ConfigError(f"must be one of {', '.join(MATCHING_MODES)}, got {self.matching!r}", field="matching")
-        if self.answer_mode not in ANSWER_MODES:
-            raise ConfigError(
-                f"must be one of {', '.join(ANSWER_MODES)}, got {self.answer_mode!r}", field="answer_mode"
-            )
-        if self.threshold is not None and not (math.isfinite(self.threshold) and -1.0 <= self.threshold <= 1.0):
-            raise ConfigError(f"must lie in [-1, 1] (cosine similarity), got {self.threshold}", field="threshold")
-        if self.alpha is not None and not 0.0 <= self.alpha <= 1.0:
-            raise ConfigError(f"must lie in [0, 1], got {self.alpha}", field="alpha")
+        check_matching(self.matching)
+        check_answer_mode(self.answer_mode)
+        if self.threshold is not None:
+            check_threshold(self.threshold)
+        if self.alpha is not None:
+            check_alpha(self.alpha)
         if self.batch_size < 1:
             raise ConfigError(f"must be >= 1, got {self.batch_size}", field="batch_size")
 
