@@ -97,7 +97,7 @@ CASES = [
      "phase cpr: 3 reward weights for 2 reward functions ['format', 'cpr']"),
     (("guards.zero_std.fraction", 0), "guards.zero_std.fraction", "must be > 0, got 0"),
     (("guards.zero_std.fraction", 1.5), "guards.zero_std.fraction", "must be <= 1, got 1.5"),
-    (("torch_threads", 0), "torch_threads", "must be >= 1 (or null: torch's default), got 0"),
+    (("torch_threads", 0), "torch_threads", "must be >= 1, got 0"),
 ]
 
 

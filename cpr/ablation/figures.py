@@ -292,8 +292,8 @@ def difficulty_by_id(run: RunFolder) -> dict[str, str]:
         for key in ("train", "validation", "test"):
             raw[key] = [DataSourceConfig(**src) for src in raw.get(key) or []]
         data = DataConfig(**raw)
-    except TypeError as e:  # a key the data section does not have
-        raise InputError(f"invalid data section: {e}", path=run.path / "config.yaml", field="data") from None
+    except ValueError as e:  # a key the data section does not have (pydantic's ValidationError)
+        raise InputError(f"invalid data section: {' '.join(str(e).split())}", path=run.path / "config.yaml", field="data") from None
     splits = load_splits(data)
     return {r.id: r.difficulty or "unknown" for part in (splits.train, splits.validation, splits.test) for r in part}
 

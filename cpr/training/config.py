@@ -1,19 +1,14 @@
 """Experiment configuration: one YAML file describes a whole run (both phases).
 
-Sections (the classes below give their keys; ``recipes/configs/`` has examples): ``run_name``,
-``output_dir``, ``seed``, ``torch_threads``, ``model``, ``lora``, ``data``, ``rewards``,
-``warm_start``, ``training`` (``trl.GRPOConfig`` fields shared by all phases), ``phases`` (which
-run, in order), ``phase_settings`` (per phase: :class:`PhaseConfig` fields, merged over the
-built-in :data:`PHASE_PRESETS`), ``evaluation`` and ``guards``. Built-in phases: ``answer_only``
-(format + accuracy, paper phase 1; its best checkpoint on the validation split seeds the next
-phase), ``cpr`` (format + CPR with a_w 0.65, s_w 0.35, lambda 0.3 and the staged curriculum, paper
-phase 2) and ``composite`` (format + accuracy + step_f1, the additive baseline).
-
-OmegaConf reads the YAML (YAML 1.2 numbers: ``5e-4`` is a float) and applies ``--set key=value``
-overrides; pydantic checks the structure and types (unknown keys refused), the ``training``
-sections against ``trl.GRPOConfig``'s field types. :func:`load_config` validates everything before
-any model, dataset or encoder loads; an invalid value raises :class:`cpr.errors.ConfigError`
-naming its dotted key.
+The sections are the fields of :class:`ExperimentConfig` (recipes/configs/ has examples, the README a
+table): ``training`` holds ``trl.GRPOConfig`` fields shared by all phases, ``phase_settings`` per
+phase :class:`PhaseConfig` fields merged over the built-in :data:`PHASE_PRESETS` (``answer_only``:
+format + accuracy, paper phase 1, whose best checkpoint seeds the next phase; ``cpr``: format + CPR
+with a_w 0.65, s_w 0.35, lambda 0.3 and the staged curriculum, paper phase 2; ``composite``: format +
+accuracy + step_f1). OmegaConf reads the YAML (``5e-4`` is a float) and applies ``--set`` overrides;
+pydantic checks keys and types, the ``training`` sections against ``trl.GRPOConfig``'s field types.
+:func:`load_config` checks everything before any model, dataset or encoder loads; an invalid value
+raises :class:`cpr.errors.ConfigError` naming its dotted key.
 """
 
 from __future__ import annotations
@@ -40,19 +35,8 @@ from cpr.data.validation import ON_INVALID_CHOICES
 from cpr.errors import ConfigError
 from cpr.matching import DEFAULT_ALPHA, DEFAULT_ENCODER, DEFAULT_THRESHOLD
 
-__all__ = [
-    "EVAL_SPLITS",
-    "PHASE_PRESETS",
-    "ExperimentConfig",
-    "GuardsConfig",
-    "PhaseConfig",
-    "apply_overrides",
-    "config_from_dict",
-    "load_config",
-    "phase_reward_weights",
-    "phase_training_args",
-    "read_yaml",
-]
+__all__ = ["ExperimentConfig", "PhaseConfig", "apply_overrides", "config_from_dict", "load_config",
+           "phase_reward_weights", "phase_training_args", "read_yaml"]
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -96,8 +80,7 @@ class DataSourceConfig(_Section):
 
 
 class DataConfig(_Section):
-    """Training, validation and test data (an empty validation / test list holds out a share of train,
-    stratified by difficulty bucket)."""
+    """Training, validation and test data (an empty validation / test list: a held-out share of train)."""
 
     train: list[DataSourceConfig] = []
     validation: list[DataSourceConfig] = []
@@ -126,8 +109,7 @@ class RewardsConfig(_Section):
 
 
 class WarmStartConfig(_Section):
-    """Supervised LoRA pass on the records' target JSON before GRPO (the offline demo needs it: a
-    random tiny model earns no reward). Checked as :class:`cpr.training.sft.SFTSettings`."""
+    """Supervised LoRA pass before GRPO (:mod:`cpr.training.warm_start`; checked as its SFTSettings)."""
 
     enabled: bool = False
     max_records: int | None = Field(None, ge=1)  # a seeded subset of the training records (None: all)
@@ -154,8 +136,7 @@ class PhaseConfig(_Section):
 
 
 class EvalBenchmarkConfig(_Section):
-    """One benchmark: the final evaluation scores its ``data`` (empty: the run's test split); without
-    ``data`` the eval hook scores it on the validation split too."""
+    """A benchmark; without its own ``data``: the test split, and the validation split in the eval hook."""
 
     name: str = "crystal"  # crystal, m3cot or vlrmbench
     data: list[DataSourceConfig] = []
@@ -178,96 +159,76 @@ class EvaluationConfig(_Section):
     prompt_mode: Literal[MODES] = "train"  # train (the training prompt) or eval (CRYSTAL's evaluation prompt)
     answer_mode: str = "crystal"  # crystal (the paper's protocol, comparable tables) or strict
     final: bool = True  # score the final adapter on each of final_splits after the last phase
-    final_splits: list[str] = ["test"]  # test: final_eval/<benchmark>/; validation: final_eval/validation/...
+    final_splits: list[Literal[EVAL_SPLITS]] = ["test"]  # final_eval/<benchmark>/, final_eval/validation/...
 
 
 #: What a divergence guard does when its condition holds (:mod:`cpr.training.guards`).
 GuardAction = Literal["warn", "skip_step", "stop"]
-GUARD_ACTIONS: tuple[str, ...] = typing.get_args(GuardAction)
 #: Default action of each guard condition.
 DEFAULT_GUARD_ACTIONS: dict[str, str] = {"nan": "stop", "kl": "warn", "zero_std": "warn", "reward_hacking": "warn"}
+#: Upper bounds of the hack monitors (:data:`cpr.guard.MONITORS`; README, "Reward hacking").
+DEFAULT_HACKING_BOUNDS: dict[str, float] = {"hacking/duplicate_rate": 0.25, "hacking/restatement_rate": 0.25,
+                                            "hacking/precision_minus_recall": 0.8, "hacking/non_answer_rate": 0.5,
+                                            "steps/count": 30.0}
 
 
-class NanGuardConfig(_Section):
+class _Guard(_Section):
+    enabled: bool = True
+    action: GuardAction | None = None  # None: guards.action, else DEFAULT_GUARD_ACTIONS
+
+
+class NanGuardConfig(_Guard):
     """NaN or Inf in any reward, the loss or the gradient norm of an optimizer step."""
 
-    enabled: bool = True
-    action: GuardAction | None = None
 
+class KLGuardConfig(_Guard):
+    """TRL's logged KL (with ``training.beta > 0``) above ``limit`` for consecutive optimizer steps."""
 
-class KLGuardConfig(_Section):
-    """TRL's logged KL (only with ``training.beta > 0``) above ``limit`` for ``consecutive_steps``
-    optimizer steps in a row."""
-
-    enabled: bool = True
     limit: float = Field(10.0, gt=0)
     consecutive_steps: int = Field(5, ge=1)
-    action: GuardAction | None = None
 
 
-class ZeroStdGuardConfig(_Section):
-    """No learning signal: every group's reward std is zero (TRL's ``frac_reward_zero_std`` = 1) for
-    :meth:`window_for` optimizer steps in a row."""
+class ZeroStdGuardConfig(_Guard):
+    """Every group's reward std zero (TRL's ``frac_reward_zero_std`` = 1) for :meth:`window_for` steps."""
 
-    enabled: bool = True
     window: int = Field(50, ge=1)
     fraction: float = Field(0.25, gt=0, le=1)
-    action: GuardAction | None = None
 
     def window_for(self, max_steps: int) -> int:
         """``min(window, max(1, ceil(fraction * max_steps)))``; ``window`` when ``max_steps <= 0`` (unknown)."""
         return self.window if max_steps <= 0 else min(self.window, max(1, math.ceil(self.fraction * max_steps)))
 
 
-#: Upper bounds of the hack monitors (:data:`cpr.guard.MONITORS`; README, "Reward hacking").
-DEFAULT_HACKING_BOUNDS: dict[str, float] = {
-    "hacking/duplicate_rate": 0.25,
-    "hacking/restatement_rate": 0.25,
-    "hacking/precision_minus_recall": 0.8,
-    "hacking/non_answer_rate": 0.5,
-    "steps/count": 30.0,
-}
+class RewardHackingGuardConfig(_Guard):
+    """A hack monitor above its bound for consecutive optimizer steps; ``bounds`` replace the defaults
+    one by one."""
 
-
-class RewardHackingGuardConfig(_Section):
-    """A hack monitor (logged by the step-scoring rewards) above its bound for ``consecutive_steps``
-    optimizer steps in a row; given ``bounds`` replace the defaults one by one."""
-
-    enabled: bool = True
-    bounds: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_HACKING_BOUNDS))
+    bounds: dict[str, float] = DEFAULT_HACKING_BOUNDS
     consecutive_steps: int = Field(20, ge=1)
-    action: GuardAction | None = None
 
     @field_validator("bounds")
     @classmethod
     def _with_defaults(cls, bounds: dict[str, float]) -> dict[str, float]:
         from cpr.guard import MONITORS
 
-        for key in bounds:
-            if key not in MONITORS:
-                raise ConfigError(f"unknown monitor; known: {', '.join(MONITORS)}", field=key)
+        for key in set(bounds) - set(MONITORS):
+            raise ConfigError(f"unknown monitor; known: {', '.join(MONITORS)}", field=key)
         return {**DEFAULT_HACKING_BOUNDS, **bounds}
 
 
 class GuardsConfig(_Section):
-    """Divergence guards of the GRPO phases (:mod:`cpr.training.guards`); a condition's action is its
-    own ``action``, else ``guards.action``, else :data:`DEFAULT_GUARD_ACTIONS`."""
+    """Divergence guards of the GRPO phases (:mod:`cpr.training.guards`)."""
 
     enabled: bool = True
-    action: GuardAction | None = None
+    action: GuardAction | None = None  # for every condition that sets none
     nan: NanGuardConfig = NanGuardConfig()
     kl: KLGuardConfig = KLGuardConfig()
     zero_std: ZeroStdGuardConfig = ZeroStdGuardConfig()
     reward_hacking: RewardHackingGuardConfig = RewardHackingGuardConfig()
 
     def action_for(self, condition: str) -> str:
-        """The resolved action of ``condition`` (nan, kl, zero_std or reward_hacking).
-
-        Raises:
-            KeyError: an unknown condition.
-        """
-        if condition not in DEFAULT_GUARD_ACTIONS:
-            raise KeyError(f"unknown guard condition {condition!r}; known: {sorted(DEFAULT_GUARD_ACTIONS)}")
+        """The action of ``condition`` (nan, kl, zero_std, reward_hacking): its own, else ``guards.action``,
+        else :data:`DEFAULT_GUARD_ACTIONS`."""
         return getattr(self, condition).action or self.action or DEFAULT_GUARD_ACTIONS[condition]
 
 
@@ -277,7 +238,7 @@ class ExperimentConfig(_Section):
     run_name: str = "cpr"
     output_dir: str = "outputs/cpr"
     seed: int = 42  # data splits, sampling order and initialisation
-    torch_threads: int | None = 1  # torch.set_num_threads at the start (None: torch's default); README
+    torch_threads: int | None = Field(1, ge=1)  # torch.set_num_threads at the start; null: torch's default
     model: ModelSettings = ModelSettings()
     lora: LoraSettings = LoraSettings()
     data: DataConfig = DataConfig()
@@ -321,8 +282,8 @@ _UNION_MEMBER = re.compile(r"str|int|float|bool|[\w-]+\[.*\]")  # pydantic's loc
 
 
 def _parse(cls: type[BaseModel], data: Any, prefix: str = "", unknown: str | None = None) -> Any:
-    """``cls.model_validate(data)``; the first error raised as a ConfigError naming ``<prefix>.<key>``
-    (``unknown``: the message for an unknown key, ``{!r}`` standing for the key)."""
+    """``cls.model_validate(data)``, its first error raised as a ConfigError naming ``<prefix>.<key>``
+    (``unknown``: the message of an unknown key, ``{!r}`` standing for the key)."""
     try:
         return cls.model_validate(data)
     except ValidationError as e:
@@ -336,29 +297,26 @@ def _parse(cls: type[BaseModel], data: Any, prefix: str = "", unknown: str | Non
     expected = _EXPECTED.get(kind.split("_")[0])
     if kind == "extra_forbidden":
         msg = unknown.format(err["loc"][-1]) if unknown else f"unknown key; known keys here: {_known(cls, err['loc'])}"
-    elif kind == "value_error":
-        msg, field_ = getattr(ctx["error"], "message", str(ctx["error"])), getattr(ctx["error"], "field", None)
-        key = f"{key}.{field_}" if field_ else key
+    elif kind == "value_error":  # a validator's ConfigError may name a key below loc
+        msg, below = getattr(ctx["error"], "message", str(ctx["error"])), getattr(ctx["error"], "field", None)
+        key = f"{key}.{below}" if below else key
     elif kind == "literal_error":
         msg = f"must be {ctx['expected']}, got {value!r}"
     elif kind in _BOUNDS:
         msg = f"must be {_BOUNDS[kind]} {next(iter(ctx.values())):g}, got {value!r}"
     elif expected:
-        got = type(value).__name__ if kind.split("_")[0] in ("list", "dict", "model") else repr(value)
-        msg = f"expected {expected}, got {got}"
+        msg = f"expected {expected}, got " + (type(value).__name__ if expected in ("a list", "a mapping") else repr(value))
     else:
         msg = err["msg"]
-    raise ConfigError(msg, field=key)
+    raise ConfigError(msg, field=key or None)
 
 
 def _known(cls: Any, loc: tuple[Any, ...]) -> list[str]:
-    """The keys of the section at ``loc[:-1]`` below model ``cls``."""
+    """The keys of the section at ``loc[:-1]`` of model ``cls``."""
     for p in loc[:-1]:
-        if isinstance(p, str) and p in getattr(cls, "model_fields", {}):
-            ann = cls.model_fields[p].annotation
-            cls = next((a for a in (ann, *typing.get_args(ann)) if isinstance(a, type) and not typing.get_args(a)
-                        and issubclass(a, BaseModel)), None)
-    return sorted(getattr(cls, "model_fields", {}))
+        ann = cls.model_fields[p].annotation if isinstance(p, str) and p in cls.model_fields else None
+        cls = next((a for a in (*typing.get_args(ann), ann) if isinstance(a, type) and issubclass(a, BaseModel)), cls)
+    return sorted(cls.model_fields)
 
 
 #: Bounds cpr adds to trl.GRPOConfig's field types (TRL would fail on such values only in training).
@@ -390,7 +348,7 @@ def _check_training(section: Mapping[str, Any], prefix: str) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# validation
+# phases, validation
 # --------------------------------------------------------------------------------------
 
 
@@ -399,43 +357,11 @@ def _merge(*dicts: Mapping[str, Any]) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.merge(*dicts))
 
 
-def _resolve_path(path: str, base: Path | None) -> str:
-    p = Path(os.path.expanduser(path))
-    if not p.is_absolute() and base is not None and not p.exists() and (base / p).exists():
-        return str(base / p)
-    return str(p)
-
-
-def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None) -> None:
-    from cpr.data import ADAPTERS
-    from cpr.data.adapters.hf import looks_like_hub_name
-
-    for i, src in enumerate(sources):
-        k = f"{key}[{i}]"
-        if src.source not in ADAPTERS:
-            raise ConfigError(f"unknown data source {src.source!r}; known: {sorted(ADAPTERS)}", field=f"{k}.source")
-        if not src.path:
-            raise ConfigError("missing dataset path", field=f"{k}.path")
-        src.path = _resolve_path(src.path, base)
-        if not Path(src.path).exists() and not (ADAPTERS[src.source].loads_hub_datasets and looks_like_hub_name(src.path)):
-            raise ConfigError(f"dataset path does not exist: {src.path}", field=f"{k}.path")
-
-
-def _rekey(key: str, call: Any, *args: Any) -> Any:
-    """``call(*args)``, its ConfigError naming config key ``key``."""
-    try:
-        return call(*args)
-    except ConfigError as e:
-        raise ConfigError(e.message, field=key) from None
-
-
 def num_processes() -> int:
     """The number of training processes of this launch: ``WORLD_SIZE`` (torchrun, accelerate) or
     ``ACCELERATE_NUM_PROCESSES``, else 1 (an unreadable value is passed over)."""
-    for var in ("WORLD_SIZE", "ACCELERATE_NUM_PROCESSES"):
-        if os.environ.get(var, "").isdigit():
-            return max(1, int(os.environ[var]))
-    return 1
+    counts = [os.environ.get(v, "") for v in ("WORLD_SIZE", "ACCELERATE_NUM_PROCESSES")]
+    return max(1, int(next((n for n in counts if n.isdigit()), 1)))
 
 
 def phase_training_args(cfg: ExperimentConfig, name: str) -> dict[str, Any]:
@@ -450,7 +376,7 @@ def phase_training_args(cfg: ExperimentConfig, name: str) -> dict[str, Any]:
 
 def phase_reward_weights(phase: PhaseConfig, args: Mapping[str, Any]) -> tuple[list[float] | None, str]:
     """A phase's reward weights and the config key that gave them: ``phase_settings.<phase>.reward_weights``
-    if set, else TRL's ``reward_weights`` from the phase's merged ``training`` arguments ``args``, else
+    if set, else TRL's ``reward_weights`` of the phase's merged ``training`` arguments ``args``, else
     ``None`` (the reward set's own weights)."""
     key = f"phase_settings.{phase.name}"
     if phase.reward_weights is not None:
@@ -467,46 +393,106 @@ def _reward_shared(r: RewardsConfig) -> dict[str, Any]:
 
 
 def _reward_key(field_: str | None, key: str, phase: PhaseConfig) -> str:
-    """The config key of an error of :func:`cpr.rewards.get_reward_set` (which names ``rewards``,
-    ``reward_weights``, ``reward_params`` or ``rewards.<function>[.<parameter>]``) for phase ``key``."""
+    """The config key of an error of :func:`cpr.rewards.get_reward_set` (naming ``rewards``,
+    ``reward_weights``, ``reward_params`` or ``rewards.<function>[.<parameter>]``) in phase ``key``."""
     parts = (field_ or "rewards").split(".")
-    if len(parts) == 1:
-        return f"{key}.{parts[0]}"
-    if len(parts) == 3:  # rewards.<function>.<parameter>
-        return f"{key}.reward_params.{parts[1]}.{parts[2]}"
-    owners = [f for f, params in phase.reward_params.items() if parts[1] in (params or {})]
-    if owners:
-        return f"{key}.reward_params.{owners[0]}.{parts[1]}"
+    if len(parts) != 2:  # rewards / reward_weights / reward_params, or rewards.<function>.<parameter>
+        return f"{key}.{parts[0]}" if len(parts) == 1 else f"{key}.reward_params.{parts[1]}.{parts[2]}"
+    owner = next((f for f, params in phase.reward_params.items() if parts[1] in (params or {})), None)
+    if owner:
+        return f"{key}.reward_params.{owner}.{parts[1]}"
     return field_ if parts[1] in RewardsConfig.model_fields else f"{key}.reward_params.{parts[1]}"
 
 
-def _check_generation_batch(args: Mapping[str, Any], key: str, phase_args: Mapping[str, Any]) -> None:
-    """GRPO's structure: the global generation batch holds whole groups of ``num_generations``."""
+def _resolve_path(path: str, base: Path | None) -> str:
+    """``path``, relative to the working directory, else to the config file's folder ``base``."""
+    p = Path(os.path.expanduser(path))
+    return str(base / p) if not p.is_absolute() and base and not p.exists() and (base / p).exists() else str(p)
+
+
+def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None) -> None:
+    from cpr.data import ADAPTERS
+    from cpr.data.adapters.hf import looks_like_hub_name
+
+    for i, src in enumerate(sources):
+        if src.source not in ADAPTERS:
+            raise ConfigError(f"unknown data source {src.source!r}; known: {sorted(ADAPTERS)}", field=f"{key}[{i}].source")
+        if not src.path:
+            raise ConfigError("missing dataset path", field=f"{key}[{i}].path")
+        src.path = _resolve_path(src.path, base)
+        if not Path(src.path).exists() and not (ADAPTERS[src.source].loads_hub_datasets and looks_like_hub_name(src.path)):
+            raise ConfigError(f"dataset path does not exist: {src.path}", field=f"{key}[{i}].path")
+
+
+def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> PhaseConfig:
+    """Phase ``name``'s settings over its preset, checked with the shared ``training`` and ``rewards``."""
+    from cpr.curriculum import CurriculumConfig
+    from cpr.rewards import get_reward_set
+
+    key, given = f"phase_settings.{name}", cfg.phase_settings.get(name)
+    if given is not None and not isinstance(given, Mapping):
+        raise ConfigError(f"expected a mapping, got {type(given).__name__}", field=key)
+    if name not in PHASE_PRESETS and given is None:
+        raise ConfigError(f"phase {name!r} is not built in ({sorted(PHASE_PRESETS)}); define it under {key}",
+                          field="phases")
+    preset = dict(PHASE_PRESETS.get(name, {}))
+    if given and "rewards" in given and given["rewards"] != preset.get("rewards"):
+        preset.pop("reward_params", None)  # the preset's parameters belong to its own rewards
+    phase = _parse(PhaseConfig, {**_merge(preset, given or {}), "name": name}, key)
+    _check_training(phase.training, f"{key}.training")
+    args = _merge(cfg.training, phase.training)
+    weights, weights_key = phase_reward_weights(phase, args)
+    try:
+        get_reward_set(phase.rewards, weights, phase.reward_params, **_reward_shared(cfg.rewards))
+    except ConfigError as e:
+        if e.field == "reward_weights":
+            raise ConfigError(f"phase {name}: {e.message}", field=weights_key) from None
+        raise ConfigError(e.message, field=_reward_key(e.field, key, phase)) from None
+    try:
+        schedule = CurriculumConfig.from_dict(phase.curriculum, prefix=f"{key}.curriculum").schedule
+    except ConfigError as e:
+        field_ = e.field or "curriculum"
+        raise ConfigError(e.message, field=field_ if field_.startswith(key) else f"{key}.{field_}") from None
+    if schedule != "none" and not (args.get("max_steps") or 0) > 0:
+        raise ConfigError(f"a {schedule!r} curriculum needs max_steps > 0 (the schedule is a fraction of training)",
+                          field=f"{key}.training.max_steps")
+    if phase.init_adapter is not None:
+        phase.init_adapter = _resolve_path(phase.init_adapter, base)
+        if not Path(phase.init_adapter, "adapter_config.json").is_file():
+            raise ConfigError(f"no LoRA adapter (adapter_config.json) in {phase.init_adapter}", field=f"{key}.init_adapter")
+    # GRPO's structure: the global generation batch holds whole groups of num_generations
     per_device, num_gen = args.get("per_device_train_batch_size", 8), args.get("num_generations", 8)
     steps_per_gen = args.get("steps_per_generation") or args.get("gradient_accumulation_steps", 1)
     gen_batch = args.get("generation_batch_size") or per_device * num_processes() * steps_per_gen
-    if gen_batch % num_gen != 0:
+    if gen_batch % num_gen:
         involved = ("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                     "steps_per_generation", "generation_batch_size")
         raise ConfigError(
-            f"the global generation batch ({per_device} per device x {num_processes()} processes x "
-            f"{steps_per_gen} steps per generation = {gen_batch}) is not divisible by num_generations "
-            f"({num_gen}); change per_device_train_batch_size, gradient_accumulation_steps or num_generations",
-            field=next((f"{key}.training.{k}" for k in involved if k in phase_args), "training.num_generations"),
+            f"the global generation batch ({per_device} per device x {num_processes()} processes x {steps_per_gen} "
+            f"steps per generation = {gen_batch}) is not divisible by num_generations ({num_gen}); change "
+            "per_device_train_batch_size, gradient_accumulation_steps or num_generations",
+            field=next((f"{key}.training.{k}" for k in involved if k in phase.training), "training.num_generations"),
         )
+    return phase
+
+
+def _rekey(key: str, check: Any, *args: Any) -> None:
+    """``check(*args)``, its ConfigError naming config key ``key``."""
+    try:
+        check(*args)
+    except ConfigError as e:
+        raise ConfigError(e.message, field=key) from None
 
 
 def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
-    """Check every value that needs more than its type; resolve phase presets and relative paths
-    (relative to the working directory, else to the config file's folder)."""
+    """Check every value that needs more than its type, in the owning module's check where there is
+    one; resolve the phases and relative paths."""
     from cpr.answers import check_answer_mode
-    from cpr.curriculum import CurriculumConfig
     from cpr.data import BucketConfig, load_templates
     from cpr.evaluation.benchmarks import get_benchmark
     from cpr.guard import GuardSettings
     from cpr.matching import check_alpha, check_matching, check_threshold
     from cpr.models.loading import resolve_dtype
-    from cpr.rewards import get_reward_set
     from cpr.training.sft import SFTSettings
     from cpr.training.warm_start import warm_start_settings
 
@@ -514,29 +500,22 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     if not cfg.model.name_or_path:
         raise ConfigError("missing model name or path", field="model.name_or_path")
     _rekey("model.dtype", resolve_dtype, cfg.model.dtype, "cpu")
-    if cfg.torch_threads is not None and cfg.torch_threads < 1:
-        raise ConfigError(f"must be >= 1 (or null: torch's default), got {cfg.torch_threads}", field="torch_threads")
-    unknown = sorted(set(cfg.warm_start.extra) - {f.name for f in dataclasses.fields(SFTSettings)})
-    if unknown:
-        raise ConfigError("not a cpr.training.sft.SFTSettings field", field=f"warm_start.extra.{unknown[0]}")
+    for k in set(cfg.warm_start.extra) - {f.name for f in dataclasses.fields(SFTSettings)}:
+        raise ConfigError("not a cpr.training.sft.SFTSettings field", field=f"warm_start.extra.{k}")
     warm_start_settings(cfg)
-
     if not cfg.data.train:
         raise ConfigError("no training data: give at least one {source, path}", field="data.train")
     for split in ("train", "validation", "test"):
         _check_sources(getattr(cfg.data, split), f"data.{split}", base)
     for i, src in enumerate(cfg.data.train):
         if src.options.get("text_only") == "keep":
-            raise ConfigError(
-                "text-only questions cannot be trained with GRPO: TRL cannot generate for a batch mixing "
-                "text-only and image prompts; use text_only: skip",
-                field=f"data.train[{i}].options.text_only",
-            )
+            raise ConfigError("text-only questions cannot be trained with GRPO: TRL cannot generate for a batch "
+                              "mixing text-only and image prompts; use text_only: skip",
+                              field=f"data.train[{i}].options.text_only")
     BucketConfig.from_dict(cfg.data.buckets)
     if isinstance(cfg.data.prompts, str):
         cfg.data.prompts = _resolve_path(cfg.data.prompts, base)
     load_templates(cfg.data.prompts)
-
     r = cfg.rewards
     check_threshold(r.threshold, "rewards.threshold")
     check_matching(r.matching, "rewards.matching")
@@ -544,51 +523,13 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     check_answer_mode(r.answer_mode, "rewards.answer_mode")
     GuardSettings.parse(r.guard, threshold=r.threshold, field="rewards.guard")
 
-    if not cfg.phases:
-        raise ConfigError("no phases to run", field="phases")
-    if len(set(cfg.phases)) != len(cfg.phases):
-        raise ConfigError(f"a phase is listed twice: {cfg.phases}", field="phases")
-    unknown = set(cfg.phase_settings) - set(cfg.phases)
-    if unknown:
-        raise ConfigError(f"settings given for phases that are not run: {sorted(unknown)} (phases: {cfg.phases})",
-                          field="phase_settings")
+    if not cfg.phases or len(set(cfg.phases)) != len(cfg.phases):
+        raise ConfigError(f"must list each phase to run once, got {cfg.phases}", field="phases")
+    if set(cfg.phase_settings) - set(cfg.phases):
+        raise ConfigError(f"settings given for phases that are not run: {sorted(set(cfg.phase_settings) - set(cfg.phases))} "
+                          f"(phases: {cfg.phases})", field="phase_settings")
     _check_training(cfg.training, "training")
-    resolved: dict[str, PhaseConfig] = {}
-    for name in cfg.phases:
-        key, given = f"phase_settings.{name}", cfg.phase_settings.get(name)
-        if given is not None and not isinstance(given, Mapping):
-            raise ConfigError(f"expected a mapping, got {type(given).__name__}", field=key)
-        if name not in PHASE_PRESETS and given is None:
-            raise ConfigError(f"phase {name!r} is not built in ({sorted(PHASE_PRESETS)}); define it under {key}",
-                              field="phases")
-        preset = dict(PHASE_PRESETS.get(name, {}))
-        if given and "rewards" in given and given["rewards"] != preset.get("rewards"):
-            preset.pop("reward_params", None)  # the preset's parameters belong to its own rewards
-        phase = resolved[name] = _parse(PhaseConfig, {**_merge(preset, given or {}), "name": name}, key)
-        _check_training(phase.training, f"{key}.training")
-        args = _merge(cfg.training, phase.training)
-        weights, weights_key = phase_reward_weights(phase, args)
-        try:
-            get_reward_set(phase.rewards, weights, phase.reward_params, **_reward_shared(r))
-        except ConfigError as e:
-            if e.field == "reward_weights":
-                raise ConfigError(f"phase {name}: {e.message}", field=weights_key) from None
-            raise ConfigError(e.message, field=_reward_key(e.field, key, phase)) from None
-        try:
-            schedule = CurriculumConfig.from_dict(phase.curriculum, prefix=f"{key}.curriculum").schedule
-        except ConfigError as e:
-            field_ = e.field or "curriculum"
-            raise ConfigError(e.message, field=field_ if field_.startswith(key) else f"{key}.{field_}") from None
-        if phase.init_adapter is not None:
-            phase.init_adapter = _resolve_path(phase.init_adapter, base)
-            if not Path(phase.init_adapter, "adapter_config.json").is_file():
-                raise ConfigError(f"no LoRA adapter (adapter_config.json) in {phase.init_adapter}",
-                                  field=f"{key}.init_adapter")
-        _check_generation_batch(args, key, phase.training)
-        if schedule != "none" and not (args.get("max_steps") or 0) > 0:
-            raise ConfigError(f"a {schedule!r} curriculum needs max_steps > 0 (the schedule is a fraction of training)",
-                              field=f"{key}.training.max_steps")
-    cfg.phase_settings = resolved
+    cfg.phase_settings = {name: _resolve_phase(cfg, name, base) for name in cfg.phases}
 
     ev = cfg.evaluation
     for i, b in enumerate(ev.benchmarks):
@@ -603,16 +544,9 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
             field="evaluation.metric_for_best",
         )
     if ev.eval_steps is not None and not (cfg.data.validation or cfg.data.validation_size):
-        raise ConfigError(
-            "the eval hook scores the validation split, which is empty: set data.validation or "
-            "data.validation_size, or evaluation.eval_steps: null",
-            field="evaluation.eval_steps",
-        )
+        raise ConfigError("the eval hook scores the validation split, which is empty: set data.validation or "
+                          "data.validation_size, or evaluation.eval_steps: null", field="evaluation.eval_steps")
     check_answer_mode(ev.answer_mode, "evaluation.answer_mode")
-    for i, split in enumerate(ev.final_splits):
-        if split not in EVAL_SPLITS:
-            raise ConfigError(f"unknown split {split!r}; expected one of {', '.join(EVAL_SPLITS)}",
-                              field=f"evaluation.final_splits[{i}]")
     if len(set(ev.final_splits)) != len(ev.final_splits):
         raise ConfigError(f"a split is listed twice: {ev.final_splits}", field="evaluation.final_splits")
     if ev.final and not ev.final_splits:
@@ -633,67 +567,60 @@ def config_from_dict(data: Mapping[str, Any], *, config_path: str | None = None)
         ConfigError: an unknown key or an invalid value (dotted key named; ``config_path`` as the file).
     """
     try:
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"expected a mapping at the top level, got {type(data).__name__}")
         cfg = _parse(ExperimentConfig, data)
         cfg.config_path = config_path
         return _validate(cfg)
     except ConfigError as e:
-        if config_path and e.path is None:
-            raise ConfigError(e.message, field=e.field, path=config_path) from None
-        raise
+        raise ConfigError(e.message, field=e.field, path=e.path or config_path) from None
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
     """Read a YAML experiment config, apply ``key=value`` overrides (:func:`apply_overrides`), validate it.
 
-    An override of ``phases`` (``--phases cpr``, ``--set phases=[cpr]``) also leaves out, with a
-    warning, the ``phase_settings`` of the file's phases it drops.
+    An override of ``phases`` (``--phases cpr``) also leaves out, with a warning, the ``phase_settings``
+    of the file's phases it drops (a phase name the file does not run stays, and is refused).
 
     Raises:
         ConfigError: unreadable YAML, an unknown key or an invalid value; the message names the file
             (and the override that set the value) and the dotted key.
         FileNotFoundError: ``path`` does not exist.
     """
-    path = Path(path)
-    data = read_yaml(path) or {}
+    data = read_yaml(path)
     if overrides and isinstance(data, dict):
         file_phases = data.get("phases", ExperimentConfig.model_fields["phases"].default)
         data = apply_overrides(data, overrides)
-        settings = data.get("phase_settings")
-        if any(item.partition("=")[0].strip() == "phases" for item in overrides) and isinstance(settings, dict):
-            dropped = sorted(str(k) for k in settings if k not in data["phases"] and k in file_phases)
-            if dropped:  # a misspelt phase name (not in the file's phases) stays, and is refused
-                logging.getLogger("cpr.training").warning("phases %s: leaving out phase_settings of %s",
-                                                          data["phases"], dropped)
-                data["phase_settings"] = {k: v for k, v in settings.items() if str(k) not in dropped}
+        settings, phases = data.get("phase_settings"), data.get("phases")
+        dropped = sorted(str(k) for k in settings if k not in phases and k in file_phases) if (
+            isinstance(settings, dict) and isinstance(phases, list) and "phases" in map(_name, overrides)) else []
+        if dropped:
+            logging.getLogger("cpr.training").warning("phases %s: leaving out phase_settings of %s", phases, dropped)
+            data["phase_settings"] = {k: v for k, v in settings.items() if str(k) not in dropped}
     try:
         return config_from_dict(data, config_path=str(path))
-    except ConfigError as e:
-        key = (e.field or "").replace("[", ".").replace("]", "") + "."
-        # the last override that set the key, a key above it or one below it names the source
-        given = [o for o in overrides if e.field and (key.startswith(_name(o)) or _name(o).startswith(key))]
+    except ConfigError as e:  # name the last override that set the key, a key above it or one below it
+        key = (e.field or "").replace("[", ".").replace("]", "")
+        given = [o for o in overrides if e.field and (f"{key}.".startswith(f"{_name(o)}.") or _name(o).startswith(f"{key}."))]
         if not given or e.path != str(path):
             raise
         raise ConfigError(e.message, field=e.field, path=f"{path} (--set {given[-1]})") from None
 
 
 def _name(override: str) -> str:
-    return override.partition("=")[0].strip().replace("[", ".").replace("]", "") + "."
+    return override.partition("=")[0].strip().replace("[", ".").replace("]", "")
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """``data`` with ``key.sub=value`` / ``key[i].sub=value`` overrides applied in order (OmegaConf's
-    dotlist: values parsed as YAML); a value replaces what was there, a mapping included.
+    dotlist; values parsed as YAML); a value replaces what was there, a mapping included.
 
     Raises:
         ConfigError: an override without ``=`` or that cannot be applied (naming it).
     """
     conf = OmegaConf.create(dict(data))
     for item in overrides:
-        key = item.partition("=")[0].strip()
-        if "=" not in item or not key:
+        if "=" not in item or not _name(item):
             raise ConfigError(f"override {item!r} is not of the form key.sub=value", field=item)
+        key = item.partition("=")[0].strip()
         try:
             OmegaConf.update(conf, key, None, merge=False)  # replace rather than merge a mapping
             conf.merge_with_dotlist([f"{key}={item.partition('=')[2]}"])
