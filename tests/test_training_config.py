@@ -9,6 +9,7 @@ import runpy
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -319,3 +320,66 @@ def test_paper_configs_pin_every_setting_that_changes_the_loss(config):
               "optim", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm")
     assert [k for k in pinned if k not in t] == []
     assert (t["loss_type"], t["scale_rewards"], t["epsilon_high"], t["steps_per_generation"]) == ("dapo", "group", 0.2, 2)
+
+
+def test_tau_matching_and_answer_mode_have_one_check_and_one_range(tmp_path):
+    """Each is checked by one function (cpr.matching / cpr.answers): the config, the reward functions,
+    the evaluation's ScoringSettings and the library functions refuse the same values with the same
+    message (ScoringSettings used to accept tau in [-1, 1])."""
+    from cpr.answers import check_answer
+    from cpr.evaluation import ScoringSettings
+    from cpr.matching import match_pairs
+    from cpr.rewards import get_reward_set
+
+    def refused(call, **kwargs):
+        with pytest.raises(ConfigError) as e:
+            call(**kwargs)
+        return e.value.field, e.value.message
+
+    tau, matching, mode = "tau must be in [0, 1], got -0.1", "must be one of greedy, maximum, got 'x'", (
+        "must be one of strict, crystal, got 'x'")
+    assert refused(ScoringSettings, threshold=-0.1) == ("threshold", tau)
+    assert refused(get_reward_set, names="cpr", threshold=-0.1) == ("rewards.threshold", tau)
+    assert refused(ScoringSettings, matching="x") == ("matching", matching)
+    assert refused(get_reward_set, names="cpr", matching="x") == ("rewards.matching", matching)
+    assert refused(match_pairs, similarity=np.eye(2), matching="x") == ("matching", matching)
+    assert refused(ScoringSettings, answer_mode="x") == ("answer_mode", mode)
+    assert refused(get_reward_set, names="answer_only", answer_mode="x") == ("rewards.answer_mode", mode)
+    assert refused(check_answer, prediction="1", reference="1", mode="x") == ("mode", mode)
+    for key, value, message in (("rewards.threshold", -0.1, tau), ("rewards.matching", "x", matching),
+                                ("rewards.answer_mode", "x", mode), ("evaluation.answer_mode", "x", mode)):
+        path = _write(tmp_path, (key, value))
+        assert refused(load_config, path=path) == (key, message)
+
+
+def test_overrides_index_lists_replace_mappings_and_name_a_bad_one(tmp_path):
+    """``--set`` (OmegaConf's dotlist): ``key[i]`` reaches into a list, a mapping value replaces the
+    mapping (a phase's training settings are not merged with the file's), values are YAML 1.2."""
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    cfg = load_config(path, ["data.train[0].limit=5", "phase_settings.cpr.training={max_steps: 2}", "rewards.alpha=5e-1"])
+    assert cfg.data.train[0].limit == 5 and cfg.rewards.alpha == 0.5
+    assert cfg.phase("cpr").training == {"max_steps": 2}  # the file's learning_rate is gone
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ["data.train[3].limit=5"])
+    assert e.value.field == "data.train[3].limit" and "cannot apply override 'data.train[3].limit=5'" in e.value.message
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ["phases"])
+    assert e.value.message == "override 'phases' is not of the form key.sub=value"
+
+
+@pytest.mark.parametrize(("change", "key", "message"), [
+    (("warm_start.max_steps", 0), "warm_start.max_steps", "must be a positive integer or -1"),
+    (("warm_start.extra", {"max_step": 3}), "warm_start.extra.max_step", "not a cpr.training.sft.SFTSettings field"),
+    (("model.dtype", "int8"), "model.dtype", "unknown dtype 'int8'"),
+    (("evaluation.benchmarks", [{"name": "mmmu"}]), "evaluation.benchmarks[0].name", "unknown benchmark 'mmmu'"),
+    (("data.on_invalid", "ignore"), "data.on_invalid", "must be 'error' or 'skip', got 'ignore'"),
+    (("lora.target_modules", 3), "lora.target_modules", "expected a string, got 3"),
+    (("model", 3), "model", "expected a mapping, got int"),
+    (("data.train.0.limit", 0), "data.train[0].limit", "must be >= 1, got 0"),
+])
+def test_the_owning_modules_check_their_settings(tmp_path, change, key, message):
+    """Settings another module owns are checked by that module's own check, at load time, the key named."""
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, change))
+    assert e.value.field == key and message in e.value.message
