@@ -30,10 +30,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser, default_config=str(DEMO))
     args = parser.parse_args()
-    if Path(args.config).resolve() == DEMO:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demo never touches the hub
-        # the demo's own outputs/demo is disposable: running it again replaces it (unless resuming);
-        # a demo-based run given another output_dir (an ablation's runs) is never deleted unasked
+    if Path(args.config).resolve() == DEMO:  # offline; its own outputs/demo is replaced unless resumed
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         own_output = args.output_dir is None and not any(o.startswith("output_dir=") for o in args.overrides)
         args.overwrite = args.overwrite or (own_output and not args.resume)
     return run_command("cpr_curriculum", run, args)  # the config is validated before any model loads

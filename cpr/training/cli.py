@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_config: str | None
     parser.add_argument("--overwrite", action="store_true",
                         help="delete a previous run in output_dir and start over (without it or --resume it is refused)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value (YAML), e.g. --set phases=[cpr] --set data.train[0].limit=8")
+                        help="override a config value (YAML), e.g. --set phases=[cpr] --set 'data.train[0].limit=8'")
     parser.add_argument("--output-dir", help="shortcut for --set output_dir=...")
     parser.add_argument("--phases", help="comma-separated phases to run, e.g. cpr (shortcut for --set phases=[...])")
     add_check_arguments(parser)

@@ -1,14 +1,10 @@
 """Experiment configuration: one YAML file describes a whole run (both phases).
 
-The sections are the fields of :class:`ExperimentConfig` (recipes/configs/ has examples, the README a
-table): ``training`` holds ``trl.GRPOConfig`` fields shared by all phases, ``phase_settings`` per
-phase :class:`PhaseConfig` fields merged over the built-in :data:`PHASE_PRESETS` (``answer_only``:
-format + accuracy, paper phase 1, whose best checkpoint seeds the next phase; ``cpr``: format + CPR
-with a_w 0.65, s_w 0.35, lambda 0.3 and the staged curriculum, paper phase 2; ``composite``: format +
-accuracy + step_f1). OmegaConf reads the YAML (``5e-4`` is a float) and applies ``--set`` overrides;
-pydantic checks keys and types, the ``training`` sections against ``trl.GRPOConfig``'s field types.
-:func:`load_config` checks everything before any model, dataset or encoder loads; an invalid value
-raises :class:`cpr.errors.ConfigError` naming its dotted key.
+The sections are the fields of :class:`ExperimentConfig` (examples in recipes/configs/, a table in the
+README); ``phase_settings`` are merged over the built-in :data:`PHASE_PRESETS`. OmegaConf reads the YAML
+and applies ``--set`` overrides; pydantic checks keys and types (the ``training`` sections against
+``trl.GRPOConfig``'s field types); :func:`load_config` checks everything before any model, dataset or
+encoder loads, an invalid value raising :class:`cpr.errors.ConfigError` that names its dotted key.
 """
 
 from __future__ import annotations
@@ -30,6 +26,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
+from cpr.data import ADAPTERS, BucketConfig, load_templates
+from cpr.data.adapters.hf import looks_like_hub_name
 from cpr.data.prompts import MODES
 from cpr.data.validation import ON_INVALID_CHOICES
 from cpr.errors import ConfigError
@@ -260,7 +258,9 @@ class ExperimentConfig(_Section):
         return self.model_dump()
 
 
-#: Built-in phases; ``phase_settings`` entries are merged over these.
+#: Built-in phases: answer_only (paper phase 1; its best checkpoint seeds the next phase), cpr (paper
+#: phase 2: CPR with a_w 0.65, s_w 0.35, lambda 0.3 and the staged curriculum) and composite (the
+#: additive baseline). ``phase_settings`` entries are merged over these.
 PHASE_PRESETS: dict[str, dict[str, Any]] = {
     "answer_only": {"rewards": "answer_only", "curriculum": {"schedule": "none"}, "select_best": True},
     "cpr": {
@@ -411,9 +411,6 @@ def _resolve_path(path: str, base: Path | None) -> str:
 
 
 def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None) -> None:
-    from cpr.data import ADAPTERS
-    from cpr.data.adapters.hf import looks_like_hub_name
-
     for i, src in enumerate(sources):
         if src.source not in ADAPTERS:
             raise ConfigError(f"unknown data source {src.source!r}; known: {sorted(ADAPTERS)}", field=f"{key}[{i}].source")
@@ -488,7 +485,6 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     """Check every value that needs more than its type, in the owning module's check where there is
     one; resolve the phases and relative paths."""
     from cpr.answers import check_answer_mode
-    from cpr.data import BucketConfig, load_templates
     from cpr.evaluation.benchmarks import get_benchmark
     from cpr.guard import GuardSettings
     from cpr.matching import check_alpha, check_matching, check_threshold
