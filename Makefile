@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export WANDB_MODE ?= offline
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test lint bench ablation-demo clean
+.PHONY: setup demo test lint bench ablation-demo reproduce clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,12 @@ bench: $(STAMP)
 ablation-demo: $(STAMP)
 	$(PY) recipes/reward_ablation.py --config recipes/configs/ablation_weights_demo.yaml
 	$(PY) recipes/reward_ablation.py --config recipes/configs/ablation_strategies_demo.yaml
+
+# The paper's Tables 5 and 6 in miniature (generated task, tiny model, CPU). Resumable: run it again after
+# an interruption and it finishes what is missing; the tables are in outputs/reproduce/*/ablation_*.md.
+reproduce: $(STAMP)
+	$(PY) recipes/reward_ablation.py --config recipes/configs/reproduce_strategies.yaml --resume
+	$(PY) recipes/reward_ablation.py --config recipes/configs/reproduce_weights.yaml --resume
 
 clean:
 	rm -rf outputs .pytest_cache

@@ -2,13 +2,13 @@
 
 Usage::
 
-    make demo          # once: its warm-start adapter is the starting policy
+    python recipes/cpr_curriculum.py --config recipes/configs/demo_tabmwp.yaml   # once: its warm start
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_direction.py [--lr 1e-3] [--steps 16]
 
-Runs one GRPO phase of the demo config (tiny Qwen2.5-VL, the bundled TabMWP samples, the same
-trainer, curriculum sampler and guards as ``make demo``) with one registered reward function,
+Runs one GRPO phase of the TabMWP demo config (tiny Qwen2.5-VL, the bundled TabMWP samples, the same
+trainer, curriculum sampler and guards as the demos) with one registered reward function,
 ``short`` = ``max(0, 1 - characters / 400)``, which pays for short completions, starting from the
-demo's warm-start adapter (``outputs/demo/warm_start/adapter``; a new LoRA adapter when absent).
+demo's warm-start adapter (``outputs/demo_tabmwp/warm_start/adapter``; a new LoRA adapter when absent).
 It prints the mean completion length (tokens) of every step and the mean of the first and last
 quarter. If GRPO works, the length falls (measured: 65 -> 20 tokens in 16 steps at lr 1e-3). A
 length that rises would mean the update has the wrong sign somewhere in the path.
@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate of the phase (default 1e-3)")
     parser.add_argument("--steps", type=int, default=16, help="GRPO steps (default 16)")
     parser.add_argument("--output-dir", default="outputs/grpo_direction")
-    parser.add_argument("--init-adapter", default=str(REPO / "outputs/demo/warm_start/adapter"))
+    parser.add_argument("--init-adapter", default=str(REPO / "outputs/demo_tabmwp/warm_start/adapter"))
     args = parser.parse_args()
 
     from cpr.rewards import RewardFunction, register_reward_function
@@ -60,9 +60,9 @@ def main() -> None:
     if (init / "adapter_config.json").is_file():
         overrides.append(f"phase_settings.cpr.init_adapter={init}")
     else:
-        print(f"no warm-start adapter in {init} (run `make demo` first for a policy that writes JSON); "
+        print(f"no warm-start adapter in {init} (run the TabMWP demo first for a policy that writes JSON); "
               "starting from a new LoRA adapter")
-    cfg = load_config(REPO / "recipes/configs/demo.yaml", overrides)
+    cfg = load_config(REPO / "recipes/configs/demo_tabmwp.yaml", overrides)
     run_experiment(cfg, overwrite=True)  # the benchmark's output is disposable
 
     rows = [json.loads(line) for line in open(Path(args.output_dir) / "cpr" / "log.jsonl", encoding="utf-8")]

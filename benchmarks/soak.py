@@ -41,7 +41,7 @@ def _config(args: argparse.Namespace) -> dict:
         "model": {"name_or_path": "tiny:qwen2_5_vl", "dtype": "float32"},
         "lora": {"r": 16, "alpha": 32, "dropout": 0.0},
         "data": {
-            # the demo's data: 16 training records after holding out 4 + 8 (recipes/configs/demo.yaml)
+            # the TabMWP demo's data: 16 training records after holding out 4 + 8 (recipes/configs/demo_tabmwp.yaml)
             "train": [{"source": "tabmwp", "path": str(REPO / "data" / "samples" / "tabmwp"), "limit": 28}],
             "validation_size": 4,
             "test_size": 8,

@@ -5,6 +5,7 @@ validation split seeds phase 2, which trains on format + CPR with an easy-to-har
 (CRYSTAL paper, arXiv 2603.13099; docs/method.md section 6). Everything is set in one YAML file.
 
     python recipes/cpr_curriculum.py                       # offline CPU demo (recipes/configs/demo.yaml)
+    python recipes/cpr_curriculum.py --config recipes/configs/demo_tabmwp.yaml   # the real-data CPU demo
     accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml recipes/cpr_curriculum.py \\
         --config recipes/configs/qwen2_5_vl_3b_cpr_curriculum.yaml
     python recipes/cpr_curriculum.py --config X.yaml --resume          # continue a killed run
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 
 DEMO = Path(__file__).resolve().parent / "configs" / "demo.yaml"
+DEMOS = (DEMO, DEMO.with_name("demo_tabmwp.yaml"))
 
 
 def main() -> int:
@@ -30,7 +32,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser, default_config=str(DEMO))
     args = parser.parse_args()
-    if Path(args.config).resolve() == DEMO:  # offline; its own outputs/demo is replaced unless resumed
+    if Path(args.config).resolve() in DEMOS:  # offline; its own outputs/demo is replaced unless resumed
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         own_output = args.output_dir is None and not any(o.startswith("output_dir=") for o in args.overrides)
         args.overwrite = args.overwrite or (own_output and not args.resume)

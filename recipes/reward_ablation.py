@@ -5,6 +5,7 @@ an ordinary experiment (a base experiment config plus overrides); this recipe tr
 them, and writes the table (markdown + JSON) and figures into the ablation's output folder.
 
     python recipes/reward_ablation.py --config recipes/configs/ablation_weights_demo.yaml      # offline CPU demo
+    python recipes/reward_ablation.py --config recipes/configs/reproduce_strategies.yaml --resume  # make reproduce
     python recipes/reward_ablation.py --config recipes/configs/ablation_weights.yaml --list    # one command per run
     python recipes/reward_ablation.py --config X.yaml --only aw0.65_sw0.35 --resume           # one run, continued
     python recipes/reward_ablation.py --config X.yaml --evaluate-only                         # score finished runs, table
@@ -15,8 +16,8 @@ import os
 import sys
 
 if __name__ == "__main__":
-    if any(arg.endswith("_demo.yaml") for arg in sys.argv):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demos never touch the hub
+    if any(arg.endswith("_demo.yaml") or "reproduce_" in arg for arg in sys.argv):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demos and the miniature reproduction never touch the hub
     from cpr.ablation.cli import main
 
     sys.exit(main())

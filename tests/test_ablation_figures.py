@@ -78,6 +78,20 @@ def test_training_dynamics_marks_the_first_nan(tmp_path):
     _png_ok(figures.plot_training_dynamics([("a", run), ("b", stable)], tmp_path / "dyn.png"))
 
 
+def test_seeds_of_one_label_are_drawn_under_their_mean(tmp_path):
+    runs = []
+    for seed, f1 in ((1, [0.2, 0.4]), (2, [0.4, 0.8])):
+        rows = [train_row(s, **{"answer/accuracy": 0.5, "steps/match_f1": v}) for s, v in zip((1, 2), f1, strict=True)]
+        runs.append(("CPR", read_run(write_run(tmp_path / f"cpr-s{seed}", phases={"cpr": {"steps": 2, "log": rows}}))))
+    fig = figures.training_dynamics_figure(runs)
+    ax_f1 = fig.axes[0]
+    mean = [ln for ln in ax_f1.lines if ln.get_label() == "CPR (training batch, mean of 2)"]
+    assert len(mean) == 1 and list(mean[0].get_xdata()) == [1, 2]
+    assert list(mean[0].get_ydata()) == pytest.approx([0.3, 0.6])
+    thin = [ln for ln in ax_f1.lines if ln.get_linewidth() < 1 and not ln.get_label().startswith("CPR")]
+    assert sorted(list(ln.get_ydata()) for ln in thin) == [pytest.approx([0.2, 0.4]), pytest.approx([0.4, 0.8])]
+
+
 def _run_with_data(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     from cpr.data import load_records
 

@@ -243,3 +243,37 @@ def test_a_run_stopped_by_a_divergence_guard(tmp_path):
     assert row["stability"]["reason"] == "guard nan (stop) at step 2: non-finite loss (nan)"  # zero_std is no instability
     md = render_markdown(build_table(plan))
     assert "| Composite | this run (diverged: composite step 2, nan) | - |" in md
+
+
+def test_seeds_give_one_run_each_and_mean_and_std_rows(tmp_path):
+    cfg = ablation_config_from_dict({
+        "kind": "strategies", "base_config": str(base_config(tmp_path)), "output_dir": str(tmp_path / "abl"),
+        "seeds": [1, 2, 3], "table": {"split": "test"},
+        "runs": [{"name": "base", "type": "base"}, {"name": "cpr", "label": "CPR", "set": {"phases": ["cpr"]}}],
+    })
+    plan = plan_ablation(cfg)
+    assert [(r.name, r.seed, r.group) for r in plan.runs] == [
+        ("base", None, "base"), ("cpr-s1", 1, "cpr"), ("cpr-s2", 2, "cpr"), ("cpr-s3", 3, "cpr")]
+    assert "seed=2" in plan.runs[2].overrides and not any(o.startswith("seed=") for o in plan.runs[0].overrides)
+    write_run(Path(plan.runs[0].output_dir), phases={}, kind="base", metrics={"test": overall(30.0, 0.2, 0.2, 0.2)})
+    # Match F1 0.5, 0.6 and 0.8: mean 0.6333, sample std sqrt(((-.1333)^2 + (-.0333)^2 + .1667^2) / 2) = 0.1528
+    for run, acc, f1 in zip(plan.runs[1:3], (40.0, 50.0), (0.5, 0.6), strict=True):
+        write_run(Path(run.output_dir), phases={"cpr": {"steps": 2, "log": [train_row(1), train_row(2)]}},
+                  metrics={"test": overall(acc, f1, 0.7, 0.4)})
+    table = build_table(plan)
+    cpr = table["rows"][1]
+    assert cpr["status"] == "not started" and cpr["n_seeds"] == 2  # seed 3 has not run yet
+    write_run(Path(plan.runs[3].output_dir), phases={"cpr": {"steps": 2, "log": [train_row(1), train_row(2)]}},
+              metrics={"test": overall(60.0, 0.8, 0.7, 0.4)})
+    table = build_table(plan)
+    base, cpr = table["rows"]
+    assert base["label"] == "base" and base["accuracy"] == 30.0 and "accuracy_std" not in base
+    assert (cpr["label"], cpr["status"], cpr["seeds"], cpr["n_seeds"]) == ("CPR", "finished", [1, 2, 3], 3)
+    assert cpr["accuracy"] == pytest.approx(50.0) and cpr["accuracy_std"] == pytest.approx(10.0)
+    assert cpr["match_f1"] == pytest.approx(0.63333, abs=1e-5) and cpr["match_f1_std"] == pytest.approx(0.15275, abs=1e-5)
+    assert cpr["precision_std"] == pytest.approx(0.0)
+    assert [r["seed"] for r in table["seed_rows"]] == [None, 1, 2, 3]
+    md = render_markdown(table)
+    assert "| CPR | this run, 3 of 3 seeds (finished) | 50.00 ± 10.00 | 0.633 ± 0.153 |" in md
+    assert "mean ± sample standard deviation over the seeds [1, 2, 3]" in md
+    assert "| CPR | 2 | finished | 50.00 | 0.600 |" in md

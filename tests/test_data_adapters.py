@@ -18,7 +18,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_registry_names():
-    assert sorted(ADAPTERS) == ["crystal", "jsonl", "m3cot", "mathvision", "scienceqa", "tabmwp", "vlrmbench"]
+    assert sorted(ADAPTERS) == ["crystal", "jsonl", "m3cot", "mathvision", "scienceqa", "synthetic", "tabmwp", "vlrmbench"]
     with pytest.raises(ConfigError, match="unknown source 'nope'"):
         get_adapter("nope")
     with pytest.raises(ConfigError, match=r"unknown option\(s\) \['colour'\] for source 'mathvision'"):

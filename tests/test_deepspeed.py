@@ -203,10 +203,10 @@ def test_zero3_hook_generation_equals_the_plain_model_with_the_saved_adapter(run
         for step in (2, 4):
             model, processor = policy.load_policy(cfg, model_path)
             model = PeftModel.from_pretrained(model, str(run / phase / f"checkpoint-{step}"))
-            path = tmp_path / f"{phase}-{step}.jsonl"
+            out = tmp_path / f"{phase}-{step}"
             evaluate_model(model, processor, spec.name, spec.selected, generation=hook.generation,
-                           scoring=hook.scoring, templates=templates, completions_path=path)
-            plain = {r["id"]: r["completion"] for r in _rows(path)}
+                           scoring=hook.scoring, templates=templates, out_dir=out)
+            plain = {r["id"]: r["completion"] for r in _rows(out / "completions.jsonl")}
             in_run = _rows(run / phase / "eval" / f"step-{step}" / "crystal" / "completions.jsonl")
             assert plain == {r["id"]: r["completion"] for r in in_run}, (phase, step)
             seen.update(plain.values())

@@ -19,7 +19,7 @@ from cpr.cli import run_command
 from cpr.training.cli import add_arguments, run
 
 pytestmark = pytest.mark.skipif(not (BIN / "torchrun").exists(), reason="torchrun not installed next to python")
-DEMO = REPO / "recipes" / "configs" / "demo.yaml"
+DEMO = REPO / "recipes" / "configs" / "demo_tabmwp.yaml"
 
 
 def _torchrun(script: Path | str, args: list, logs: Path, env: dict):
@@ -47,7 +47,7 @@ def test_two_cpu_processes_run_both_phases_and_refuse_together(tmp_path):
     assert done.proc.returncode == 0, done.report()
     ranks = done.rank_stderr()
     # the other process logs warnings only
-    assert [ranks[r].count(f"[cpr] run demo -> {out}") for r in (0, 1)] == [1, 0], done.report()
+    assert [ranks[r].count(f"[cpr] run demo_tabmwp -> {out}") for r in (0, 1)] == [1, 0], done.report()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished" and [p["phase"] for p in summary["phases"]] == ["answer_only", "cpr"]
     assert all(p["steps"] == 4 for p in summary["phases"])

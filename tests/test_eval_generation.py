@@ -9,17 +9,16 @@ import pytest
 
 from cpr.data import load_records, load_templates
 from cpr.errors import ConfigError, InputError
+from cpr.evaluation.benchmarks.crystal import standard_messages
 from cpr.evaluation.generation import (
     Generated,
     GenerationSettings,
     TransformersGenerator,
     generate_completions,
     load_model_for_eval,
-    read_completions,
-    repair_truncated_tail,
     resolve_model_and_adapter,
-    standard_messages,
 )
+from cpr.scoring import load_predictions
 
 
 @pytest.fixture(scope="module")
@@ -166,27 +165,19 @@ def test_lora_adapter_loads_for_eval(tiny, records, tmp_path, one_thread):
         resolve_model_and_adapter("tiny:qwen2_5_vl", str(tmp_path))
 
 
-def test_read_completions_errors(tmp_path):
+def test_completions_file_errors(tmp_path):
     path = tmp_path / "c.jsonl"
     path.write_text('{"id": "a", "completion": "x"}\n{"id": "a", "completion": "y"}\n')
     with pytest.raises(InputError, match=rf"{path}:2 \(id a\) field 'id': duplicate id"):
-        read_completions(path)
+        load_predictions(path, skip_truncated_tail=True)
     path.write_text('{"id": "a", "completion": 3}\n')
-    with pytest.raises(InputError, match=rf"{path}:1 \(id a\) field 'completion': missing or not a string"):
-        read_completions(path)
+    with pytest.raises(InputError, match=rf"{path}:1 \(id a\) field 'completion': must be a string, got int"):
+        load_predictions(path, skip_truncated_tail=True)
     path.write_text('{"id": "a", "completion": "x"}\n{"id": "b", "comp')
-    assert list(read_completions(path)) == ["a"]
+    assert list(load_predictions(path, skip_truncated_tail=True)[0]) == ["a"]
     path.write_text('{"id": "a", "completion": "x"}\nnot json\n{"id": "b", "completion": "y"}\n')
     with pytest.raises(InputError, match=rf"{path}:2: malformed JSON"):
-        read_completions(path)
-
-
-def test_repair_truncated_tail(tmp_path):
-    path = tmp_path / "c.jsonl"
-    path.write_text('{"id": "a", "completion": "x"}\n{"id": "b", "co')
-    assert repair_truncated_tail(path) is True
-    assert path.read_text() == '{"id": "a", "completion": "x"}\n'
-    assert repair_truncated_tail(path) is False
+        load_predictions(path, skip_truncated_tail=True)
 
 
 def test_generate_completions_checks_generator_output(records):

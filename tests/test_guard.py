@@ -158,8 +158,8 @@ def test_honest_references_score_one_under_the_guard(samples_dir, enc):
 def test_paper_guard_equals_score_batch_bit_for_bit(samples_dir, enc):
     """score_batch equals crystal-metrics within 1e-6 (tests/test_matching_parity.py); the paper
     guard must be the same computation."""
-    recs = load_records("mathvision", samples_dir / "mathvision", validate_images=False)[:40]
-    recs += load_records("tabmwp", samples_dir / "tabmwp", validate_images=False)[:40]
+    recs = list(load_records("mathvision", samples_dir / "mathvision", validate_images=False)[:40])
+    recs += list(load_records("tabmwp", samples_dir / "tabmwp", validate_images=False)[:40])
     refs = [list(r.reference_steps) for r in recs]
     rng = random.Random(0)
     preds = [perturb(ref, refs[:k] + refs[k + 1:], rng) for k, ref in enumerate(refs)]
@@ -197,7 +197,7 @@ def test_reward_functions_log_the_hack_monitors(enc):
     get_reward_function("cpr", encoder=ENC)(
         prompts=None, completions=comps, answer=["12"] * n, reference_steps=[REF] * n, question=[QUESTION] * n,
         options=[[]] * n, log_metric=lambda k, v: logged.setdefault(k, []).append(v))
-    assert set(logged) <= set(LOGGED_METRICS)
+    assert set(logged) <= set(LOGGED_METRICS) | {"rewards/cpr/none_frac"}
     assert logged["hacking/duplicate_rate"] == [pytest.approx(2 / 12)]  # 12 steps, two copies
     assert logged["hacking/restatement_rate"] == [0.0]  # REF restates the question's first two sentences
     assert logged["hacking/non_answer_rate"] == [pytest.approx(2 / 5)]  # empty answer, unparsable

@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def items(samples_dir):
-    recs = load_records("mathvision", samples_dir / "mathvision", validate_images=False)
-    recs += load_records("tabmwp", samples_dir / "tabmwp", validate_images=False)
+    recs = list(load_records("mathvision", samples_dir / "mathvision", validate_images=False))
+    recs += list(load_records("tabmwp", samples_dir / "tabmwp", validate_images=False))
     out = [AuditItem.from_record(r) for r in recs if len(r.reference_steps) >= 3]
     assert len(out) > 150
     return out

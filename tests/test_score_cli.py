@@ -295,8 +295,7 @@ def test_unparsable_or_empty_answers_are_wrong_even_in_crystal_mode(offline_enco
     alone accepts them by its substring fallback (checked here against the oracle)."""
     from crystal_metrics import AccuracyCalculator
 
-    from cpr.matching import get_encoder
-    from cpr.scoring import score_records
+    from cpr.scoring import ScoringSettings, score_records
 
     oracle = AccuracyCalculator()
     assert oracle.evaluate_single("q", "insufficient information", "C").is_correct  # the leniency
@@ -308,8 +307,7 @@ def test_unparsable_or_empty_answers_are_wrong_even_in_crystal_mode(offline_enco
     report = score_records(
         refs,
         {"a": "no json here at all", "b": _json(R3, "")},
-        encoder=get_encoder(offline_encoder_path, device="cpu"),
-        answer_mode="crystal",
+        ScoringSettings(encoder=offline_encoder_path, device="cpu", answer_mode="crystal"),
     )
     assert [s["correct"] for s in report["samples"]] == [False, False]
     assert report["summary"]["accuracy"] == 0.0

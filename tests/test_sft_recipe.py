@@ -92,7 +92,7 @@ def test_demo_config_and_warm_start_settings(monkeypatch):
     assert cfg.experiment.data.test_size == 8 and cfg.experiment.evaluation.benchmarks[0].name == "crystal"
     from cpr.training.config import load_config
 
-    demo = load_config(REPO / "recipes" / "configs" / "demo.yaml")
+    demo = load_config(REPO / "recipes" / "configs" / "demo_tabmwp.yaml")
     ws = warm_start_settings(demo)
     assert (ws.max_steps, ws.learning_rate, ws.per_device_train_batch_size, ws.max_length, ws.seed) == (
         150, 5e-3, 8, 512, 42)

@@ -69,6 +69,9 @@ CASES = [
      "unknown reward function 'cpr_v2'"),
     (("phase_settings.cpr.rewards", "process_only"), "phase_settings.cpr.rewards", "unknown reward set 'process_only'"),
     (("data.train.0.path", "/nonexistent/tabmwp"), "data.train[0].path", "dataset path does not exist: /nonexistent/tabmwp"),
+    (("evaluation.compare", ["untrained", "phase1"]), "evaluation.compare[1]",
+     "unknown stage 'phase1'; expected one of untrained, answer_only, cpr"),
+    (("evaluation.compare", ["warm_start"]), "evaluation.compare[0]", "unknown stage 'warm_start'"),
     (("data.train.0.path", _DELETE), "data.train[0].path", "missing dataset path"),
     (("guards.nan.action", "explode"), "guards.nan.action", "must be 'warn', 'skip_step' or 'stop', got 'explode'"),
     (("guards.action", "halt"), "guards.action", "must be 'warn', 'skip_step' or 'stop', got 'halt'"),
@@ -153,7 +156,7 @@ def test_numbers_written_without_a_dot_become_floats(tmp_path):
     assert args["save_steps"] == 10 and isinstance(args["save_steps"], int)
 
 
-@pytest.mark.parametrize("config", ["demo.yaml", "qwen2_5_vl_3b_cpr_curriculum.yaml", "internvl3_5_4b_cpr_curriculum.yaml"])
+@pytest.mark.parametrize("config", ["demo.yaml", "demo_tabmwp.yaml", "qwen2_5_vl_3b_cpr_curriculum.yaml", "internvl3_5_4b_cpr_curriculum.yaml"])
 def test_phases_override_runs_one_phase_of_a_two_phase_config(config, monkeypatch):
     """``--phases cpr`` (README) on the shipped two-phase configs: phase 1's settings are left out,
     phase 2's kept; a config file naming a phase it does not run is still refused (CASES)."""
@@ -327,9 +330,9 @@ def test_tau_matching_and_answer_mode_have_one_check_and_one_range(tmp_path):
     the evaluation's ScoringSettings and the library functions refuse the same values with the same
     message (ScoringSettings used to accept tau in [-1, 1])."""
     from cpr.answers import check_answer
-    from cpr.evaluation import ScoringSettings
     from cpr.matching import match_pairs
     from cpr.rewards import get_reward_set
+    from cpr.scoring import ScoringSettings
 
     def refused(call, **kwargs):
         with pytest.raises(ConfigError) as e:
@@ -383,3 +386,18 @@ def test_the_owning_modules_check_their_settings(tmp_path, change, key, message)
     with pytest.raises(ConfigError) as e:
         load_config(_write(tmp_path, change))
     assert e.value.field == key and message in e.value.message
+
+
+def test_compare_needs_the_final_test_evaluation_and_follows_a_phases_override(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["evaluation"] = {"compare": ["untrained", "answer_only"], "final_splits": ["validation"]}
+    path = tmp_path / "cmp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert e.value.field == "evaluation.compare" and "scores the test split" in e.value.message
+    data["evaluation"]["final_splits"] = ["test"]
+    path.write_text(yaml.safe_dump(data))
+    assert load_config(path).evaluation.compare == ["untrained", "answer_only"]
+    # --phases cpr leaves out phase 1, and its row of the comparison
+    assert load_config(path, ["phases=[cpr]"]).evaluation.compare == ["untrained"]

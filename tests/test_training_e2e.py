@@ -1,9 +1,12 @@
 """Both GRPO phases end to end on the tiny models (CPU): run_experiment with real data.
 
-A random tiny model earns no format / accuracy / CPR reward, so every group would have zero
-reward variance and LoRA would not move (its B matrices start at zero). The tests add a reward
-with variance (distinct characters of the completion / 100) next to the real ones; the real
-reward functions still run on every completion.
+The Qwen2.5-VL run trains on the generated colour-grid task with a short supervised warm start and
+the real reward functions only: the warm-started model writes the output format often enough that
+its groups' rewards vary. The InternVL and resume runs check plumbing on the TabMWP samples, where
+a random tiny model earns no format / accuracy / CPR reward (every group would have zero reward
+variance and LoRA would not move), so they add a reward with variance (distinct characters of the
+completion / 100) next to the real ones. That the real CPR reward moves the policy toward better
+steps is tests/test_training_signal.py.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from transformers import TrainerCallback
 import cpr.rewards as rewards_mod
 import cpr.training.policy as policy
 import cpr.training.runner as runner
-from cpr.training.config import config_from_dict
+from cpr.training.config import config_from_dict, load_config
 
 
 class DistinctChars(rewards_mod.RewardFunction):
@@ -101,11 +104,26 @@ def _check_base_unchanged(loaded):
             assert torch.equal(v, base[key]), f"base weight {key} changed"
 
 
+def _synthetic(data: dict) -> dict:
+    """The config on the generated task with real rewards only and a short supervised warm start."""
+    data["data"] = {"train": [{"source": "synthetic", "split": "train", "options": {"size": 24}}],
+                    "validation": [{"source": "synthetic", "split": "validation", "options": {"size": 2}}],
+                    "test": [{"source": "synthetic", "split": "test", "options": {"size": 2}}],
+                    "prompts": {"system": 'Reply with JSON: {"reasoning_steps": [...], "answer": "<letter>"}'}}
+    data["warm_start"] = {"enabled": True, "max_steps": 40, "learning_rate": 3e-3, "per_device_train_batch_size": 8}
+    data["training"]["max_completion_length"] = 48
+    data["evaluation"]["max_new_tokens"] = 48
+    for phase in data["phase_settings"].values():
+        phase["rewards"] = [r for r in phase["rewards"] if r != "distinct_chars"]
+    return data
+
+
 @pytest.mark.slow
-def test_two_phases_qwen(tmp_path, samples_dir, with_test_reward, record_loads, one_thread):
+def test_two_phases_qwen(tmp_path, samples_dir, record_loads, one_thread):
     loaded, wrapped = record_loads
-    data = _config(tmp_path, samples_dir, "tiny:qwen2_5_vl")
+    data = _synthetic(_config(tmp_path, samples_dir, "tiny:qwen2_5_vl"))
     data["evaluation"]["final_splits"] = ["test", "validation"]
+    data["evaluation"]["compare"] = ["untrained", "warm_start", "answer_only"]
     cfg = config_from_dict(data)
     summary = runner.run_experiment(cfg)
     out = Path(cfg.output_dir)
@@ -121,16 +139,17 @@ def test_two_phases_qwen(tmp_path, samples_dir, with_test_reward, record_loads, 
     scored = (out / "cpr" / "scored_completions.jsonl").read_text().splitlines()
     assert len(scored) == 4 * 8  # every completion scored by cpr is recorded
 
-    # phase 1: LoRA moved from its zero-initialised B matrices
-    a1 = _adapter_weights(out / "answer_only" / "adapter")
-    assert any(("lora_B" in k) and v.abs().max() > 0 for k, v in a1.items())
+    # phase 1: LoRA moved away from the warm start on the real rewards alone
+    a1, ws = _adapter_weights(out / "answer_only" / "adapter"), _adapter_weights(out / "warm_start" / "adapter")
+    assert set(a1) == set(ws) and any(not torch.equal(a1[k], ws[k]) for k in a1)
 
     # selection scored every checkpoint and the final adapter; its pick seeds phase 2
     sel = json.loads((out / "answer_only" / "selection.json").read_text())
     assert [s["step"] for s in sel["scores"]] == [2, 4, None]
     picked = Path(sel["picked"])
     assert p2["init_adapter"] == str(picked)
-    (wrapped_path, lora_at_start), = wrapped
+    (ws_path, _), (wrapped_path, lora_at_start) = wrapped  # phase 1 starts from the warm start, phase 2 from the pick
+    assert ws_path == out / "warm_start" / "adapter" == Path(p1["init_adapter"])
     assert wrapped_path == picked
     start = _adapter_weights(picked)
     for k, v in lora_at_start.items():
@@ -155,6 +174,16 @@ def test_two_phases_qwen(tmp_path, samples_dir, with_test_reward, record_loads, 
     val = json.loads((out / "final_eval" / "validation" / "crystal" / "metrics.json").read_text())
     assert (val["overall"]["n"], val["split"], val["adapter"]) == (2, "validation", str(out / "cpr" / "adapter"))
     assert saved["final_eval_validation"]["crystal"] == val["overall"]
+    # the closing comparison: each stage scored on the same test items, then the final adapter
+    rows = saved["comparison"]
+    assert [(r["stage"], r["adapter"]) for r in rows] == [
+        ("untrained", None), ("warm_start", str(out / "warm_start" / "adapter")), ("answer_only", str(picked)),
+        ("final", str(out / "cpr" / "adapter"))]
+    assert rows[0]["accuracy"] == 0.0 and all(r["n"] == 2 for r in rows) and rows[-1] == {**rows[-1], **metrics["overall"]}
+    stage = json.loads((out / "final_eval" / "stages" / "warm_start" / "crystal" / "metrics.json").read_text())
+    assert stage["adapter"] == str(out / "warm_start" / "adapter") and rows[1] == {**rows[1], **stage["overall"]}
+    assert saved["chance_accuracy"] == pytest.approx(100 / 3)
+    assert len(saved["bucket_mix"]["cpr"]) == 3  # the cpr phase scored its completions' steps
 
 
 @pytest.mark.slow
@@ -255,6 +284,10 @@ def test_training_settings_reach_the_trainer_and_config_yaml(tmp_path, samples_d
     }
     assert {k: eff[k] for k in used} == used
     assert (eff["beta"], eff["scale_rewards"], eff["epsilon_high"], eff["max_completion_length"]) == (0.04, "batch", 0.2, 16)
+    # the run's config.yaml loads back as a config (training_effective is derived, and ignored)
+    again = load_config(tmp_path / "run" / "config.yaml").to_dict()
+    assert {k: v for k, v in again.items() if k != "config_path"} == {
+        k: v for k, v in saved.items() if k not in ("training_effective", "config_path")}
 
 
 CONSOLE_WRAPPER = """

@@ -88,13 +88,13 @@ def test_benchmark_records_of_each_split():
 
 
 def test_evaluate_adapter_refuses_a_split_without_records(tmp_path):
-    from cpr.training.evaluate import evaluate_adapter
+    from cpr.training.evaluate import final_evaluation
 
     with pytest.raises(ConfigError) as e:
-        evaluate_adapter(_cfg(), None, adapter=None, split="test", out_dir=tmp_path, label="x")
+        final_evaluation(_cfg(), None, adapter=None, run_dir=tmp_path, label="x", on=["test"])
     assert str(e.value) == "field 'data.test_size': no test records to score: give data.test or data.test_size"
     with pytest.raises(ConfigError, match=r"no LoRA adapter \(adapter_config.json\) in "):
-        evaluate_adapter(_cfg(), None, adapter=tmp_path, split="validation", out_dir=tmp_path, label="x")
+        final_evaluation(_cfg(), None, adapter=tmp_path, run_dir=tmp_path, label="x", on=["validation"])
 
 
 def test_resolve_model_path_builds_tiny_models_on_the_training_texts(monkeypatch):
@@ -265,7 +265,7 @@ def test_hand_over_and_final_evaluation_refuse_an_adapter_of_another_base(tmp_pa
     through the base check before any model loads."""
     from types import SimpleNamespace
 
-    from cpr.training.evaluate import evaluate_adapter
+    from cpr.training.evaluate import final_evaluation
     from cpr.training.policy import with_adapter
 
     adapter = _foreign_adapter(tmp_path / "adapter", "org/base-a")
@@ -274,7 +274,7 @@ def test_hand_over_and_final_evaluation_refuse_an_adapter_of_another_base(tmp_pa
     assert str(e.value).startswith(f"field 'phase_settings.cpr.init_adapter': LoRA adapter {adapter} was trained on "
                                    "base model 'org/base-a', not on 'org/base-b' (the names differ")
     with pytest.raises(ConfigError) as e:
-        evaluate_adapter(_cfg(), None, adapter=adapter, split="validation", out_dir=tmp_path / "ev", label="x",
+        final_evaluation(_cfg(), None, adapter=adapter, run_dir=tmp_path / "ev", label="x", on=["validation"],
                          model_path="org/base-b")
     assert e.value.field == "adapter" and "model.allow_base_mismatch" in e.value.message
     assert not (tmp_path / "ev").exists()

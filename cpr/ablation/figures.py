@@ -389,42 +389,62 @@ def plot_bucket_mix(mix: Sequence[Mapping[str, Any]], path: str | Path, *, title
 _RUN_MARKERS = ("o", "s", "^", "D", "v", "P", "<", ">", "*", "h")
 
 
+def _mean_curve(curves: Sequence[tuple[list[int], list[float]]]) -> tuple[list[int], list[float]]:
+    """The mean of several ``(steps, values)`` series at each step (over the series that have it)."""
+    by_step: dict[int, list[float]] = {}
+    for xs, ys in curves:
+        for x, y in zip(xs, ys, strict=True):
+            by_step.setdefault(x, []).append(y)
+    steps = sorted(by_step)
+    return steps, [sum(by_step[x]) / len(by_step[x]) for x in steps]
+
+
 def training_dynamics_figure(runs: Sequence[tuple[str, RunFolder]], *, title: str | None = None) -> Any:
     """The figure of :func:`plot_training_dynamics` (a ``matplotlib.figure.Figure``; axes 0: Match
-    F1, axes 1: accuracy). Each run has its own colour and marker, and runs drawn first get wider
-    lines, so curves that coincide (same seed and start) stay visible."""
+    F1, axes 1: accuracy). Each label has its own colour and marker, and labels drawn first get wider
+    lines, so curves that coincide (same seed and start) stay visible. Runs sharing a label (the seeds
+    of one strategy) are drawn as thin lines under their mean."""
     fig, axes = _figure(2, 1, size=(9.0, 7.0))
     ax_f1, ax_acc = axes[0][0], axes[1][0]
     drawn = False
     nan_labelled = False
-    for i, (label, run) in enumerate(runs):
-        logs = run.phase_logs()
-        rows = [r for p in logs for r in p.train]
-        history = [r for p in logs for r in p.eval_history]
-        if not rows and not history:
-            continue
+    groups: dict[str, list[RunFolder]] = {}
+    for label, run in runs:
+        groups.setdefault(label, []).append(run)
+    for i, (label, members) in enumerate(groups.items()):
         color = f"C{i % 10}"
         marker = _RUN_MARKERS[i % len(_RUN_MARKERS)]
-        width = max(1.0, 1.0 + 0.8 * (len(runs) - 1 - i))
-        curves = {}
-        for ax, key, scale, hkey, hscale in ((ax_f1, "steps/match_f1", 1.0, "match_f1", 1.0),
-                                             (ax_acc, "answer/accuracy", 100.0, "accuracy", 1.0)):
-            xs, ys = _series(rows, key, scale)
-            if xs:
-                ax.plot(*_broken(xs, ys, logs), color=color, linewidth=width, marker=marker, markersize=3 + width,
-                        alpha=0.85, label=f"{label} (training batch)")
+        width = max(1.0, 1.0 + 0.8 * (len(groups) - 1 - i))
+        seeds = f", mean of {len(members)}" if len(members) > 1 else ""
+        for ax, key, scale, hkey in ((ax_f1, "steps/match_f1", 1.0, "match_f1"),
+                                     (ax_acc, "answer/accuracy", 100.0, "accuracy")):
+            for source, style in (("train", "-"), ("eval", "--")):
+                curves, logs = [], []
+                for run in members:
+                    logs = run.phase_logs()
+                    rows = [r for p in logs for r in (p.train if source == "train" else p.eval_history)]
+                    xs, ys = _series(rows, key if source == "train" else hkey, scale if source == "train" else 1.0)
+                    if xs:
+                        curves.append((xs, ys))
+                        if len(members) > 1:
+                            ax.plot(*_broken(xs, ys, logs), color=color, linestyle=style, linewidth=0.7, alpha=0.35)
+                if not curves:
+                    continue
+                face = {} if source == "train" else {"markerfacecolor": "white"}
+                what = "training batch" if source == "train" else "validation"
+                ax.plot(*_broken(*_mean_curve(curves), logs), color=color, linestyle=style, linewidth=width,
+                        marker=marker, markersize=3 + width, alpha=0.85, label=f"{label} ({what}{seeds})", **face)
                 drawn = True
-            hx, hy = _series(history, hkey, hscale)
-            if hx:
-                ax.plot(*_broken(hx, hy, logs), color=color, linestyle="--", linewidth=width, marker=marker,
-                        markersize=3 + width, markerfacecolor="white", label=f"{label} (validation)")
-                drawn = True
-            curves[ax] = (xs, ys) if xs else (hx, hy)
-            _phase_lines(ax, logs, color)
-        div = divergence(logs)
-        if div is not None:
-            for ax in (ax_f1, ax_acc):
-                xs, ys = curves[ax]
+            if members:
+                _phase_lines(ax, members[0].phase_logs(), color)
+        for run in members:
+            logs = run.phase_logs()
+            div = divergence(logs)
+            if div is None:
+                continue
+            rows = [r for p in logs for r in p.train]
+            for ax, key, scale in ((ax_f1, "steps/match_f1", 1.0), (ax_acc, "answer/accuracy", 100.0)):
+                xs, ys = _series(rows, key, scale)
                 ax.plot([div["step"]], [_height_at(xs, ys, div["step"])],
                         label=None if nan_labelled else "first NaN / inf logged", **_NAN_MARKER)
             nan_labelled = True
@@ -444,8 +464,9 @@ def plot_training_dynamics(runs: Sequence[tuple[str, RunFolder]], path: str | Pa
     """Match F1 (top) and accuracy (bottom) against training step, one colour per run (paper Figure 5).
 
     Solid lines: training-batch values (``steps/match_f1``, ``answer/accuracy`` x 100); dashed
-    lines with open markers: the eval hook's evaluations; a red ``X``: the first NaN / infinite
-    value logged (module docstring). Runs without training logs (base model, SFT) are left out.
+    lines with open markers: the eval hook's evaluations; runs with the same label (seeds) are drawn
+    thin under their mean; a red ``X``: the first NaN / infinite value logged (module docstring).
+    Runs without training logs (base model, SFT) are left out.
     """
     return _save(training_dynamics_figure(runs, title=title), path, dpi)
 

@@ -17,6 +17,9 @@ exactly the config the ablation runs in-process. The overrides of a run, in orde
 4. for ``sft`` runs: ``sft=<the entry's SFTSettings fields>`` and ``sft_ranges=<error|warn>``;
 5. ``output_dir=<output_dir>/<run>`` and ``run_name=<ablation name>-<run>``.
 
+With ``seeds``, every ``grpo`` and ``sft`` run is planned once per seed as ``<run>-s<seed>``, with
+``seed=<seed>`` after its own overrides (1.); ``base`` runs are planned once.
+
 When the resulting ``phases`` leave out a phase the base config has settings for (e.g. the
 composite strategy on a two-phase base config), an experiment config would reject the settings of a
 phase that does not run, so the plan puts ``phase_settings=<the base settings of the phases that
@@ -93,6 +96,8 @@ class PlannedRun:
         weights: ``(answer_weight, step_weight)`` of a weights run.
         adapter: ``base`` runs: the adapter scored (``None``: the model as loaded).
         shared_adapter: the shared start's adapter this run starts from, if any.
+        seed: the run's ``seed`` override (the ablation's ``seeds``), ``None`` without one.
+        group: the run's table row: the entry (strategy) or weight-pair name its seeds share.
     """
 
     name: str
@@ -105,6 +110,11 @@ class PlannedRun:
     weights: tuple[float, float] | None = None
     adapter: str | None = None
     shared_adapter: str | None = None
+    seed: int | None = None
+    group: str = ""
+
+    def __post_init__(self) -> None:
+        self.group = self.group or self.name
 
 
 @dataclass
@@ -174,7 +184,7 @@ class AblationPlan:
                 "name": r.name, "label": r.label, "type": r.type, "output_dir": r.output_dir,
                 "overrides": r.overrides, "dropped": r.dropped,
                 "weights": list(r.weights) if r.weights else None, "adapter": r.adapter,
-                "shared_adapter": r.shared_adapter, "command": self.command(r),
+                "shared_adapter": r.shared_adapter, "seed": r.seed, "group": r.group, "command": self.command(r),
             }
 
         return {
@@ -259,21 +269,29 @@ def plan_ablation(cfg: AblationConfig) -> AblationPlan:
             format_override(f"phase_settings.{phases[0]}.init_adapter", shared_adapter),
         ]
 
+    def seeded(group: str, trained: bool) -> list[tuple[str, int | None, list[str]]]:
+        """(run name, seed, seed override) of each seed of a run group (the trained ones only)."""
+        if not cfg.seeds or not trained:
+            return [(group, None, [])]
+        return [(f"{group}-s{seed}", seed, [format_override("seed", seed)]) for seed in cfg.seeds]
+
     runs: list[PlannedRun] = []
     if cfg.kind == "weights":
         for a, s in cfg.weights:
-            name = weight_run_name(a, s)
-            key = f"phase_settings.{cfg.phase}.reward_params.cpr"
-            ov = common + [format_override(f"{key}.answer_weight", a), format_override(f"{key}.step_weight", s)]
-            if shared_adapter:
-                ov += shared_overrides(ov)
-            ov += _final_split_overrides(base, ov, cfg.split)
-            data, ov2, dropped = _apply(base, finish(name, ov))
-            runs.append(PlannedRun(name, f"{a:.2f}/{s:.2f}", "grpo", str(out / name), ov2, data, dropped,
-                                   weights=(a, s), shared_adapter=shared_adapter))
+            group = weight_run_name(a, s)
+            for name, seed, seed_ov in seeded(group, True):
+                key = f"phase_settings.{cfg.phase}.reward_params.cpr"
+                ov = common + [format_override(f"{key}.answer_weight", a), format_override(f"{key}.step_weight", s)]
+                ov += seed_ov
+                if shared_adapter:
+                    ov += shared_overrides(ov)
+                ov += _final_split_overrides(base, ov, cfg.split)
+                data, ov2, dropped = _apply(base, finish(name, ov))
+                runs.append(PlannedRun(name, f"{a:.2f}/{s:.2f}", "grpo", str(out / name), ov2, data, dropped,
+                                       weights=(a, s), shared_adapter=shared_adapter, seed=seed, group=group))
     else:
-        for entry in cfg.runs:
-            ov = common + _pairs(entry.set)
+        for entry, (name, seed, seed_ov) in [(e, x) for e in cfg.runs for x in seeded(e.name, e.type != "base")]:
+            ov = common + _pairs(entry.set) + seed_ov
             uses_shared = None
             adapter = None
             if entry.type == "grpo" and shared_adapter and entry.shared_start:
@@ -287,12 +305,12 @@ def plan_ablation(cfg: AblationConfig) -> AblationPlan:
                 adapter = shared_adapter if entry.adapter == SHARED_START else entry.adapter
                 uses_shared = shared_adapter if entry.adapter == SHARED_START else None
             if entry.type == "sft":  # the SFT baseline ignores the GRPO sections: nothing to prune
-                ov = finish(entry.name, ov)
+                ov = finish(name, ov)
                 data, dropped = apply_overrides(base, ov), []
             else:
-                data, ov, dropped = _apply(base, finish(entry.name, ov))
-            runs.append(PlannedRun(entry.name, entry.title, entry.type, str(out / entry.name), ov, data, dropped,
-                                   adapter=adapter, shared_adapter=uses_shared))
+                data, ov, dropped = _apply(base, finish(name, ov))
+            runs.append(PlannedRun(name, entry.title, entry.type, str(out / name), ov, data, dropped,
+                                   adapter=adapter, shared_adapter=uses_shared, seed=seed, group=entry.name))
     return AblationPlan(config=cfg, runs=runs, shared_start=shared, shared_adapter=shared_adapter)
 
 

@@ -104,12 +104,6 @@ def ensure_shared_start(plan: AblationPlan, *, resume: bool = False) -> Path | N
     return target
 
 
-def _split_dir(run: PlannedRun, split: str) -> Path:
-    from cpr.training.evaluate import final_eval_dir
-
-    return final_eval_dir(run.output_dir, split)
-
-
 def execute_run(plan: AblationPlan, run: PlannedRun, *, resume: bool = False) -> str:
     """Train (or, for ``base``, score) one planned run unless its folder holds a finished or
     diverged one.
@@ -162,15 +156,15 @@ def _run_base(plan: AblationPlan, run: PlannedRun, cfg: Any) -> None:
 
     from cpr.distributed import process_state
     from cpr.io import atomic_write_text
-    from cpr.training.evaluate import evaluate_adapter
+    from cpr.training.evaluate import final_evaluation
 
     main = process_state().is_main_process
     out = Path(run.output_dir)
     t0 = time.time()
     if main:
         atomic_write_text(out / "config.yaml", yaml.safe_dump({**cfg.to_dict(), "phases": []}, sort_keys=False))
-    results = evaluate_adapter(cfg, None, adapter=run.adapter, split=plan.config.split,
-                               out_dir=_split_dir(run, plan.config.split), label=run.label)
+    split = plan.config.split
+    results = final_evaluation(cfg, None, adapter=run.adapter, run_dir=out, label=run.label, on=[split])[split]
     if not main:
         return
     atomic_write_json(out / "summary.json", {
@@ -187,7 +181,7 @@ def evaluate_finished(plan: AblationPlan, runs: Sequence[PlannedRun]) -> list[st
     Returns:
         The names of the runs scored now.
     """
-    from cpr.training.evaluate import evaluate_adapter
+    from cpr.training.evaluate import final_evaluation
 
     split = plan.config.split
     if split != "validation":
@@ -206,7 +200,7 @@ def evaluate_finished(plan: AblationPlan, runs: Sequence[PlannedRun]) -> list[st
         cfg = validate_run(plan, run)
         exp = cfg.experiment if run.type == "sft" else cfg
         logger.info("run %s: scoring %s on the validation split", run.name, adapter)
-        evaluate_adapter(exp, None, adapter=adapter, split=split, out_dir=_split_dir(run, split), label=run.label)
+        final_evaluation(exp, None, adapter=adapter, run_dir=run.output_dir, label=run.label, on=[split])
         done.append(run.name)
     return done
 

@@ -9,6 +9,7 @@ Two kinds share the format (``kind: weights | strategies``); see the commented f
     output_dir: outputs/ablation_weights   # each run goes to <output_dir>/<run name>/
     launcher: python               # how --list starts a recipe, e.g. "accelerate launch --config_file X"
     torch_threads: null            # torch CPU threads while the ablation runs in this process (null: torch's default)
+    seeds: [1, 2, 3]               # optional: every trained run once per seed (table: mean +/- std over seeds)
     set: {phases: [cpr]}           # overrides for every run: dotted keys, YAML values (as --set)
     shared_start:                  # optional: trained once, its LoRA adapter seeds every run
       type: phases                 # none | warm_start (the base config's warm_start section) | phases
@@ -160,6 +161,12 @@ class RunEntry:
 class AblationConfig:
     """A whole ablation (module docstring). Build with :func:`load_ablation_config`.
 
+    ``seeds``: train every ``grpo`` and ``sft`` run once per seed (run ``<name>-s<seed>`` with the
+    override ``seed=<seed>``: the GRPO sampling, the new LoRA adapters and the sampler order change;
+    the data, the shared start and the ``base`` runs do not); the table reports the mean and the
+    sample standard deviation over the seeds (:mod:`cpr.ablation.tables`). Empty: one run each, with
+    the base config's seed.
+
     ``torch_threads``: ``torch.set_num_threads`` while :func:`cpr.ablation.runner.run_ablation` runs
     (``None``: torch's default). On a small shared CPU one thread is the robust choice for tiny
     models: with every core busy elsewhere, more intra-op threads than free cores slow training
@@ -173,6 +180,7 @@ class AblationConfig:
     output_dir: str
     launcher: str = "python"
     torch_threads: int | None = None
+    seeds: list[int] = field(default_factory=list)
     set: dict[str, Any] = field(default_factory=dict)
     shared_start: SharedStartConfig = field(default_factory=SharedStartConfig)
     table: TableConfig = field(default_factory=TableConfig)
@@ -317,7 +325,7 @@ def ablation_config_from_dict(data: Any, *, config_path: str | None = None) -> A
 
 def _from_dict(data: Any, config_path: str | None) -> AblationConfig:
     data = _mapping(data, "(top level)")
-    known = ("kind", "name", "base_config", "output_dir", "launcher", "torch_threads", "set", "shared_start",
+    known = ("kind", "name", "base_config", "output_dir", "launcher", "torch_threads", "seeds", "set", "shared_start",
              "table", "figure", "phase", "weights", "runs")
     _check_keys(data, known, "")
     for k in ("kind", "base_config", "output_dir"):
@@ -342,6 +350,12 @@ def _from_dict(data: Any, config_path: str | None) -> AblationConfig:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"expected a positive integer or null, got {n!r}", field="torch_threads")
         cfg.torch_threads = n
+    seeds = data.get("seeds") or []
+    if not isinstance(seeds, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+        raise ConfigError(f"expected a list of integer seeds, got {seeds!r}", field="seeds")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"a seed is listed twice: {seeds}", field="seeds")
+    cfg.seeds = list(seeds)
     cfg.set = _overrides(data.get("set"), "set")
 
     ss = _mapping(data.get("shared_start"), "shared_start")

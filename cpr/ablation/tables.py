@@ -22,6 +22,7 @@ the JSON (``*_detail``).
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +128,7 @@ def weights_row(plan: AblationPlan, planned: PlannedRun) -> dict[str, Any]:
     a, s = planned.weights or (None, None)
     row: dict[str, Any] = {
         "name": planned.name, "label": planned.label, "answer_weight": a, "step_weight": s,
-        "status": run.status, "diverged": run.diverged, "folder": str(run.path),
+        "status": run.status, "diverged": run.diverged, "folder": str(run.path), "seed": planned.seed,
     }
     row.update(_eval_columns(run, cfg.split, cfg.table.benchmark, ("accuracy", "match_f1", "recall")))
     row.update(_log_columns(run, cfg.table.phases or [cfg.phase], cfg.table.reward_function, cfg.table.kl_limit))
@@ -145,13 +146,46 @@ def strategies_row(plan: AblationPlan, planned: PlannedRun) -> dict[str, Any]:
     keys = tuple(key for _, key, _ in get_benchmark(cfg.table.benchmark).columns)
     run = read_run(planned.output_dir)
     row: dict[str, Any] = {"name": planned.name, "label": planned.label, "type": planned.type,
-                           "status": run.status, "diverged": run.diverged, "folder": str(run.path)}
+                           "status": run.status, "diverged": run.diverged, "folder": str(run.path), "seed": planned.seed}
     row.update(_eval_columns(run, cfg.split, cfg.table.benchmark, keys))
     if planned.type == "grpo":
         row.update(_log_columns(run, cfg.table.phases, cfg.table.reward_function, cfg.table.kl_limit))
     else:
         row.update({"stable": None, "stability": {"stable": None, "reason": f"{planned.type}: no GRPO training"}})
     return row
+
+
+def seed_means(rows: list[dict[str, Any]], planned: list[PlannedRun], keys: list[str]) -> list[dict[str, Any]]:
+    """One row per run group (the seeds of one strategy or weight pair; :attr:`PlannedRun.group`), in
+    plan order: for each of ``keys`` the mean over the seeds that have a value and ``<key>_std``, their
+    sample standard deviation (``None`` with fewer than two); ``seeds`` / ``n_seeds`` (with a value for
+    the first key); ``status`` finished when every seed finished, else the first other status; and the
+    first seed's other fields (label, weights, n_eval, ...). A group of one run is that run's row."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row, run in zip(rows, planned, strict=True):
+        groups.setdefault(run.group, []).append(row)
+    out = []
+    for group, members in groups.items():
+        if len(members) == 1 and members[0]["seed"] is None:
+            out.append({**members[0], "group": group})
+            continue
+        agg = {**members[0], "group": group, "seeds": [m["seed"] for m in members]}
+        for key in keys:
+            vals = [float(m[key]) for m in members if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]
+            agg[key] = sum(vals) / len(vals) if vals else None
+            agg[f"{key}_std"] = statistics.stdev(vals) if len(vals) > 1 else None
+            if key == keys[0]:
+                agg["n_seeds"] = len(vals)
+        bad = [m for m in members if m["status"] != FINISHED or not m.get("evaluated", True)]
+        agg["status"] = bad[0]["status"] if bad else FINISHED
+        agg["evaluated"] = all(m.get("evaluated", True) for m in members)
+        unstable = [m for m in members if m.get("stable") is False]
+        if unstable:
+            agg["stable"], agg["stability"] = False, unstable[0]["stability"]
+        for key in ("discrimination_detail", "r_f1_detail"):
+            agg.pop(key, None)
+        out.append(agg)
+    return out
 
 
 def build_weights_table(plan: AblationPlan) -> dict[str, Any]:
@@ -163,13 +197,14 @@ def build_weights_table(plan: AblationPlan) -> dict[str, Any]:
         ``table.paper``).
     """
     cfg = plan.config
-    rows = [weights_row(plan, r) for r in plan.runs]
+    seed_rows = [weights_row(plan, r) for r in plan.runs]
+    rows = seed_means(seed_rows, plan.runs, [k for _, k, _ in WEIGHTS_COLUMNS])
     paper = []
     if cfg.table.paper:
-        for r in plan.runs:
-            p = paper_weight_row(*r.weights) if r.weights else None
+        for r in rows:
+            p = paper_weight_row(r["answer_weight"], r["step_weight"]) if r.get("answer_weight") is not None else None
             if p is not None:
-                paper.append({"label": r.label, **p.as_dict()})
+                paper.append({"label": r["label"], **p.as_dict()})
     return {
         "kind": "weights",
         "name": cfg.name,
@@ -179,7 +214,9 @@ def build_weights_table(plan: AblationPlan) -> dict[str, Any]:
         "reward_function": cfg.table.reward_function,
         "phases": cfg.table.phases or [cfg.phase],
         "columns": [{"title": t, "key": k, "decimals": d} for t, k, d in WEIGHTS_COLUMNS],
+        "seeds": list(cfg.seeds),
         "rows": rows,
+        "seed_rows": seed_rows if cfg.seeds else [],
         "paper": paper,
     }
 
@@ -198,6 +235,8 @@ def build_strategies_table(plan: AblationPlan) -> dict[str, Any]:
         from cpr.paper import PAPER_TABLE4
 
         paper = [{"label": row.label, **row.as_summary()} for row in PAPER_TABLE4]
+    seed_rows = [strategies_row(plan, r) for r in plan.runs]
+    keys = [k for _, k, _ in columns] + ["discrimination", "r_f1", "kl_max"]
     return {
         "kind": "strategies",
         "name": cfg.name,
@@ -205,7 +244,9 @@ def build_strategies_table(plan: AblationPlan) -> dict[str, Any]:
         "benchmark": cfg.table.benchmark,
         "kl_limit": cfg.table.kl_limit,
         "columns": [{"title": t, "key": k, "decimals": d} for t, k, d in columns],
-        "rows": [strategies_row(plan, r) for r in plan.runs],
+        "seeds": list(cfg.seeds),
+        "rows": seed_means(seed_rows, plan.runs, keys),
+        "seed_rows": seed_rows if cfg.seeds else [],
         "paper": paper,
     }
 
@@ -224,6 +265,12 @@ def _status_cell(row: dict[str, Any]) -> str:
     return "finished" if row.get("evaluated") else "not evaluated"
 
 
+def _numbers_cell(row: dict[str, Any]) -> str:
+    if row.get("seeds"):
+        return f"this run, {row.get('n_seeds', 0)} of {len(row['seeds'])} seeds ({_status_cell(row)})"
+    return f"this run ({_status_cell(row)})"
+
+
 def _stable_cell(row: dict[str, Any]) -> str:
     if row.get("stable") is None:
         return "-"
@@ -231,7 +278,13 @@ def _stable_cell(row: dict[str, Any]) -> str:
 
 
 def _cells(row: dict[str, Any], columns: list[dict[str, Any]]) -> list[str]:
-    return [format_value(row.get(c["key"]), c["decimals"]) for c in columns]
+    """Each column's value, as ``mean ± std`` where the row has a standard deviation over seeds."""
+    out = []
+    for c in columns:
+        cell = format_value(row.get(c["key"]), c["decimals"])
+        std = row.get(f"{c['key']}_std")
+        out.append(f"{cell} ± {std:.{c['decimals']}f}" if std is not None and row.get(c["key"]) is not None else cell)
+    return out
 
 
 def render_markdown(table: dict[str, Any]) -> str:
@@ -245,7 +298,7 @@ def render_markdown(table: dict[str, Any]) -> str:
         body = []
         for row in table["rows"]:
             body.append([
-                row["label"], f"this run ({_status_cell(row)})", *_cells(row, columns), _stable_cell(row),
+                row["label"], _numbers_cell(row), *_cells(row, columns), _stable_cell(row),
                 "-" if row.get("n_eval") is None else str(row["n_eval"]), str(row["n_scored"]),
             ])
         for p in table["paper"]:
@@ -265,7 +318,7 @@ def render_markdown(table: dict[str, Any]) -> str:
         body = []
         for row in table["rows"]:
             body.append([
-                row["label"], f"this run ({_status_cell(row)})", *_cells(row, columns), _stable_cell(row),
+                row["label"], _numbers_cell(row), *_cells(row, columns), _stable_cell(row),
                 "-" if row.get("n_eval") is None else str(row["n_eval"]),
             ])
         for p in table["paper"]:
@@ -286,7 +339,13 @@ def render_markdown(table: dict[str, Any]) -> str:
             "Rows marked *paper* are copied from the CRYSTAL paper (arXiv 2603.13099) for comparison, not computed here; "
             "they were measured on other data and models."
         )
+    if table.get("seeds"):
+        notes.insert(0, f"Rows of this run: mean ± sample standard deviation over the seeds {table['seeds']} "
+                        "(one run each, listed per seed below).")
     parts = [title, "", markdown_table(header, body), "", *[f"- {n}" for n in notes + undefined]]
+    if table.get("seed_rows"):
+        per_seed = [[r["label"], str(r.get("seed", "-")), _status_cell(r), *_cells(r, columns)] for r in table["seed_rows"]]
+        parts += ["", "Per seed:", "", markdown_table(["Run", "Seed", "Status", *[c["title"] for c in columns]], per_seed)]
     return "\n".join(parts).rstrip() + "\n"
 
 

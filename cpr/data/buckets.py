@@ -14,7 +14,8 @@ by its number of reference steps. Defaults:
   not its per-item counts (the dataset is gated). A log-normal fitted to those three numbers
   (median 10.9, sigma 0.37: mean 11.6, and 3 / 42 as the extremes of 6,372 draws) puts 46 % of
   items at <= 10 steps and 7 % above 18, so 10/18 reproduces the reported mix; 8/16 would give
-  about 25/63/12 %. Override per source (``steps_by_source``) when a source's steps are much
+  about 25/63/12 %. The generated ``synthetic`` source (1, 3 or 4 steps an item) defaults to
+  easy <= 1, medium <= 3. Override per source (``steps_by_source``) when a source's steps are much
   shorter or longer than CRYSTAL's (``cpr data inspect`` prints a source's step statistics).
 
 YAML form (every key optional; a given ``fields`` entry replaces that source's default table)::
@@ -103,6 +104,10 @@ def default_field_tables() -> dict[str, FieldBuckets]:
     }
 
 
+#: Step thresholds of sources whose items are much shorter than CRYSTAL's (module docstring).
+DEFAULT_STEPS_BY_SOURCE: dict[str, StepThresholds] = {"synthetic": StepThresholds(easy_max=1, medium_max=3)}
+
+
 @dataclass(frozen=True)
 class BucketConfig:
     """How records are bucketed by difficulty.
@@ -115,7 +120,7 @@ class BucketConfig:
 
     fields: dict[str, FieldBuckets] = field(default_factory=default_field_tables)
     steps: StepThresholds = field(default_factory=StepThresholds)
-    steps_by_source: dict[str, StepThresholds] = field(default_factory=dict)
+    steps_by_source: dict[str, StepThresholds] = field(default_factory=lambda: dict(DEFAULT_STEPS_BY_SOURCE))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> BucketConfig:
@@ -133,7 +138,8 @@ class BucketConfig:
         for source, spec in (data.get("fields") or {}).items():
             tables[source] = _parse_table(source, spec)
         steps = _parse_steps(data.get("steps"), "buckets.steps")
-        by_source = {
+        by_source = dict(DEFAULT_STEPS_BY_SOURCE)
+        by_source |= {
             source: _parse_steps(spec, f"buckets.steps_by_source.{source}")
             for source, spec in (data.get("steps_by_source") or {}).items()
         }

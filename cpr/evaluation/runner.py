@@ -1,9 +1,12 @@
-"""Generate and score one benchmark: :func:`evaluate_model`, shared by ``cpr eval`` and the training hook."""
+"""Score a model on one benchmark: :func:`evaluate_model`, used by ``cpr eval``, the eval hook, the
+final evaluation and checkpoint selection alike."""
 
 from __future__ import annotations
 
+import json
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -11,22 +14,16 @@ from typing import Any
 from cpr.data.prompts import PromptTemplates
 from cpr.data.records import Record
 from cpr.errors import ConfigError
-from cpr.evaluation.benchmarks import ScoringSettings, get_benchmark
-from cpr.evaluation.generation import (
-    GenerationSettings,
-    Generator,
-    TransformersGenerator,
-    generate_completions,
-)
+from cpr.evaluation.benchmarks import get_benchmark
+from cpr.evaluation.generation import GenerationSettings, TransformersGenerator, generate_completions
+from cpr.scoring import ScoringSettings
 
 __all__ = ["evaluate_model", "subset"]
 
 
 def subset(records: Sequence[Record], max_samples: int | None, seed: int = 0) -> list[Record]:
-    """At most ``max_samples`` records: a seeded random choice kept in the original order.
-
-    The same ``(records, max_samples, seed)`` always gives the same subset, so repeated
-    evaluations during training compare the policy on the same samples. ``None`` keeps all.
+    """At most ``max_samples`` records (``None``: all), a seeded random choice kept in the original
+    order, so repeated evaluations during training see the same samples.
 
     Raises:
         ConfigError: ``max_samples < 1``.
@@ -40,61 +37,52 @@ def subset(records: Sequence[Record], max_samples: int | None, seed: int = 0) ->
 
 
 def evaluate_model(
-    model: Any,
-    processor: Any,
-    benchmark: str,
-    records: Sequence[Record],
-    *,
-    generation: GenerationSettings | None = None,
-    scoring: ScoringSettings | None = None,
-    templates: PromptTemplates | None = None,
-    completions_path: str | Path | None = None,
-    generator: Generator | None = None,
+    model: Any, processor: Any, benchmark: str, records: Sequence[Record], *,
+    generation: GenerationSettings | None = None, scoring: ScoringSettings | None = None,
+    templates: PromptTemplates | None = None, out_dir: str | Path | None = None, label: str = "this model",
+    title: str | None = None, extra: Mapping[str, Any] | None = None, generator: Any = None,
 ) -> dict[str, Any]:
-    """Generate completions for ``records`` with the model and score them on ``benchmark``.
+    """Generate completions for ``records`` with ``model`` (plain, PEFT or a trainer's unwrapped model) or a
+    ready ``generator`` (e.g. a :class:`~cpr.evaluation.generation.VLLMGenerator`), and score them on
+    ``benchmark``. Defaults: greedy decoding of 256 new tokens with the evaluation prompt, the paper's
+    scoring, the packaged templates.
 
-    Args:
-        model: the model (plain, PEFT, or a trainer's unwrapped model); unused when
-            ``generator`` is given.
-        processor: its processor (left padding).
-        benchmark: registry name (``"crystal"``, ``"m3cot"``, ``"vlrmbench"``).
-        records: the records to evaluate (unique ids).
-        generation: decoding settings (default :class:`GenerationSettings()`: greedy, 256 new
-            tokens, evaluation prompt). The ``vllm`` backend needs ``generator``.
-        scoring: scoring settings (default :class:`ScoringSettings()`: paper encoder, tau 0.35,
-            answer mode ``crystal``).
-        templates: prompt templates of the CRYSTAL format (default: the packaged ones).
-        completions_path: JSON-lines file to resume from and append completions to.
-        generator: a ready generator (e.g. :class:`cpr.evaluation.generation.VLLMGenerator`);
-            default a :class:`TransformersGenerator` on ``model``.
+    With ``out_dir`` it writes ``completions.jsonl`` (resumed from when there), ``metrics.json`` (without
+    the samples), ``samples.jsonl`` and ``metrics.md`` (:func:`~cpr.evaluation.report.render_markdown`
+    with ``label`` and ``title``).
 
     Returns:
-        The benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`) plus
-        ``"generation"`` (the decoding settings).
+        The benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`) with ``extra``,
+        ``"generation"`` (the decoding settings) and ``"seconds"``.
 
     Raises:
-        ConfigError: unknown benchmark, or backend ``vllm`` without a generator.
+        ConfigError: an unknown benchmark, or backend ``vllm`` without a generator.
         InputError: invalid records or a malformed completions file.
     """
-    generation = generation or GenerationSettings()
-    scoring = scoring or ScoringSettings()
+    from cpr.evaluation.report import render_markdown
+    from cpr.io import atomic_write_json, atomic_write_text
+
+    start = time.perf_counter()
+    generation, scoring = generation or GenerationSettings(), scoring or ScoringSettings()
     bench = get_benchmark(benchmark)
     if generator is None:
         if generation.backend == "vllm":
-            raise ConfigError(
-                "the vllm backend generates from a model path; build a VLLMGenerator and pass it as generator",
-                field="backend",
-            )
+            raise ConfigError("the vllm backend generates from a model path; pass a VLLMGenerator as generator",
+                              field="backend")
         generator = TransformersGenerator(model, processor, generation.max_new_tokens)
+    out = Path(out_dir) if out_dir is not None else None
     completions = generate_completions(
-        generator,
-        records,
-        bench.messages(templates, generation.prompt_mode),
-        batch_size=generation.batch_size,
-        output_path=completions_path,
-        progress=generation.progress,
+        generator, records, bench.messages(templates, generation.prompt_mode), batch_size=generation.batch_size,
+        output_path=None if out is None else out / "completions.jsonl", progress=generation.progress,
         description=f"{bench.name}: generating",
     )
     metrics = bench.score(records, completions, scoring)
+    metrics.update(extra or {})
     metrics["generation"] = {k: v for k, v in asdict(generation).items() if k != "progress"}
+    metrics["seconds"] = round(time.perf_counter() - start, 3)
+    if out is not None:
+        atomic_write_json(out / "metrics.json", {k: v for k, v in metrics.items() if k != "samples"})
+        atomic_write_text(out / "samples.jsonl",
+                          "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in metrics["samples"]))
+        atomic_write_text(out / "metrics.md", render_markdown(metrics, model_label=label, title=title))
     return metrics

@@ -158,6 +158,7 @@ class EvaluationConfig(_Section):
     answer_mode: str = "crystal"  # crystal (the paper's protocol, comparable tables) or strict
     final: bool = True  # score the final adapter on each of final_splits after the last phase
     final_splits: list[Literal[EVAL_SPLITS]] = ["test"]  # final_eval/<benchmark>/, final_eval/validation/...
+    compare: list[str] = []  # earlier stages scored on the test split too: untrained, warm_start or a phase
 
 
 #: What a divergence guard does when its condition holds (:mod:`cpr.training.guards`).
@@ -414,6 +415,8 @@ def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None)
     for i, src in enumerate(sources):
         if src.source not in ADAPTERS:
             raise ConfigError(f"unknown data source {src.source!r}; known: {sorted(ADAPTERS)}", field=f"{key}[{i}].source")
+        if not ADAPTERS[src.source].reads_path:  # a generated source (synthetic)
+            continue
         if not src.path:
             raise ConfigError("missing dataset path", field=f"{key}[{i}].path")
         src.path = _resolve_path(src.path, base)
@@ -545,6 +548,13 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     check_answer_mode(ev.answer_mode, "evaluation.answer_mode")
     if len(set(ev.final_splits)) != len(ev.final_splits):
         raise ConfigError(f"a split is listed twice: {ev.final_splits}", field="evaluation.final_splits")
+    stages = ["untrained", *(["warm_start"] if cfg.warm_start.enabled else []), *cfg.phases]
+    for i, stage in enumerate(ev.compare):
+        if stage not in stages:
+            raise ConfigError(f"unknown stage {stage!r}; expected one of {', '.join(stages)}", field=f"evaluation.compare[{i}]")
+    if ev.compare and not (ev.final and "test" in ev.final_splits):
+        raise ConfigError("the comparison scores the test split: set evaluation.final and list test in final_splits",
+                          field="evaluation.compare")
     if ev.final and not ev.final_splits:
         raise ConfigError("no split to score: list test and / or validation, or set evaluation.final: false",
                           field="evaluation.final_splits")
@@ -557,11 +567,14 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
 
 
 def config_from_dict(data: Mapping[str, Any], *, config_path: str | None = None) -> ExperimentConfig:
-    """Build and validate an :class:`ExperimentConfig` from a mapping.
+    """Build and validate an :class:`ExperimentConfig` from a mapping. A run's resolved ``config.yaml``
+    loads too: its ``training_effective`` block is derived from the rest and ignored.
 
     Raises:
         ConfigError: an unknown key or an invalid value (dotted key named; ``config_path`` as the file).
     """
+    if isinstance(data, Mapping):
+        data = {k: v for k, v in data.items() if k != "training_effective"}
     try:
         cfg = _parse(ExperimentConfig, data)
         cfg.config_path = config_path
@@ -574,7 +587,8 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
     """Read a YAML experiment config, apply ``key=value`` overrides (:func:`apply_overrides`), validate it.
 
     An override of ``phases`` (``--phases cpr``) also leaves out, with a warning, the ``phase_settings``
-    of the file's phases it drops (a phase name the file does not run stays, and is refused).
+    and ``evaluation.compare`` entries of the file's phases it drops (a phase name the file does not
+    run stays, and is refused).
 
     Raises:
         ConfigError: unreadable YAML, an unknown key or an invalid value; the message names the file
@@ -585,12 +599,15 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
     if overrides and isinstance(data, dict):
         file_phases = data.get("phases", ExperimentConfig.model_fields["phases"].default)
         data = apply_overrides(data, overrides)
-        settings, phases = data.get("phase_settings"), data.get("phases")
-        dropped = sorted(str(k) for k in settings if k not in phases and k in file_phases) if (
-            isinstance(settings, dict) and isinstance(phases, list) and "phases" in map(_name, overrides)) else []
-        if dropped:
-            logging.getLogger("cpr.training").warning("phases %s: leaving out phase_settings of %s", phases, dropped)
-            data["phase_settings"] = {k: v for k, v in settings.items() if str(k) not in dropped}
+        phases, settings, evaluation = data.get("phases"), data.get("phase_settings"), data.get("evaluation")
+        if "phases" in map(_name, overrides) and isinstance(phases, list) and isinstance(file_phases, list):
+            gone = [p for p in file_phases if p not in phases]
+            if isinstance(settings, dict) and any(k in gone for k in settings):
+                logging.getLogger("cpr.training").warning("phases %s: leaving out phase_settings of %s", phases,
+                                                          sorted(str(k) for k in settings if k in gone))
+                data["phase_settings"] = {k: v for k, v in settings.items() if k not in gone}
+            if isinstance(evaluation, dict) and isinstance(evaluation.get("compare"), list):
+                evaluation["compare"] = [c for c in evaluation["compare"] if c not in gone]
     try:
         return config_from_dict(data, config_path=str(path))
     except ConfigError as e:  # name the last override that set the key, a key above it or one below it

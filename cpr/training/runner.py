@@ -33,6 +33,7 @@ Output folder of a run (``output_dir``)::
     <phase>/abandoned-checkpoint-N-<time>/   checkpoints after the one a resumed run continued from
     final_eval/                 completions, metrics.json and metrics.md on the test split
     final_eval/validation/      the same on the validation split (evaluation.final_splits: [..., validation])
+    final_eval/stages/<stage>/  earlier stages scored on the test split (evaluation.compare; cpr.training.report)
     summary.json                what ran, for how long, reward trends, final metrics; ``status`` is
                                 running, finished, diverged (with ``diverged``), failed or
                                 interrupted (with ``error``)
@@ -144,6 +145,7 @@ def run_experiment(
     from cpr.training.guards import TrainingDivergedError
     from cpr.training.logs import close_run_log, open_run_log
     from cpr.training.phase import check_launch_settings, resolved_config, train_phase
+    from cpr.training.report import chance_accuracy, compare_stages, phase_bucket_mixes
     from cpr.training.selection import select_best
     from cpr.training.warm_start import run_warm_start
 
@@ -235,6 +237,11 @@ def run_experiment(
                 model_path=model_path, skip_empty=True, echo=True,
             )
             summary.update(summary_entries(results))
+            if cfg.evaluation.compare:  # the closing table: earlier stages beside the final adapter
+                summary["chance_accuracy"] = chance_accuracy(splits.test)
+                summary["comparison"] = compare_stages(cfg, splits, summary, out, templates=templates,
+                                                       model_path=model_path)
+        summary["bucket_mix"] = phase_bucket_mixes(out, summary, splits.train)
         summary["status"] = "finished"
         write_summary()
         if state.is_main_process:
@@ -409,6 +416,7 @@ def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = Tru
 
 def _print_summary(summary: dict[str, Any]) -> None:
     from cpr.training.evaluate import final_eval_key
+    from cpr.training.report import closing_lines
 
     lines = [f"run {summary['run_name']} finished in {summary['wall_time_s']} s -> {summary['output_dir']}"]
     for p in summary["phases"]:
@@ -424,4 +432,4 @@ def _print_summary(summary: dict[str, Any]) -> None:
         for name, overall in (summary.get(final_eval_key(split)) or {}).items():
             keys = [k for k in ("accuracy", "match_f1", "precision", "recall", "steps", "lis", "ordered_f1") if k in overall]
             lines.append(f"  {split} {name}: " + ", ".join(f"{k} {overall[k]:.3f}" for k in keys))
-    print("\n".join(lines))
+    print("\n".join(lines + closing_lines(summary)))

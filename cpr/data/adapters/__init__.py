@@ -1,7 +1,7 @@
 """Source adapters, registered by name (the ``source`` argument of ``load_records``).
 
 Built in: ``crystal``, ``mathvision``, ``tabmwp``, ``scienceqa``, ``m3cot``, ``vlrmbench``,
-``jsonl``. :func:`register_adapter` adds one (a subclass of :class:`Adapter`).
+``jsonl``, ``synthetic`` (generated, :mod:`cpr.data.synthetic`). :func:`register_adapter` adds one (a subclass of :class:`Adapter`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from cpr.data.adapters.jsonl import JsonlAdapter
 from cpr.data.adapters.m3cot import M3CoTAdapter
 from cpr.data.adapters.mathvision import MathVisionAdapter
 from cpr.data.adapters.scienceqa import ScienceQAAdapter
+from cpr.data.adapters.synthetic import SyntheticAdapter
 from cpr.data.adapters.tabmwp import TabMWPAdapter
 from cpr.data.adapters.vlrmbench import VLRMBenchAdapter
 from cpr.errors import ConfigError
@@ -51,6 +52,7 @@ for _cls in (
     M3CoTAdapter,
     VLRMBenchAdapter,
     JsonlAdapter,
+    SyntheticAdapter,
 ):
     register_adapter(_cls)
 

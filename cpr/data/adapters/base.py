@@ -110,13 +110,15 @@ class Adapter(ABC):
 
     Subclasses set ``name`` (the registry key and ``Record.source``), may set
     ``allows_empty_answer`` (sources without an answer field), ``loads_hub_datasets`` (``path``
-    may also be a Hugging Face hub dataset name, ``owner/name``) and ``option_names`` (the
+    may also be a Hugging Face hub dataset name, ``owner/name``), ``reads_path`` (``False`` for
+    sources that generate their records: no ``path`` is needed) and ``option_names`` (the
     keyword options their constructor accepts, passed through ``load_records(options=...)``).
     """
 
     name: ClassVar[str]
     allows_empty_answer: ClassVar[bool] = False
     loads_hub_datasets: ClassVar[bool] = False
+    reads_path: ClassVar[bool] = True
     option_names: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **options: Any) -> None:
