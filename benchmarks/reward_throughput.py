@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def build_batch(seed: int = 0):
     from cpr.data import load_records
 
-    recs = load_records("mathvision", ROOT / "data/samples/mathvision", validate_images=False)
+    recs = list(load_records("mathvision", ROOT / "data/samples/mathvision", validate_images=False))
     recs += load_records("tabmwp", ROOT / "data/samples/tabmwp", validate_images=False)
     pool = sorted({s for r in recs for s in r.reference_steps if 3 <= len(s.split()) <= 40})
     rng = random.Random(seed)

@@ -1,61 +1,11 @@
-"""Final-answer correctness: a hard-to-game ``strict`` checker and the paper's ``crystal`` protocol.
+"""Final-answer correctness (docs/method.md section 5 gives every rule with examples).
 
-Two modes (:data:`ANSWER_MODES`; docs/method.md section 5 gives every rule with examples). Both
-sides are first *cleaned*: surrounding whitespace, one ``Answer:`` / ``Final answer:`` / ``The
-answer is`` prefix, then a surrounding ``$..$``, ``\\(..\\)``, ``\\[..\\]`` or ``\\boxed{..}``
-(repeatedly). In both modes *non-answers are never correct*: an empty answer, one of only
-punctuation / symbols, or ``insufficient information``, ``none``, ``n/a``, ``unknown``,
-``null``, ``nil`` gives ``match_type="invalid"`` whatever the reference (:func:`is_non_answer`).
-
-``"strict"`` (**choice**, default, used for rewards). The first rule that applies decides:
-
-1. *Multiple choice* (``"choice"``) when options are known (``options``, else consecutive
-   ``A) ..`` / ``(A) ..`` lines of ``question``) or the reference is a letter form (``"B"``,
-   ``"B (60°)"``, ``"A) Yes"``). The prediction names one letter by a letter form (``B``,
-   ``(B)``, ``B)``, ``B.``, ``[B]``, ``B) Paris``, ``option B``; text after the letter must be
-   equivalent to that option) or by text equivalent to exactly one option; a letter beyond
-   the options is read as text. ``"A or B"``, ``"AB"``, ``"A, B"``, ``"A B C D"`` never match.
-2. *Yes / no* (``"yes_no"``) when the reference is exactly yes / true / no / false: the
-   prediction must be exactly a token of the same polarity.
-3. *Numbers and LaTeX* (``"numeric"`` when both sides show as plain numbers, else
-   ``"math"``): each side is read as *one* value by ``math_verify.parse`` (wrapped in
-   ``$..$``; a value read from a part of the answer does not count) with math-verify's own
-   normalisation (``units``, ``malformed_operators``, ``nits``, ``boxed="all"``: ``$`` signs,
-   boxes, ``\\dfrac``, ``\\mathrm{cm}`` units and its unit words, "and" / "or" as a list) and
-   compared with ``math_verify.verify`` (reference as gold; decimals agree after rounding to 6
-   places; ``25%`` equals ``25`` and ``0.25``; ``x = 5`` reads as ``5`` against a non-relation).
-   Three readings math-verify lacks come first: ``°`` is ``^{\\circ}``, ``1.5e3`` is
-   ``1.5\\times 10^{3}``, plain words after a number are a unit (``"318 calls"``; not ``or``,
-   ``more``, number words). The prediction must stay in its reference's vocabulary: LaTeX
-   commands from ``\\frac \\sqrt \\pi \\cdot \\times \\div \\infty \\circ`` or the reference's, letters
-   and words and ``!`` only if the reference has them, a list / set / interval or a relation
-   only if the reference is one (an assignment ``x = ..`` aside). Either side is *not* math
-   (rule 4 decides) beyond 160 characters, with other characters, an abbreviation
-   (``P.M.``), two numbers separated by a space, a nested or over-4-digit exponent, an
-   undefined value (``1/0``), a letter the normalisation dropped (``"3 a b"``), or (the
-   reference) a word that is not a function name.
-4. *Normalised exact match* (``"exact"``): NFKC, case-folded, ASCII quotes, collapsed spaces,
-   outer punctuation and a leading article dropped. No substring matching.
-
-math-verify's timeouts use ``signal.alarm`` (main thread only): 5 s there, none in other
-threads (TRL may call reward functions from worker threads), where the limits of rule 3 keep
-SymPy's work small. A math-verify ``TimeoutException`` counts as "not math" (parse) or "not
-equivalent" (compare) and is logged; any other exception propagates.
-
-``"crystal"`` (paper evaluation protocol, comparable with the paper's tables). Reproduces
-``crystal_metrics.AccuracyCalculator().evaluate_single(question, prediction,
-reference).is_correct`` (crystal-metrics 0.2.0, LLM judge off), written independently: first
-numbers of each side (equal if ``|p-g| <= 0.05``, relative error ``<= 10 %``, ``|p-g| < 0.01``,
-or, with at most 2 decimals shown, relative error ``< 15 %`` or equality after rounding),
-then yes/no (substrings), multiple choice (letters, or option text from ``X) text`` lines),
-normalised exact match, single-word mismatch, substring fallback; crystal-metrics'
-``match_type`` labels. Options passed as ``options`` are appended to a question without an
-``A)`` line as ``"A) text"`` lines. The one departure from crystal-metrics is the non-answer
-rule above (its substring fallback would accept an empty prediction against every reference).
-The mode stays lenient (``"A B C D"`` contains ``"B"``): use it only for evaluation tables.
-
-Source: docs/method.md section 5; CRYSTAL paper (arXiv 2603.13099) Eq. 2; crystal-metrics 0.2.0
-``accuracy.py`` (parity checked by ``tests/test_answers_parity.py``); math-verify 0.9.
+``"strict"`` (**choice**, default, for rewards): multiple choice, yes / no, one number or LaTeX value
+read and compared by math-verify (with its own normalisation, held to the reference's vocabulary),
+normalised exact text; the first rule that applies decides. ``"crystal"``: the paper's lenient
+evaluation protocol, crystal-metrics 0.2.0 ``AccuracyCalculator().evaluate_single`` (LLM judge off;
+parity: tests/test_answers_parity.py). In both modes a *non-answer* (empty, only punctuation,
+``insufficient information``, ``none``, ``n/a``, ...) is never correct (``match_type="invalid"``).
 """
 
 from __future__ import annotations
@@ -69,6 +19,7 @@ import threading
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from latex2sympy2_extended.math_normalization import NormalizationConfig, normalize_latex
 from math_verify import LatexExtractionConfig, parse, verify
@@ -77,8 +28,6 @@ from math_verify.grader import is_assignment_relation, is_relation, take_last_re
 from sympy import Basic, MatrixBase, S, Set, Tuple
 
 from cpr.errors import ConfigError
-
-__all__ = ["ANSWER_MODES", "AnswerCheck", "check_answer", "check_answer_mode", "is_correct", "is_non_answer"]
 
 logger = logging.getLogger(__name__)
 
@@ -106,13 +55,10 @@ class AnswerCheck:
 
     Attributes:
         correct: whether the prediction counts as correct.
-        match_type: the rule that decided: ``"invalid"`` (a non-answer, both modes); strict mode
-            ``"choice" | "yes_no" | "numeric" | "math" | "exact"``; crystal mode crystal-metrics'
-            labels ``"numeric_exact" | "numeric_rounded" | "numeric_mismatch" | "yes_no" |
-            "choice" | "exact"``.
-        normalized_prediction: the prediction as that rule compared it (letter, yes/no token,
-            math-verify's normalised LaTeX, normalised text).
-        normalized_reference: the reference as that rule compared it.
+        match_type: the deciding rule: ``"invalid"`` (a non-answer); strict ``"choice" | "yes_no" |
+            "numeric" | "math" | "exact"``; crystal-metrics' ``"numeric_exact" | "numeric_rounded" |
+            "numeric_mismatch" | "yes_no" | "choice" | "exact"``.
+        normalized_prediction, normalized_reference: both sides as that rule compared them.
     """
 
     correct: bool
@@ -122,45 +68,25 @@ class AnswerCheck:
 
 
 def check_answer(
-    prediction: str,
-    reference: str,
-    *,
-    options: Sequence[str] = (),
-    question: str = "",
-    mode: str = "strict",
+    prediction: str, reference: str, *, options: Sequence[str] = (), question: str = "", mode: str = "strict"
 ) -> AnswerCheck:
-    """Judge a predicted final answer against the reference answer.
-
-    Args:
-        prediction: the model's answer text (e.g. ``ParsedCompletion.answer``).
-        reference: the dataset's answer: a letter (``"B"``), a letter with its option
-            (``"B (60°)"``, ``"A) Yes"``), an option text, a number / LaTeX value or text.
-        options: option texts in order, lettered A, B, C, ... (at most 26); empty for
-            free-form questions.
-        question: the question text; used for options written as ``A) ...`` lines in it
-            (both modes) and by the crystal protocol.
-        mode: ``"strict"`` (default, for rewards) or ``"crystal"`` (paper evaluation); see the
-            module docstring for the rules of each.
-
-    Returns:
-        An :class:`AnswerCheck`.
+    """Judge a predicted final answer (e.g. ``ParsedCompletion.answer``) against the ``reference``: a
+    letter (``"B"``), a letter with its option (``"B (60°)"``), an option text, a number / LaTeX value
+    or text. ``options``: option texts lettered A, B, ... (at most 26); ``question``: its text (options
+    as ``A) ...`` lines; the crystal protocol); ``mode``: ``"strict"`` (rewards) or ``"crystal"``.
 
     Raises:
-        ValueError: ``mode`` is not one of :data:`ANSWER_MODES`; more than 26 options; in
-            strict mode, a reference that is empty or only whitespace.
-        TypeError: ``prediction``, ``reference``, ``question`` or an option is not a ``str``,
-            or ``options`` is a single ``str``.
+        ValueError: unknown ``mode``; more than 26 options; in strict mode, an empty reference.
+        TypeError: a text argument or option is not a ``str``, or ``options`` is a single ``str``.
     """
     check_answer_mode(mode, "mode")
-    for name, value in (("prediction", prediction), ("reference", reference), ("question", question)):
-        if not isinstance(value, str):
-            raise TypeError(f"{name} must be str, got {type(value).__name__}")
     if isinstance(options, str):
         raise TypeError("options must be a sequence of option texts, got a single str")
     opts = list(options)
-    for i, opt in enumerate(opts):
-        if not isinstance(opt, str):
-            raise TypeError(f"option {i} must be str, got {type(opt).__name__}")
+    texts = {"prediction": prediction, "reference": reference, "question": question}
+    for name, value in [*texts.items(), *((f"option {i}", o) for i, o in enumerate(opts))]:
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be str, got {type(value).__name__}")
     if len(opts) > len(LETTERS):
         raise ValueError(f"at most {len(LETTERS)} options can be lettered, got {len(opts)}")
     ref = _clean(reference)
@@ -174,45 +100,21 @@ def check_answer(
     return _strict_check(pred, ref, opts, question)
 
 
-def is_correct(
-    prediction: str,
-    reference: str,
-    *,
-    options: Sequence[str] = (),
-    question: str = "",
-    mode: str = "strict",
-) -> bool:
-    """``check_answer(...).correct``; same arguments and errors as :func:`check_answer`."""
-    return check_answer(prediction, reference, options=options, question=question, mode=mode).correct
-
-
 def is_non_answer(prediction: str) -> bool:
-    """Whether ``prediction`` is no answer at all (empty, only punctuation / symbols, or a phrase
-    such as ``"insufficient information"``, ``"none"``, ``"n/a"``), after the cleaning described in
-    the module docstring. :func:`check_answer` judges such a prediction wrong in every mode."""
+    """Whether ``prediction`` is no answer at all (module docstring), after cleaning; such a
+    prediction is wrong in every mode."""
     return _is_non_answer(_clean(prediction))
 
 
-# =================================================================================================
-# crystal mode: the CRYSTAL paper's protocol (crystal-metrics 0.2.0 AccuracyCalculator)
-# =================================================================================================
+# --- crystal mode: crystal-metrics 0.2.0 AccuracyCalculator -------------------------------------------
 
-_CR_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "`": "'"})
+_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "`": "'"})
+_SPACES = re.compile(r"\s+")
 _CR_LONE_PERIOD = re.compile(r"(?<!\d)\.(?!\d)")
 _CR_DROPPED = re.compile(r"""[,()"\[\]{}']""")
-_CR_SPACES = re.compile(r"\s+")
 # Lead-ins deleted (in this order, everywhere) before the first number is read.
-_CR_LEAD_INS = tuple(
-    re.compile(p, re.IGNORECASE)
-    for p in (
-        r"the answer is:?\s*",
-        r"the result is:?\s*",
-        r"answer:?\s*",
-        r"result:?\s*",
-        r"approximately:?\s*",
-        r"about:?\s*",
-    )
-)
+_CR_LEAD_INS = tuple(re.compile(rf"{w}:?\s*", re.IGNORECASE) for w in (
+    "the answer is", "the result is", "answer", "result", "approximately", "about"))
 _CR_NUMBER = re.compile(r"-?\d+\.?\d*")
 _CR_SINGLE_LETTER = re.compile(r"[a-z]")
 # Letter patterns on normalised text. The normaliser deletes "(" and ")", so crystal-metrics'
@@ -226,13 +128,9 @@ _CR_YES_WORDS = ("yes", "true", "correct", "affirmative")
 _CR_NO_WORDS = ("no", "false", "incorrect", "negative")
 _HAS_OPTION_LINE = re.compile(r"^[ \t]*A\)", re.MULTILINE)
 
-_CR_ABS_TOL = 0.05
-_CR_REL_TOL = 0.1
-_CR_DELTA = 1e-10
-
 
 def _render_options(question: str, options: list[str]) -> str:
-    """Question text with ``"A) option"`` lines appended (unless it already has an ``A)`` line)."""
+    """The question with ``"A) option"`` lines appended (unless it has an ``A)`` line)."""
     if not options or _HAS_OPTION_LINE.search(question):
         return question
     lines = [f"{LETTERS[i]}) {' '.join(opt.splitlines())}" for i, opt in enumerate(options)]
@@ -240,10 +138,8 @@ def _render_options(question: str, options: list[str]) -> str:
 
 
 def _cr_normalize(text: str) -> str:
-    out = text.strip().lower().translate(_CR_QUOTES)
-    out = _CR_LONE_PERIOD.sub("", out)
-    out = _CR_DROPPED.sub("", out)
-    return _CR_SPACES.sub(" ", out)
+    out = _CR_LONE_PERIOD.sub("", text.strip().lower().translate(_QUOTES))
+    return _SPACES.sub(" ", _CR_DROPPED.sub("", out))
 
 
 def _cr_first_number(text: str) -> float | None:
@@ -254,21 +150,16 @@ def _cr_first_number(text: str) -> float | None:
     return float(found.group(0)) if found is not None else None
 
 
-def _cr_decimals_shown(value: float) -> int:
-    shown = str(value).rstrip("0").rstrip(".")
-    return len(shown.partition(".")[2])
-
-
 def _cr_numbers_match(pred: float, gold: float) -> tuple[bool, str]:
     """Paper Eq. 2 plus crystal-metrics' extra rounding rules."""
     if pred == gold:
         return True, "numeric_exact"
     diff = abs(pred - gold)
-    rel = diff / max(abs(gold), _CR_DELTA)
-    if diff <= _CR_ABS_TOL or rel <= _CR_REL_TOL or diff < 0.01:
+    rel = diff / max(abs(gold), 1e-10)
+    if diff <= 0.05 or rel <= 0.1 or diff < 0.01:
         return True, "numeric_rounded"
     if gold != 0:
-        decimals = _cr_decimals_shown(pred)
+        decimals = len(str(pred).rstrip("0").rstrip(".").partition(".")[2])  # decimals shown
         if decimals <= 2 and (rel < 0.15 or abs(pred - round(gold, decimals)) < 1e-6):
             return True, "numeric_rounded"
     return False, "numeric_mismatch"
@@ -276,11 +167,9 @@ def _cr_numbers_match(pred: float, gold: float) -> tuple[bool, str]:
 
 def _cr_yes_no(text: str) -> str:
     norm = _cr_normalize(text)
-    if any(word in norm for word in _CR_YES_WORDS):
+    if any(w in norm for w in _CR_YES_WORDS):
         return "yes"
-    if any(word in norm for word in _CR_NO_WORDS):
-        return "no"
-    return norm
+    return "no" if any(w in norm for w in _CR_NO_WORDS) else norm
 
 
 def _cr_option_letter(answer: str, problem: str) -> str | None:
@@ -308,33 +197,27 @@ def _cr_choice(text: str, problem: str) -> str | None:
 
 
 def _crystal_check(prediction: str, reference: str, problem: str) -> AnswerCheck:
-    pred_num = _cr_first_number(prediction)
-    gold_num = _cr_first_number(reference)
+    pred_num, gold_num = _cr_first_number(prediction), _cr_first_number(reference)
     if pred_num is not None and gold_num is not None:
         ok, kind = _cr_numbers_match(pred_num, gold_num)
         return AnswerCheck(ok, kind, str(pred_num), str(gold_num))
 
-    pred_norm = _cr_normalize(prediction)
-    gold_norm = _cr_normalize(reference)
+    pred_norm, gold_norm = _cr_normalize(prediction), _cr_normalize(reference)
     if _cr_normalize(gold_norm) in _CR_YES_NO:
         pred_yn, gold_yn = _cr_yes_no(prediction), _cr_yes_no(reference)
         return AnswerCheck(pred_yn == gold_yn, "yes_no", pred_yn, gold_yn)
 
-    pred_letter = _cr_choice(prediction, problem)
-    gold_letter = _cr_choice(reference, problem)
+    pred_letter, gold_letter = _cr_choice(prediction, problem), _cr_choice(reference, problem)
     if pred_letter is not None and gold_letter is not None:
         return AnswerCheck(pred_letter == gold_letter, "choice", pred_letter, gold_letter)
 
-    if pred_norm == gold_norm:
-        return AnswerCheck(True, "exact", pred_norm, gold_norm)
-    if len(pred_norm.split()) == 1 and len(gold_norm.split()) == 1:
-        return AnswerCheck(False, "exact", pred_norm, gold_norm)
-    return AnswerCheck(pred_norm in gold_norm or gold_norm in pred_norm, "exact", pred_norm, gold_norm)
+    # exact match; two single words must be equal, anything else may contain the other (the fallback)
+    single = len(pred_norm.split()) == len(gold_norm.split()) == 1
+    ok = pred_norm == gold_norm if single else pred_norm in gold_norm or gold_norm in pred_norm
+    return AnswerCheck(ok, "exact", pred_norm, gold_norm)
 
 
-# =================================================================================================
-# strict mode
-# =================================================================================================
+# --- strict mode ----------------------------------------------------------------------------------------
 
 NON_ANSWERS = frozenset({"insufficient information", "none", "n/a", "unknown", "null", "nil"})
 _YES_TOKENS = frozenset({"yes", "true"})
@@ -349,24 +232,20 @@ _WRAPPERS = (
     re.compile(r"\\boxed\s*\{(.*)\}", re.DOTALL),
 )
 _ARTICLE = re.compile(r"(?:a|an|the)\s+")
-_SPACES = re.compile(r"\s+")
-_TEXT_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "`": "'"})
 
 # Letter forms (matched in full on the cleaned answer, after an optional "option"/"choice").
 _CHOICE_WORD = re.compile(r"(?:option|choice)\b\s*[:#]?\s*", re.IGNORECASE)
-_LETTER_PAREN = re.compile(r"\(\s*([A-Za-z])\s*\)\s*(.*)", re.DOTALL)
-_LETTER_BRACKET = re.compile(r"\[\s*([A-Za-z])\s*\]\s*(.*)", re.DOTALL)
-_LETTER_CLOSE = re.compile(r"([A-Za-z])\s*\)\s*(.*)", re.DOTALL)
-_LETTER_DOT = re.compile(r"([A-Za-z])\s*[.:]\s*(.*)", re.DOTALL)
-_LETTER_ALONE = re.compile(r"([A-Za-z])")
-_LETTER_THEN_PAREN = re.compile(r"([A-Za-z])\s+(\(.*\))", re.DOTALL)
+# In the order tried: B, (B) .., [B] .., B) .., B (..), B. / B: .. (the last is not a letter in a
+# reference with text after it and no options known: "C. elegans").
+_LETTER_FORMS = tuple(re.compile(p, re.DOTALL) for p in (
+    r"([A-Za-z])", r"\(\s*([A-Za-z])\s*\)\s*(.*)", r"\[\s*([A-Za-z])\s*\]\s*(.*)", r"([A-Za-z])\s*\)\s*(.*)",
+    r"([A-Za-z])\s+(\(.*\))", r"([A-Za-z])\s*[.:]\s*(.*)"))
 _OTHER_LETTER = re.compile(r"\(\s*[A-Za-z]\s*\)|(?<![A-Za-z])[A-Z](?![A-Za-z])")
 _OR_AND = re.compile(r"\b(?:or|and)\b", re.IGNORECASE)
 _QUESTION_OPTION = re.compile(r"^[ \t]*\(?([A-Z])[).:][ \t]*(\S[^\n]*)$", re.MULTILINE)
 
 
-@dataclass(frozen=True)
-class _LetterForm:
+class _LetterForm(NamedTuple):
     letter: str  # upper case
     rest: str  # text after the letter (may be empty)
 
@@ -394,34 +273,28 @@ def _clean(text: str) -> str:
     prefix = _PREFIX.match(out)
     if prefix is not None:
         out = out[prefix.end():].strip()
-    for _ in range(4):
-        before = out
-        for wrapper in _WRAPPERS:
-            found = wrapper.fullmatch(out)
-            if found is not None:
-                out = found.group(1).strip()
-                break
-        if out == before:
+    for _ in range(4):  # surrounding $..$, \(..\), \[..\], \boxed{..}, nested up to four deep
+        if (found := next((m for w in _WRAPPERS if (m := w.fullmatch(out))), None)) is None:
             break
+        out = found.group(1).strip()
     return out
 
 
 def _strip_punctuation(text: str) -> str:
+    def edge(ch: str) -> bool:
+        return ch.isspace() or unicodedata.category(ch).startswith("P")
+
     start, end = 0, len(text)
-    while start < end and _is_edge_char(text[start]):
+    while start < end and edge(text[start]):
         start += 1
-    while end > start and _is_edge_char(text[end - 1]):
+    while end > start and edge(text[end - 1]):
         end -= 1
     return text[start:end]
 
 
-def _is_edge_char(ch: str) -> bool:
-    return ch.isspace() or unicodedata.category(ch).startswith("P")
-
-
 def _norm_text(text: str) -> str:
     """NFKC, case-folded, ASCII quotes, collapsed spaces, outer punctuation and a leading article gone."""
-    out = unicodedata.normalize("NFKC", text).casefold().translate(_TEXT_QUOTES)
+    out = unicodedata.normalize("NFKC", text).casefold().translate(_QUOTES)
     out = _strip_punctuation(_SPACES.sub(" ", out))
     article = _ARTICLE.match(out)
     if article is not None:
@@ -455,14 +328,13 @@ def _letter_form(text: str, *, as_reference: bool = False) -> _LetterForm | None
     word = _CHOICE_WORD.match(body)
     if word is not None and word.end() < len(body):
         body = body[word.end():]
-    patterns = [_LETTER_ALONE, _LETTER_PAREN, _LETTER_BRACKET, _LETTER_CLOSE, _LETTER_THEN_PAREN, _LETTER_DOT]
-    for pattern in patterns:
+    for pattern in _LETTER_FORMS:
         found = pattern.fullmatch(body)
         if found is None:
             continue
         rest = found.group(2).strip() if pattern.groups > 1 else ""
-        if as_reference and pattern is _LETTER_DOT and rest:
-            return None  # "C. elegans" is text, not option C (without options known)
+        if as_reference and pattern is _LETTER_FORMS[-1] and rest:
+            return None
         if rest.startswith("(") and rest.endswith(")"):
             rest = rest[1:-1].strip()
         return _LetterForm(found.group(1).upper(), rest)
@@ -478,9 +350,7 @@ def _reference_choice(ref: str, options: list[str]) -> tuple[str, str | None] | 
         index = _matching_option(ref, options)
         return (LETTERS[index], options[index]) if index is not None else None
     form = _letter_form(ref, as_reference=True)
-    if form is None:
-        return None
-    return form.letter, (form.rest or None)
+    return None if form is None else (form.letter, form.rest or None)
 
 
 def _matching_option(text: str, options: list[str]) -> int | None:
@@ -494,16 +364,15 @@ def _check_choice(pred: str, ref_letter: str, ref_text: str | None, options: lis
     pred_letter: str | None = None
     if form is not None and (not options or _letter_index(form.letter) < len(options)):
         if options:
-            text: str | None = options[_letter_index(form.letter)]
+            text = options[_letter_index(form.letter)]
         else:
             text = ref_text if form.letter == ref_letter else None
-        if form.rest:
-            if text is not None:
-                consistent = _values_equal(form.rest, text).correct
-            else:
-                consistent = _OTHER_LETTER.search(form.rest) is None and _OR_AND.search(form.rest) is None
-            if not consistent:
-                return AnswerCheck(False, "choice", _norm_text(pred), ref_letter)
+        # text after the letter must agree with that option, or (option unknown) name no other letter
+        if form.rest and not (
+            _values_equal(form.rest, text).correct if text is not None
+            else _OTHER_LETTER.search(form.rest) is None and _OR_AND.search(form.rest) is None
+        ):
+            return AnswerCheck(False, "choice", _norm_text(pred), ref_letter)
         pred_letter = form.letter
     elif options:
         index = _matching_option(pred, options)
@@ -521,7 +390,8 @@ def _values_equal(pred: str, ref: str) -> AnswerCheck:
     pred_norm, ref_norm = _norm_text(pred), _norm_text(ref)
     if ref_norm in _YES_TOKENS or ref_norm in _NO_TOKENS:
         polarity = _YES_TOKENS if ref_norm in _YES_TOKENS else _NO_TOKENS
-        return AnswerCheck(pred_norm in polarity, "yes_no", _yes_no_token(pred_norm), _yes_no_token(ref_norm))
+        shown = ["yes" if n in _YES_TOKENS else "no" if n in _NO_TOKENS else n for n in (pred_norm, ref_norm)]
+        return AnswerCheck(pred_norm in polarity, "yes_no", *shown)
 
     ref_math = _math_value(ref, None)
     if ref_math is not None:
@@ -534,14 +404,6 @@ def _values_equal(pred: str, ref: str) -> AnswerCheck:
     return AnswerCheck(pred_norm == ref_norm, "exact", pred_norm, ref_norm)
 
 
-def _yes_no_token(norm: str) -> str:
-    if norm in _YES_TOKENS:
-        return "yes"
-    if norm in _NO_TOKENS:
-        return "no"
-    return norm
-
-
 # --- numbers and LaTeX via math-verify -------------------------------------------------------------
 
 MAX_MATH_CHARS = 160
@@ -552,9 +414,8 @@ MAX_EXPONENT_DIGITS = 4
 # units and unit words from its list, "and" / "or" read as list commas, \frac12 / \sqrt2 / a/b
 # written out. equations stays off: the option is deprecated (it logs a warning on every call)
 # because math-verify's parser and verify() handle equations themselves.
-_NORMALIZATION = NormalizationConfig(
-    basic_latex=True, units=True, malformed_operators=True, nits=True, boxed="all", equations=False
-)
+_NORMALIZATION = NormalizationConfig(basic_latex=True, units=True, malformed_operators=True, nits=True, boxed="all",
+                                     equations=False)
 # Only the whole answer is extracted (boxes are read by the normalisation, not as separate matches).
 _EXTRACTION = (LatexExtractionConfig(boxed_match_priority=-1, normalization_config=_NORMALIZATION),)
 # How an answer is shown and held to its reference's vocabulary: the same normalisation without
@@ -583,8 +444,7 @@ _BRACED = re.compile(r"\{[^{}]*\}")
 # Commands a prediction may always use (plus any its reference uses).
 _ALWAYS_ALLOWED_COMMANDS = frozenset("frac sqrt pi cdot times div infty circ".split())
 _FUNCTION_NAMES = frozenset(
-    "sin cos tan cot sec csc log ln exp arcsin arccos arctan sinh cosh tanh sqrt pi".split()
-)
+    "sin cos tan cot sec csc log ln exp arcsin arccos arctan sinh cosh tanh sqrt pi".split())
 _SPACED_NUMBERS = re.compile(r"[\d}\)\]]\s+[\d.]")
 _NESTED_EXPONENT = re.compile(r"\^\s*\{[^{}]*\^|\^\s*[\d.]*\s*\^|\*\*")
 _EXPONENT_DIGITS = re.compile(r"\^\s*\{?\s*[-+]?(\d+)")
@@ -611,11 +471,8 @@ class _MathValue:
 
 
 def _math_value(text: str, reference: _MathValue | None) -> _MathValue | None:
-    """An answer read as one math value (strict rule 3), or None if it is not one.
-
-    ``reference`` is None when reading the reference itself (trusted, but a word must be a
-    function name). A prediction is held to its reference's vocabulary (see the module docstring).
-    """
+    """An answer read as one math value, or None. ``reference`` None: reading the reference (a word
+    must be a function name); else the prediction is held to the reference's vocabulary."""
     core = _math_core(text)
     parsed = _parse_math(core) if core is not None else None
     if parsed is None:
@@ -699,9 +556,6 @@ def _math_equal(reference: _MathValue, prediction: _MathValue) -> bool:
     try:
         return bool(verify(reference.expr, prediction.expr, timeout_seconds=_timeout_s(), raise_on_error=True))
     except TimeoutException:
-        logger.warning(
-            "math-verify timed out comparing %r with %r; treated as not equivalent",
-            prediction.shown[:80],
-            reference.shown[:80],
-        )
+        logger.warning("math-verify timed out comparing %r with %r; treated as not equivalent",
+                       prediction.shown[:80], reference.shown[:80])
         return False

@@ -1,27 +1,12 @@
-"""``cpr audit-reward``: an adversarial search for completions that game a reward configuration.
-
-Run it before spending accelerator hours on a new reward. For each sampled item with at least
-``--min-steps`` reference steps, a seeded evolutionary beam search, bounded in reward
-evaluations, assembles completions from genes:
-
-* the item's own reference steps, and rewordings of them (:func:`reworded`);
-* the prompt: the question, its sentences, the option texts;
-* other items' reference steps (the ones most similar to this item's steps under the reward's
-  own encoder, a white-box attacker, plus random ones);
-* generic filler sentences (:data:`FILLER_SENTENCES`);
-
-with the gold answer or wrong answers, as valid JSON or malformed output. Mutations replace,
-insert, delete, duplicate and swap steps and change the answer or the format. Every candidate
-is scored by the reward set exactly as TRL sums it (``sum_k w_k r_k``).
-
-A completion is **degenerate** when (a) its answer is wrong (the strict checker, whatever mode
-the reward uses), (b) its steps include none of the item's own reference steps (a rewording of
-one counts as that step), or (c) it repeats a step (an own step twice, an own step and a
-rewording of it, or any other gene twice).
-The beams keep the best degenerate completions of each class. The report gives, per exploit
-family (a completion belongs to every family it draws on) and per class, the highest reward
-found against the honest completion's (the own steps in order, the gold answer, valid JSON);
-the command exits with 1 when any degenerate completion reaches the honest reward.
+"""``cpr audit-reward``: an adversarial search for completions that game a reward configuration
+(README, "Reward hacking"). Per sampled item, a seeded evolutionary beam search, bounded in reward evaluations, assembles
+completions from genes (the item's reference steps and their rewordings, the question's sentences and
+options, other items' steps: those the reward's own encoder finds closest plus random ones, filler
+sentences), with gold or wrong answers, as valid JSON or malformed; every candidate is scored by the
+reward set as TRL sums it (``sum_k w_k r_k``). A completion is **degenerate** when (a) its answer is
+wrong (strict checker), (b) it has none of the item's own steps (a rewording counts as its step) or
+(c) it repeats a step. The report gives, per class and exploit family, the best degenerate reward
+against the honest completion's; the command exits with 1 when one reaches it.
 """
 
 from __future__ import annotations
@@ -34,56 +19,21 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cpr.errors import InputError
 
-__all__ = [
-    "CLASSES",
-    "FAMILIES",
-    "FILLER_SENTENCES",
-    "AuditItem",
-    "audit",
-    "exploit_completions",
-    "markdown_report",
-    "register",
-    "reworded",
-    "run",
-]
-
 #: Generic reasoning-shaped sentences that say nothing about any item.
 FILLER_SENTENCES = (
-    "Let me think about this step by step.",
-    "First, look at the image carefully.",
-    "We need to find the answer to the question.",
-    "Consider all the information given.",
-    "Let's analyze the problem.",
-    "This step is important for the solution.",
+    "Let me think about this step by step.", "First, look at the image carefully.",
+    "We need to find the answer to the question.", "Consider all the information given.",
+    "Let's analyze the problem.", "This step is important for the solution.",
     "Now we move on to the next step.",
-    "Check the calculation again.",
-    "Use the information from the figure.",
-    "Identify the relevant values.",
-    "Apply the appropriate formula.",
-    "Compare the options carefully.",
-    "Recall the relevant definition.",
-    "Organize the known quantities.",
-    "Verify that the result makes sense.",
-    "Combine the previous results.",
-    "Simplify the expression.",
-    "Read the question again.",
-    "Summarize what we know so far.",
+    "Check the calculation again.", "Use the information from the figure.", "Identify the relevant values.",
+    "Apply the appropriate formula.", "Compare the options carefully.", "Recall the relevant definition.",
+    "Organize the known quantities.", "Verify that the result makes sense.", "Combine the previous results.",
+    "Simplify the expression.", "Read the question again.", "Summarize what we know so far.",
     "Therefore, we can conclude.",
-)
-
-_TEMPLATES: tuple[Callable[[str], str], ...] = (
-    lambda s: f"In other words, {s}",
-    lambda s: f"{s} This is the key step.",
-    lambda s: f"Note that {s[:1].lower()}{s[1:]}",
-    lambda s: f"So {s[:1].lower()}{s[1:]}",
-    lambda s: f"Again: {s}",
-    lambda s: f"We can see that {s[:1].lower()}{s[1:]}",
-    lambda s: " ".join(s.split()[:-1]) if len(s.split()) > 3 else f"{s} indeed",
-    lambda s: f"Step: {s}",
 )
 
 #: Degenerate classes (module docstring) and the exploit families a completion can draw on.
@@ -94,7 +44,10 @@ _FORMS = ("json", "prose", "trailing_comma", "lines")
 
 def reworded(step: str) -> list[str]:
     """Eight near-duplicate rewordings of ``step`` (prefixes, a suffix, the last word dropped)."""
-    return [t(step) for t in _TEMPLATES]
+    low, words = step[:1].lower() + step[1:], step.split()
+    return [f"In other words, {step}", f"{step} This is the key step.", f"Note that {low}", f"So {low}",
+            f"Again: {step}", f"We can see that {low}",
+            " ".join(words[:-1]) if len(words) > 3 else f"{step} indeed", f"Step: {step}"]
 
 
 @dataclass(frozen=True)
@@ -114,12 +67,8 @@ class AuditItem:
 
     def columns(self, n: int) -> dict[str, list[Any]]:
         """The dataset columns TRL passes to reward functions, repeated for ``n`` completions."""
-        return {
-            "answer": [self.answer] * n,
-            "reference_steps": [list(self.reference_steps)] * n,
-            "options": [list(self.options)] * n,
-            "question": [self.question] * n,
-        }
+        return {"answer": [self.answer] * n, "reference_steps": [list(self.reference_steps)] * n,
+                "options": [list(self.options)] * n, "question": [self.question] * n}
 
 
 def exploit_completions(item: AuditItem, other: AuditItem) -> dict[str, list[str]]:
@@ -142,21 +91,21 @@ def exploit_completions(item: AuditItem, other: AuditItem) -> dict[str, list[str
 def render(steps: Sequence[str], answer: str, form: str = "json") -> str:
     """Completion text: valid JSON, or malformed (``prose`` before the JSON, a ``trailing_comma``,
     numbered ``lines``)."""
+    text = json.dumps({"reasoning_steps": list(steps), "answer": answer})
     if form == "prose":
-        return "Here is my reasoning.\n" + json.dumps({"reasoning_steps": list(steps), "answer": answer})
+        return "Here is my reasoning.\n" + text
     if form == "trailing_comma":
         return '{"reasoning_steps": [' + "".join(json.dumps(s) + ", " for s in steps) + '], "answer": ' + json.dumps(answer) + "}"
     if form == "lines":
         return "".join(f"Step {i + 1}: {s}\n" for i, s in enumerate(steps)) + f"Answer: {answer}"
-    return json.dumps({"reasoning_steps": list(steps), "answer": answer})
+    return text
 
 
 # Gene: (kind, key, text); kinds own / reworded (key: own index) and question / option / foreign / filler.
 Gene = tuple[str, int, str]
 
 
-@dataclass(frozen=True)
-class _Cand:
+class _Cand(NamedTuple):
     steps: tuple[Gene, ...]
     answer: str
     form: str = "json"
@@ -168,12 +117,11 @@ def _tags(c: _Cand, wrong: bool, ref: Sequence[str]) -> set[str]:
     kinds = {g[0] for g in c.steps}
     own = [k for kind, k, _ in c.steps if kind in ("own", "reworded")]
     repeated = any(n > max(1, ref.count(t)) for t, n in texts.items())
-    tags = {name for name, hit in (
+    return {name for name, hit in (
         ("repetition", repeated), ("restatement", bool(kinds & {"question", "option"})),
         ("foreign", "foreign" in kinds), ("filler", "filler" in kinds), ("reorder", own != sorted(own)),
         ("malformed", c.form != "json"), ("wrong_answer", wrong), ("no_own_steps", not own),
     ) if hit}
-    return tags
 
 
 def _pool(
@@ -337,22 +285,15 @@ def audit(
     beam: int = 8,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Search every item (module docstring) and summarise.
+    """Search every item of ``items`` (module docstring) and summarise. ``pool_items``: every loaded item
+    (other items' steps and answers); ``score(texts, item)``: total reward of each completion text;
+    ``encoder``: the reward's :class:`cpr.matching.StepEncoder` (picks the closest foreign steps);
+    ``budget``: distinct completions scored per item (>= 2); ``beam``: completions kept per degenerate
+    class; ``seed``: the same arguments give the same report.
 
-    Args:
-        items: the items to attack.
-        pool_items: every loaded item (other items' steps and answers come from here).
-        score: ``score(texts, item)`` -> total reward of each completion text for ``item``.
-        encoder: the reward's :class:`cpr.matching.StepEncoder` (picks the closest foreign steps).
-        budget: at most this many distinct completions scored per item (>= 2).
-        beam: completions kept per degenerate class.
-        seed: the search's seed (the same arguments give the same report).
-
-    Returns:
-        ``{"items": [per item: id, honest_reward, evaluations, best per family / class],
-        "summary": {family: {"items", "reaching_honest", "max_reward", "max_gap"}}, "exploits_found"}``
-        where a gap is the best degenerate reward minus the honest reward and ``exploits_found`` counts
-        the items where a degenerate completion reaches the honest reward.
+    Returns ``{"items": [per item: id, honest_reward, evaluations, best per family / class], "summary":
+    {family: {"items", "reaching_honest", "max_reward", "max_gap"}}, "exploits_found"}`` (gap: best
+    degenerate minus honest reward; ``exploits_found``: items where a degenerate one reaches it).
     """
     if budget < 2 or beam < 1:
         raise InputError(f"budget must be >= 2 and beam >= 1, got {budget} and {beam}", field="--budget")
@@ -388,12 +329,9 @@ def markdown_report(report: dict[str, Any]) -> str:
     names = {"wrong_answer": "(a) wrong answer", "no_own_steps": "(b) none of the item's own steps",
              "repetition": "(c) a repeated step"}
     for fam, s in report["summary"].items():
-        if fam in names or fam not in CLASSES:
-            label = names.get(fam, f"family: {fam}")
-            if s["items"] == 0:
-                lines.append(f"| {label} | 0 | - | - | - |")
-                continue
-            lines.append(f"| {label} | {s['items']} | {s['reaching_honest']} | {s['max_reward']:.3f} | {s['max_gap']:+.3f} |")
+        label = names.get(fam, f"family: {fam}")
+        lines.append(f"| {label} | 0 | - | - | - |" if s["items"] == 0 else
+                     f"| {label} | {s['items']} | {s['reaching_honest']} | {s['max_reward']:.3f} | {s['max_gap']:+.3f} |")
     lines += ["", f"Items where a degenerate completion reaches the honest reward: {report['exploits_found']} of {n}."]
     return "\n".join(lines)
 

@@ -1,16 +1,13 @@
-"""The ``cpr`` command line: ``cpr <command> ...``.
-
-Each command lives in the module that owns its concept and exposes
-``register(subparsers)``, which adds its parser and sets ``func`` (a callable taking the
-parsed ``argparse.Namespace`` and returning an exit code). Modules are imported only
-for the command that runs, so ``cpr --help`` stays fast.
-"""
+"""The ``cpr`` command line. Each command's module exposes ``register(subparsers)``, which adds its
+parser and sets ``func`` (``argparse.Namespace`` -> exit code); only the running command's module is
+imported, so ``cpr --help`` stays fast."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -29,30 +26,22 @@ COMMANDS: dict[str, str] = {
 }
 
 
-#: Exit code of a :class:`~cpr.errors.CprError` that sets no ``exit_code`` of its own.
-ERROR_EXIT_CODE = 2
-
-
 def error_exit_code(error: CprError) -> int:
-    """The process exit code for ``error``: its class's ``exit_code`` attribute where it sets one
-    (:class:`cpr.training.guards.TrainingDivergedError`: 3), else :data:`ERROR_EXIT_CODE` (2)."""
-    return int(getattr(error, "exit_code", ERROR_EXIT_CODE))
+    """The process exit code for ``error``: its class's ``exit_code`` where it sets one
+    (:class:`cpr.training.guards.TrainingDivergedError`: 3), else 2."""
+    return int(getattr(error, "exit_code", 2))
 
 
 def run_command(prog: str, func: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
-    """Run a command's ``func(args)`` and return its exit code (``None`` counts as 0).
-
-    A :class:`~cpr.errors.CprError` is printed as one line ``"<prog>: error: <message>"`` on
-    standard error (no traceback) and gives :func:`error_exit_code`. Used by ``cpr`` and the recipes.
-    """
+    """Run a command's ``func(args)`` and return its exit code (``None`` counts as 0). A
+    :class:`~cpr.errors.CprError` is printed as one line ``"<prog>: error: <message>"`` on standard
+    error and gives :func:`error_exit_code`. Used by ``cpr`` and the recipes."""
     try:
         return int(func(args) or 0)
     except CprError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return error_exit_code(e)
     except BrokenPipeError:  # output piped into a command that stopped reading (`| head`): not an error
-        import os
-
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
@@ -66,13 +55,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is not None and name != only:
             sub.add_parser(name, add_help=False)
             continue
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue  # command not built yet
-        mod.register(sub)
+        importlib.import_module(module).register(sub)
     return parser
 
 

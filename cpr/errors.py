@@ -1,8 +1,5 @@
-"""Error types shared by the package.
-
-Every error about user input names where the problem is (file, line or record id,
-field) so that a researcher can fix the data without reading a stack trace.
-"""
+"""Error types. Every error about user input names where the problem is (file, line or record id,
+field), so that a researcher can fix the data without reading a stack trace."""
 
 from __future__ import annotations
 
@@ -14,47 +11,26 @@ class CprError(Exception):
 
 
 class InputError(CprError, ValueError):
-    """Invalid user input: a data file, a config value or a command-line argument.
-
-    Args:
-        message: what is wrong, in words.
-        path: the file the problem is in, if any.
-        line: 1-based line number in ``path`` (JSON lines files), if known.
-        record_id: the record's ``id``, if known.
-        field: the field (or config key) that is wrong, if any.
-
-    The string form is ``"<path>:<line> (id <record_id>) field '<field>': <message>"``,
-    leaving out the parts that are not known.
-    """
+    """Invalid user input (a data file, a config value, a command-line argument): ``message`` says
+    what is wrong; ``path``, 1-based ``line``, ``record_id`` and ``field`` (or config key) where, if
+    known. The string form is ``"<path>:<line> (id <record_id>) field '<field>': <message>"`` without
+    the unknown parts (``"line <line>"`` without a path)."""
 
     def __init__(
-        self,
-        message: str,
-        *,
-        path: str | Path | None = None,
-        line: int | None = None,
-        record_id: str | None = None,
-        field: str | None = None,
+        self, message: str, *, path: str | Path | None = None, line: int | None = None,
+        record_id: str | None = None, field: str | None = None,
     ) -> None:
         self.message = message
         self.path = str(path) if path is not None else None
-        self.line = line
-        self.record_id = record_id
-        self.field = field
-        super().__init__(self._render())
-
-    def _render(self) -> str:
-        where = []
-        if self.path is not None:
-            where.append(f"{self.path}:{self.line}" if self.line is not None else self.path)
-        elif self.line is not None:
-            where.append(f"line {self.line}")
-        if self.record_id is not None:
-            where.append(f"(id {self.record_id})")
-        if self.field is not None:
-            where.append(f"field '{self.field}'")
-        prefix = " ".join(where)
-        return f"{prefix}: {self.message}" if prefix else self.message
+        self.line, self.record_id, self.field = line, record_id, field
+        where = [
+            (f"{self.path}:{line}" if line is not None else self.path) if self.path is not None
+            else f"line {line}" if line is not None else None,
+            f"(id {record_id})" if record_id is not None else None,
+            f"field '{field}'" if field is not None else None,
+        ]
+        prefix = " ".join(w for w in where if w is not None)
+        super().__init__(f"{prefix}: {message}" if prefix else message)
 
 
 class ConfigError(InputError):
@@ -62,7 +38,5 @@ class ConfigError(InputError):
 
 
 class ModelNotAvailableError(CprError, OSError):
-    """A model, processor or encoder is neither on disk nor downloadable.
-
-    The message names what was asked for and how to supply a local path.
-    """
+    """A model, processor or encoder is neither on disk nor downloadable; the message names what was
+    asked for and how to supply a local path."""

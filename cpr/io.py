@@ -1,11 +1,6 @@
-"""Small file helpers: atomic writes and JSON lines reading with located errors.
-
-Atomic writes go to a temporary file in the same folder, are flushed and fsync'ed, and
-then renamed over the target (``os.replace``), so a process killed mid-write leaves the
-previous version of the file intact. JSON lines files are appended with one ``write`` per
-batch of lines and fsync'ed; a kill can leave at most a truncated last line, which readers
-skip (``read_jsonl(skip_truncated_tail=True)``) and the next append cuts off.
-"""
+"""File helpers: atomic writes (temporary file, fsync, ``os.replace``: a kill leaves the previous
+version) and JSON lines (one fsync'ed ``write`` per batch of lines: a kill leaves at most a truncated
+last line, which readers can skip and the next append cuts off), with located errors."""
 
 from __future__ import annotations
 
@@ -21,10 +16,7 @@ from cpr.errors import InputError
 
 
 def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> None:
-    """Write ``text`` to ``path`` atomically (temporary file, fsync, rename).
-
-    Creates the parent folder if needed. Raises ``OSError`` from the file system.
-    """
+    """Write ``text`` to ``path`` atomically, creating the parent folder. Raises ``OSError``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -46,12 +38,7 @@ def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Non
 
 
 def _json_default(obj: Any) -> Any:
-    # numpy scalars / arrays and Paths appear in metrics dicts.
-    if hasattr(obj, "item") and callable(obj.item):
-        try:
-            return obj.item()
-        except (ValueError, TypeError):
-            pass
+    # numpy / torch scalars and arrays and Paths appear in metrics dicts.
     if hasattr(obj, "tolist"):
         return obj.tolist()
     if isinstance(obj, Path):
@@ -59,24 +46,20 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
 
-def append_jsonl(path: str | Path, obj: Any) -> None:
-    """Append one JSON object as a line to ``path`` and fsync it.
+def _json_lines(objs: Iterable[Any]) -> str:
+    return "".join(json.dumps(o, ensure_ascii=False, default=_json_default) + "\n" for o in objs)
 
-    The line goes out in a single ``write`` on an ``O_APPEND`` descriptor, so a kill can at worst
-    leave a truncated last line, which :func:`read_jsonl` with ``skip_truncated_tail=True`` drops
-    and which the next append removes first (:func:`repair_truncated_tail`).
-    """
+
+def append_jsonl(path: str | Path, obj: Any) -> None:
+    """Append one JSON object as a line to ``path`` (:func:`append_jsonl_many`)."""
     append_jsonl_many(path, [obj])
 
 
 def append_jsonl_many(path: str | Path, objs: Iterable[Any]) -> None:
-    """Append JSON objects, one a line, to ``path`` with one ``write`` call, then fsync.
-
-    A truncated last line left by a writer killed mid-write is removed first, so the file stays
-    valid JSON lines. Creates the parent folder if needed. Raises ``OSError`` from the file system
-    and ``TypeError`` for an object JSON cannot encode.
-    """
-    data = "".join(json.dumps(o, ensure_ascii=False, default=_json_default) + "\n" for o in objs).encode("utf-8")
+    """Append JSON objects, one a line, to ``path`` in one ``write`` on an ``O_APPEND`` descriptor, then
+    fsync; a truncated last line (a writer killed mid-line) is cut off first. Creates the parent folder.
+    Raises ``OSError`` from the file system, ``TypeError`` for an object JSON cannot encode."""
+    data = _json_lines(objs).encode("utf-8")
     if not data:
         return
     path = Path(path)
@@ -94,35 +77,23 @@ def append_jsonl_many(path: str | Path, objs: Iterable[Any]) -> None:
 
 
 def repair_truncated_tail(path: str | Path) -> bool:
-    """Cut a JSON lines file back to its last newline if it does not end with one.
-
-    What a writer killed mid-line leaves behind is an incomplete last line; appending after it
-    would glue the next record onto it. Returns ``True`` if bytes were removed; a missing or
-    empty file is left alone.
-    """
+    """Cut a JSON lines file back to its last newline if it does not end with one (an incomplete line
+    left by a killed writer, which the next append would glue onto). Returns ``True`` if bytes were
+    removed; a missing or empty file is left alone."""
     path = Path(path)
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return False
+    size = path.stat().st_size if path.exists() else 0
     if size == 0:
         return False
     with open(path, "rb+") as f:
         f.seek(size - 1)
         if f.read(1) == b"\n":
             return False
-        # Scan backwards in blocks for the last newline.
-        pos = size
         cut = 0
-        while pos > 0:
-            start = max(0, pos - 65536)
-            f.seek(start)
-            block = f.read(pos - start)
-            k = block.rfind(b"\n")
-            if k >= 0:
+        for pos in range(size, 0, -65536):  # scan backwards in blocks for the last newline
+            f.seek(start := max(0, pos - 65536))
+            if (k := f.read(pos - start).rfind(b"\n")) >= 0:
                 cut = start + k + 1
                 break
-            pos = start
         f.truncate(cut)
         f.flush()
         os.fsync(f.fileno())
@@ -130,32 +101,21 @@ def repair_truncated_tail(path: str | Path) -> bool:
 
 
 def rewrite_jsonl(path: str | Path, keep: Callable[[Any], bool]) -> tuple[int, int]:
-    """Atomically rewrite a JSON lines file keeping the rows for which ``keep(row)`` is true.
-
-    A truncated last line is dropped. Returns ``(kept, dropped)`` (the truncated line is not
-    counted). A missing file is left missing and gives ``(0, 0)``.
-
-    Raises:
-        InputError: a line other than the last is not valid JSON (names the file and line).
-    """
+    """Atomically rewrite a JSON lines file keeping the rows for which ``keep(row)`` is true; a
+    truncated last line is dropped (not counted). Returns ``(kept, dropped)``; ``(0, 0)`` for a missing
+    file. Raises :class:`InputError` (file and line) for a bad line other than the last."""
     path = Path(path)
     if not path.exists():
         return 0, 0
     rows = [row for _, row in read_jsonl(path, skip_truncated_tail=True)]
     kept = [r for r in rows if keep(r)]
-    atomic_write_text(
-        path, "".join(json.dumps(r, ensure_ascii=False, default=_json_default) + "\n" for r in kept)
-    )
+    atomic_write_text(path, _json_lines(kept))
     return len(kept), len(rows) - len(kept)
 
 
 def read_jsonl(path: str | Path, *, skip_truncated_tail: bool = False) -> Iterator[tuple[int, Any]]:
-    """Yield ``(line_number, object)`` for each non-blank line of a JSON lines file.
-
-    Args:
-        path: the file.
-        skip_truncated_tail: drop an unparsable *last* line that has no trailing newline
-            (what a killed writer leaves behind) instead of raising.
+    """Yield ``(line_number, object)`` for each non-blank line of a JSON lines file;
+    ``skip_truncated_tail`` drops an unparsable *last* line without a newline (a killed writer's).
 
     Raises:
         InputError: a line is not valid JSON (names the file and 1-based line number).
@@ -177,12 +137,8 @@ def read_jsonl(path: str | Path, *, skip_truncated_tail: bool = False) -> Iterat
 
 
 def parse_jsonl_line(raw: str, path: str | Path, line: int) -> Any:
-    """Decode one line of a JSON lines file (its newline, if any, is not part of the value).
-
-    Raises:
-        InputError: the line is not valid JSON; names the file, the 1-based line and the 1-based
-            column where decoding failed (one past the last character when the value is cut short).
-    """
+    """Decode one line of a JSON lines file. Raises :class:`InputError` naming the file, the 1-based
+    line and column where decoding failed (one past the end when the value is cut short)."""
     try:
         return json.loads(raw.rstrip("\n"))
     except json.JSONDecodeError as e:

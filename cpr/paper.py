@@ -1,31 +1,16 @@
-"""Reference numbers published in the CRYSTAL paper, for reports that put ours beside them.
-
-Source: CRYSTAL paper (arXiv 2603.13099), Table 4 (CRYSTAL test set), restated in docs/method.md section 9.
-Columns are those of the paper's Table 2 (docs/method.md section 3): Accuracy in percent, Match F1,
-precision, recall, mean predicted steps, LIS ratio and Ordered Match F1 in [0, 1]. ``None``
-marks a cell the paper leaves empty ("-").
-"""
+"""The CRYSTAL paper's Table 4 (CRYSTAL test set; docs/method.md section 9), for reports that put our
+numbers beside it. ``None`` marks a cell the paper leaves empty ("-")."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-__all__ = ["PAPER_TABLE4", "PaperRow", "paper_rows"]
+from dataclasses import asdict, dataclass
 
 
 @dataclass(frozen=True)
 class PaperRow:
-    """One row of the paper's Table 4 (CRYSTAL test).
-
-    Attributes:
-        model: model name as the paper writes it.
-        method: ``"base"`` (no training) or ``"CPR-Curriculum"``.
-        accuracy: answer accuracy in percent.
-        match_f1, precision, recall: step Match F1 and its precision / recall, in [0, 1].
-        steps: mean number of predicted steps (``None`` where the paper gives none).
-        lis: LIS ratio in [0, 1] (``None`` where the paper gives none).
-        ordered_f1: Ordered Match F1 in [0, 1].
-    """
+    """One row: ``model`` (as the paper writes it), ``method`` (``"base"`` or ``"CPR-Curriculum"``),
+    ``accuracy`` in percent, ``match_f1``, ``precision``, ``recall``, ``lis``, ``ordered_f1`` in [0, 1],
+    ``steps`` (mean predicted steps); the columns of the paper's Table 2 (docs/method.md section 3)."""
 
     model: str
     method: str
@@ -44,15 +29,7 @@ class PaperRow:
 
     def as_summary(self) -> dict[str, float | None]:
         """The row with the summary keys of :func:`cpr.scoring.summarize` (no ``n``)."""
-        return {
-            "accuracy": self.accuracy,
-            "match_f1": self.match_f1,
-            "precision": self.precision,
-            "recall": self.recall,
-            "steps": self.steps,
-            "lis": self.lis,
-            "ordered_f1": self.ordered_f1,
-        }
+        return {k: v for k, v in asdict(self).items() if k not in ("model", "method")}
 
 
 PAPER_TABLE4: tuple[PaperRow, ...] = (

@@ -1,56 +1,14 @@
-"""Parse a policy completion into reasoning steps and a final answer.
+"""Parse a policy completion into reasoning steps and a final answer (docs/method.md section 1).
 
-The policy is trained to answer with a JSON object
-``{"reasoning_steps": ["...", "..."], "answer": "..."}`` (docs/method.md section 1). Parsing follows
-the CRYSTAL paper's protocol, extended by the project's **choice** of two more formats so
-that models prompted in other styles can still be scored. Parsers are tried in this order
-and the first one that succeeds names :attr:`ParsedCompletion.format`:
-
-``"json"``
-    ``json.loads`` of the whole completion (surrounding whitespace ignored; one enclosing
-    Markdown code fence, ```` ```json ```` or a bare ```` ``` ````, is removed first).
-``"json_span"``
-    the span from the first ``{`` to the last ``}`` with control characters other than
-    tab / newline / carriage return deleted and trailing commas before ``]`` or ``}``
-    (outside JSON strings) removed, then ``json.loads(..., strict=False)`` (so raw newlines
-    and tabs inside strings are kept as text). If that span does not decode, the same repair
-    is tried once on the object that starts at the ``{`` in front of the first
-    ``"reasoning_steps"`` key, and ``json.JSONDecoder.raw_decode`` is allowed to stop at the
-    end of that object (text after it is ignored).
-``"tags"``
-    ``<think>...</think>`` (optional) followed by ``<answer>...</answer>`` (required); the
-    steps are read from the think block (see :func:`split_step_lines`).
-``"numbered"``
-    lines numbered ``1.`` / ``1)`` or labelled ``Step N:`` (at least one) together with an
-    ``Answer:`` / ``Final answer:`` line (the last such line is the answer; only step lines
-    before it are steps).
-``"none"``
-    nothing parsed: no steps and the answer ``"insufficient information"``.
-
-A decoded JSON value counts as parsed only when it is an object holding at least one of
-the keys ``"reasoning_steps"`` and ``"answer"`` (a JSON list at top level, or an object with
-neither key, is passed on to the next parser). A missing ``"answer"`` (or ``null``) gives
-the answer ``"insufficient information"``; a missing ``"reasoning_steps"`` (or ``null``)
-gives no steps. Keys are exact (case-sensitive) and may come in any order.
-
-Value conversion: string steps are stripped and empty ones dropped; numbers become
-``str(n)``; booleans ``"true"`` / ``"false"``; ``null`` steps are dropped; nested lists and
-objects become ``json.dumps(value, ensure_ascii=False)``. ``"reasoning_steps"`` given as a
-single string (or number / object) gives one step. The answer is converted the same way
-and stripped (an explicitly empty answer string stays ``""``).
-
-:attr:`ParsedCompletion.json_valid` is the format-reward condition of docs/method.md section 4 and
-is independent of which parser succeeded: the whitespace-stripped completion, with at most
-one enclosing code fence removed, must ``json.loads`` to an object whose
-``"reasoning_steps"`` is a list of strings (an empty list is allowed) and whose ``"answer"``
-is a string. Note: crystal-metrics' ``format_reward`` additionally repairs broken JSON and
-requires at least one non-blank step; this module follows docs/method.md section 4 literally.
-
-Robustness: :func:`parse_completion` never raises for a ``str`` input (deep nesting that
-makes the JSON decoder recurse too deeply, integers beyond Python's digit limit, lone
-surrogates and NUL bytes are all handled as "did not decode"), and runs in time roughly
-linear in the length of the text (no regular expression here can backtrack
-catastrophically).
+Parsers, in order; the first that succeeds names :attr:`ParsedCompletion.format`: ``"json"`` (the whole
+completion, one Markdown code fence removed), ``"json_span"`` (first ``{`` to last ``}``, control
+characters and trailing commas removed; failing that, the object at the first ``"reasoning_steps"``
+key), ``"tags"`` (``<think>..</think>`` optional, ``<answer>..</answer>``; **choice**), ``"numbered"``
+(``1.`` / ``Step N:`` lines and an ``Answer:`` line; **choice**), ``"none"`` (no steps, answer
+``"insufficient information"``). A JSON value counts only if it is an object with ``"reasoning_steps"``
+or ``"answer"``; non-string values become text (numbers ``str(n)``, ``null`` steps dropped, lists and
+objects ``json.dumps``). Never raises for a ``str``, and no regular expression here can backtrack
+catastrophically.
 """
 
 from __future__ import annotations
@@ -59,14 +17,6 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
-
-__all__ = [
-    "INSUFFICIENT_INFORMATION",
-    "ParsedCompletion",
-    "completion_text",
-    "parse_completion",
-    "split_step_lines",
-]
 
 INSUFFICIENT_INFORMATION = "insufficient information"
 
@@ -82,7 +32,9 @@ class ParsedCompletion:
         steps: reasoning steps, each stripped and non-empty, in completion order.
         answer: stripped answer text; ``"insufficient information"`` when no answer was found.
         format: the parser that succeeded: ``"json" | "json_span" | "tags" | "numbered" | "none"``.
-        json_valid: docs/method.md section 4 format-reward condition (see the module docstring).
+        json_valid: the format-reward condition (docs/method.md section 4), whichever parser succeeded:
+            the stripped completion, one code fence removed, ``json.loads`` to an object whose
+            ``"reasoning_steps"`` is a list of strings (may be empty) and whose ``"answer"`` is a string.
     """
 
     steps: tuple[str, ...]
@@ -98,7 +50,6 @@ _FENCE_RE = re.compile(r"\A```[ \t]*(?:json|JSON|Json)?[ \t]*\r?\n?(.*?)```\Z", 
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # A JSON string literal (kept as is) or a trailing comma before a closing bracket (dropped).
 _TRAILING_COMMA_RE = re.compile(r'("(?:[^"\\]|\\.)*")|,(?=[ \t\r\n]*[\]}])', re.DOTALL)
-_STEPS_KEY_RE = re.compile(r'"reasoning_steps"')
 # Step markers: "1." "1)" "(1)" at the start of a line, or "Step N:" ("Step N." "Step N)"
 # "Step N -") anywhere after whitespace; an optional bullet and markdown bold around them.
 _STEP_MARK_RE = re.compile(
@@ -115,74 +66,36 @@ _ANSWER_LINE_RE = re.compile(
 
 
 def parse_completion(text: str) -> ParsedCompletion:
-    """Parse one completion into steps and an answer (paper protocol plus the project's choices).
-
-    Args:
-        text: the completion text (use :func:`completion_text` for TRL's conversational form).
-
-    Returns:
-        A :class:`ParsedCompletion`; see the module docstring for the order of parsers, the
-        value conversions and the ``json_valid`` condition.
-
-    Raises:
-        TypeError: if ``text`` is not a ``str`` (never raises for any ``str``).
-
-    Source: docs/method.md section 1 (paper protocol) and section 4 (format reward condition).
-    """
+    """Parse one completion text (module docstring; :func:`completion_text` for TRL's conversational
+    form) into a :class:`ParsedCompletion`. Raises ``TypeError`` if ``text`` is not a ``str``."""
     if not isinstance(text, str):
         raise TypeError(f"parse_completion expects str, got {type(text).__name__}")
 
-    body = _strip_fence(text.strip())
-    whole = _loads(body)
+    whole = _loads(_strip_fence(text.strip()))
     json_valid = _is_schema_valid(whole)
-    if _is_schema_object(whole):
-        parsed = _from_object(whole, "json", json_valid)
-        if parsed is not None:
-            return parsed
-
-    obj = _json_span(text)
-    if obj is not None:
-        parsed = _from_object(obj, "json_span", json_valid)
-        if parsed is not None:
-            return parsed
-
-    tagged = _parse_tags(text)
-    if tagged is not None:
-        steps, answer = tagged
-        return ParsedCompletion(steps, answer, "tags", json_valid)
-
-    numbered = _parse_numbered(text)
-    if numbered is not None:
-        steps, answer = numbered
-        return ParsedCompletion(steps, answer, "numbered", json_valid)
-
+    if _is_schema_object(whole) and (parsed := _from_object(whole, "json", json_valid)):
+        return parsed
+    if (obj := _json_span(text)) is not None and (parsed := _from_object(obj, "json_span", json_valid)):
+        return parsed
+    for fmt, parser in (("tags", _parse_tags), ("numbered", _parse_numbered)):
+        if (found := parser(text)) is not None:
+            return ParsedCompletion(*found, fmt, json_valid)
     return ParsedCompletion((), INSUFFICIENT_INFORMATION, "none", json_valid)
 
 
 def completion_text(completion: Any) -> str:
-    """Text of one TRL completion.
-
-    Args:
-        completion: either a plain ``str`` (standard format) or a conversational list of
-            messages ``[{"role": "assistant", "content": str | [{"type": "text", "text": str}, ...]}]``
-            (tool messages may be interleaved). The text of the *last* assistant message is
-            returned; list content contributes its ``"text"`` parts concatenated in order
-            (non-text parts such as images are skipped).
-
-    Returns:
-        The completion text.
+    """Text of one TRL completion: a ``str``, or the *last* assistant message of a conversational
+    list ``[{"role": "assistant", "content": str | [{"type": "text", "text": str}, ...]}]`` (its text
+    parts concatenated, other parts skipped).
 
     Raises:
-        TypeError: if ``completion`` is neither ``str`` nor a list/tuple of message dicts, or
-            a message / content part has the wrong type (the message names the type).
-        ValueError: if a conversational completion holds no assistant message.
+        TypeError: not a ``str`` or a list of message dicts, or a part of the wrong type (named).
+        ValueError: a conversational completion without an assistant message.
     """
     if isinstance(completion, str):
         return completion
     if not isinstance(completion, (list, tuple)):
-        raise TypeError(
-            "completion must be str or a list of chat messages, got " f"{type(completion).__name__}"
-        )
+        raise TypeError(f"completion must be str or a list of chat messages, got {type(completion).__name__}")
     for message in completion:
         if not isinstance(message, dict):
             raise TypeError(f"chat message must be a dict, got {type(message).__name__}")
@@ -208,20 +121,10 @@ def completion_text(completion: Any) -> str:
 
 
 def split_step_lines(block: str) -> tuple[str, ...]:
-    """Split a free-text reasoning block (e.g. a ``<think>`` block) into steps.
-
-    If the block holds step markers (``1.``, ``1)``, ``(1)`` at the start of a line, or
-    ``Step N:`` / ``Step N.`` anywhere after whitespace), each marker starts a step that runs
-    to the next marker, with line breaks inside a step joined by a space (text before the
-    first marker is dropped). Otherwise every non-blank line is a step, with a leading bullet
-    (``-``, ``*``, ``•``) removed.
-
-    Args:
-        block: the text to split.
-
-    Returns:
-        The stripped, non-empty steps.
-    """
+    """The stripped, non-empty steps of a free-text block (e.g. ``<think>``): with step markers (``1.``,
+    ``1)``, ``(1)`` starting a line, ``Step N:`` / ``Step N.`` after whitespace) each runs to the next,
+    line breaks joined by a space (text before the first is dropped); else every non-blank line, a
+    leading bullet (``-``, ``*``, ``•``) removed."""
     marks = list(_STEP_MARK_RE.finditer(block))
     if marks:
         ends = [m.start() for m in marks[1:]] + [len(block)]
@@ -246,11 +149,8 @@ def _strip_fence(text: str) -> str:
 
 
 def _loads(text: str, *, strict: bool = True) -> Any:
-    """``json.loads`` that reports "did not decode" as ``None`` (never raises).
-
-    ``ValueError`` covers JSONDecodeError and the int-digit limit; RecursionError comes from
-    deeply nested brackets. JSON ``null`` at top level also returns ``None`` (not an object).
-    """
+    """``json.loads``, ``None`` for "did not decode" (ValueError: JSONDecodeError, the int-digit limit;
+    RecursionError: deep nesting)."""
     if not text:
         return None
     try:
@@ -264,27 +164,18 @@ def _is_schema_object(value: Any) -> bool:
 
 
 def _is_schema_valid(value: Any) -> bool:
-    if not isinstance(value, dict):
-        return False
-    steps = value.get(STEPS_KEY)
-    return (
-        isinstance(steps, list)
-        and all(isinstance(s, str) for s in steps)
-        and isinstance(value.get(ANSWER_KEY), str)
-    )
+    steps = value.get(STEPS_KEY) if isinstance(value, dict) else None
+    return (isinstance(steps, list) and all(isinstance(s, str) for s in steps)
+            and isinstance(value.get(ANSWER_KEY), str))
 
 
 def _to_text(value: Any) -> str | None:
     """JSON value -> text (``None`` for JSON null). Never raises for decoded JSON values."""
-    if value is None:
-        return None
-    if isinstance(value, str):
+    if value is None or isinstance(value, str):
         return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
-    return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=False)  # true / false, lists, objects
 
 
 def _steps_from(value: Any) -> tuple[str, ...]:
@@ -295,8 +186,7 @@ def _steps_from(value: Any) -> tuple[str, ...]:
 
 
 def _from_object(obj: dict, fmt: str, json_valid: bool) -> ParsedCompletion | None:
-    """Steps and answer of a decoded schema object; ``None`` if a nested value is too deep to
-    re-serialise (``json.dumps`` recursing past the limit that ``json.loads`` just passed)."""
+    # None if a nested value is too deep for json.dumps (past the limit json.loads just passed)
     try:
         steps = _steps_from(obj.get(STEPS_KEY))
         answer_text = _to_text(obj.get(ANSWER_KEY))
@@ -307,8 +197,7 @@ def _from_object(obj: dict, fmt: str, json_valid: bool) -> ParsedCompletion | No
 
 
 def _repair(span: str) -> str:
-    span = _CONTROL_RE.sub("", span)
-    return _TRAILING_COMMA_RE.sub(lambda m: m.group(1) or "", span)
+    return _TRAILING_COMMA_RE.sub(lambda m: m.group(1) or "", _CONTROL_RE.sub("", span))
 
 
 def _json_span(text: str) -> dict | None:
@@ -319,10 +208,8 @@ def _json_span(text: str) -> dict | None:
     obj = _loads(_repair(text[first: last + 1]), strict=False)
     if _is_schema_object(obj):
         return obj
-    key = _STEPS_KEY_RE.search(text, first)
-    if key is None:
-        return None
-    start = text.rfind("{", first, key.start())
+    key = text.find(f'"{STEPS_KEY}"', first)
+    start = text.rfind("{", first, key) if key != -1 else -1
     if start == -1:
         return None
     try:
@@ -334,12 +221,8 @@ def _json_span(text: str) -> dict | None:
 
 def _between(text: str, open_tag: str, close_tag: str, start: int = 0) -> tuple[str, int] | None:
     i = text.find(open_tag, start)
-    if i == -1:
-        return None
-    j = text.find(close_tag, i + len(open_tag))
-    if j == -1:
-        return None
-    return text[i + len(open_tag): j], j + len(close_tag)
+    j = text.find(close_tag, i + len(open_tag)) if i != -1 else -1
+    return (text[i + len(open_tag): j], j + len(close_tag)) if j != -1 else None
 
 
 def _parse_tags(text: str) -> tuple[tuple[str, ...], str] | None:
@@ -353,19 +236,11 @@ def _parse_tags(text: str) -> tuple[tuple[str, ...], str] | None:
 
 def _parse_numbered(text: str) -> tuple[tuple[str, ...], str] | None:
     lines = text.splitlines()
-    answer_at = None
-    for idx, line in enumerate(lines):
-        if _ANSWER_LINE_RE.match(line) is not None:
-            answer_at = idx
-    if answer_at is None:
+    answer_at = max((i for i, line in enumerate(lines) if _ANSWER_LINE_RE.match(line)), default=None)
+    if answer_at is None or _STEP_MARK_RE.search(before := "\n".join(lines[:answer_at])) is None:
         return None
-    before = lines[:answer_at]
-    before_text = "\n".join(before)
-    if _STEP_MARK_RE.search(before_text) is None:
-        return None
-    steps = split_step_lines(before_text)
-    m = _ANSWER_LINE_RE.match(lines[answer_at])
-    answer = m.group(1).strip() if m is not None else ""
+    steps = split_step_lines(before)
+    answer = _ANSWER_LINE_RE.match(lines[answer_at]).group(1).strip()
     if answer.endswith(("**", "__")):
         answer = answer[:-2].rstrip()
     if not answer:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import cpr.answers as answers
-from cpr.answers import ANSWER_MODES, AnswerCheck, check_answer, is_correct, is_non_answer
+from cpr.answers import ANSWER_MODES, AnswerCheck, check_answer, is_non_answer
 
 CITIES = ["London", "Paris", "Rome", "Berlin"]
 SIMON = ["S", "I", "M", "O", "N"]
@@ -223,7 +223,7 @@ REFERENCES = [("B", CITIES), ("yes", []), ("5", []), ("none", []), ("unknown", [
 def test_strict_rules(pred: str, ref: str, options: list, question: str, correct: bool, kind: str) -> None:
     result = check_answer(pred, ref, options=options, question=question)
     assert (result.correct, result.match_type) == (correct, kind)
-    assert is_correct(pred, ref, options=options, question=question) is correct
+    assert check_answer(pred, ref, options=options, question=question).correct is correct
 
 
 @pytest.mark.parametrize("mode", ANSWER_MODES)
@@ -240,7 +240,7 @@ def test_non_answer_against_a_reference_that_contains_it() -> None:
     # crystal-metrics' substring fallback accepts both; the non-answer rule holds in crystal mode too
     assert check_answer("", "Atlantic Zoo", mode="crystal") == AnswerCheck(False, "invalid", "", "atlantic zoo")
     ref = "There is insufficient information in the chart"
-    assert is_correct("insufficient information", ref, mode="crystal") is False
+    assert check_answer("insufficient information", ref, mode="crystal").correct is False
     assert [is_non_answer(p) for p in ("0", "B", "no", "x = 5", "none of them")] == [False] * 5
 
 
@@ -269,8 +269,8 @@ CONTRASTS = [
 
 @pytest.mark.parametrize(("pred", "ref", "options", "why"), CONTRASTS, ids=[c[3] for c in CONTRASTS])
 def test_crystal_accepts_but_strict_rejects(pred: str, ref: str, options: list, why: str) -> None:
-    assert is_correct(pred, ref, options=options, mode="crystal") is True, why
-    assert is_correct(pred, ref, options=options, mode="strict") is False
+    assert check_answer(pred, ref, options=options, mode="crystal").correct is True, why
+    assert check_answer(pred, ref, options=options, mode="strict").correct is False
 
 
 # --- arguments and errors ---------------------------------------------------------------------------

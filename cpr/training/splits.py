@@ -1,9 +1,8 @@
 """Training, validation and test records of an experiment.
 
-Records are read with the data layer's adapters (:func:`cpr.data.load_records`). Where a
-config gives no validation (or test) dataset, a share of the training records is held out,
-stratified by difficulty bucket and seeded, so the held-out mix matches the training mix and
-the same seed always holds out the same records.
+Where a config gives no validation (or test) dataset, a share of the training records is held out,
+stratified by difficulty bucket and seeded: the held-out mix matches the training mix, and the same
+seed holds out the same records.
 """
 
 from __future__ import annotations
@@ -20,12 +19,10 @@ from cpr.training.config import DataConfig, DataSourceConfig
 
 logger = logging.getLogger("cpr.training")
 
-__all__ = ["DataSplits", "load_sources", "hold_out", "load_splits"]
-
 
 @dataclass
 class DataSplits:
-    """The records of one experiment: ``train``, ``validation`` and ``test`` (:class:`cpr.data.Records`)."""
+    """The records of one experiment (:class:`cpr.data.Records`)."""
 
     train: Records
     validation: Records
@@ -36,67 +33,48 @@ class DataSplits:
         return {"train": len(self.train), "validation": len(self.validation), "test": len(self.test)}
 
 
-def load_sources(
-    sources: Sequence[DataSourceConfig], data: DataConfig, *, key: str, validate_images: bool | None = None
-) -> Records:
-    """Load and concatenate datasets; ids must be unique across them.
-
-    Raises:
-        InputError: invalid records (from the adapters) or an id present in two datasets.
-    """
+def load_sources(sources: Sequence[DataSourceConfig], data: DataConfig, *, key: str,
+                 validate_images: bool | None = None) -> Records:
+    """Load and concatenate datasets (``key`` names them in the log). Raises ``InputError`` for
+    invalid records or an id present in two datasets."""
     buckets = BucketConfig.from_dict(data.buckets)
     out: list[Records] = []
     seen: dict[str, str] = {}
     for i, src in enumerate(sources):
         recs = load_records(
-            src.source,
-            src.path,
-            split=src.split,
-            on_invalid=data.on_invalid,
-            buckets=buckets,
-            limit=src.limit,
+            src.source, src.path, split=src.split, on_invalid=data.on_invalid, buckets=buckets, limit=src.limit,
             validate_images=data.validate_images if validate_images is None else validate_images,
             options=src.options or None,
         )
         for rid in recs.column("id"):
             if rid in seen:
-                raise InputError(
-                    f"duplicate id across datasets (also in {seen[rid]})", path=src.path, record_id=rid, field="id"
-                )
+                raise InputError(f"duplicate id across datasets (also in {seen[rid]})", path=src.path, record_id=rid,
+                                 field="id")
             seen[rid] = src.path
         logger.info("%s[%d]: %d records from %s (%s)", key, i, len(recs), src.path, src.source)
         out.append(recs)
     return Records.concatenate(out)
 
 
-def _count(size: float, n: int) -> int:
-    return int(size) if size >= 1 else int(round(size * n))
-
-
 def hold_out(records: Records, size: float, seed: int) -> tuple[Records, Records]:
-    """Split ``records`` into (kept, held_out), holding out ``size`` (a share < 1 or a count
-    >= 1) stratified by difficulty bucket, seeded. Both keep the input order.
-
-    Raises:
-        ConfigError: the hold-out would leave no record to keep.
-    """
-    n_out = _count(size, len(records))
+    """Split ``records`` into (kept, held_out), holding out ``size`` (a share < 1 or a count >= 1)
+    stratified by difficulty bucket (largest-remainder allocation), seeded; both keep the input order.
+    Raises ``ConfigError`` when the hold-out would leave no record to keep."""
+    n_out = int(size) if size >= 1 else round(size * len(records))
     if n_out == 0:
         return records, records.select([])
     if n_out >= len(records):
-        raise ConfigError(
-            f"holding out {n_out} of {len(records)} records leaves none to train on", field="data.validation_size"
-        )
+        raise ConfigError(f"holding out {n_out} of {len(records)} records leaves none to train on",
+                          field="data.validation_size")
     by_bucket: dict[str, list[int]] = defaultdict(list)
     for i, difficulty in enumerate(records.column("difficulty")):
         by_bucket[difficulty or ""].append(i)
-    rng = random.Random(seed)
-    chosen: set[int] = set()
-    # largest-remainder allocation of n_out over buckets, proportional to bucket size
     quotas = {b: n_out * len(ix) / len(records) for b, ix in by_bucket.items()}
     alloc = {b: int(q) for b, q in quotas.items()}
     for b in sorted(quotas, key=lambda b: (-(quotas[b] - alloc[b]), b))[: n_out - sum(alloc.values())]:
         alloc[b] += 1
+    rng = random.Random(seed)
+    chosen: set[int] = set()
     for b in sorted(by_bucket):
         ix = list(by_bucket[b])
         rng.shuffle(ix)

@@ -1,8 +1,6 @@
-"""Source adapters, registered by name (the ``source`` argument of ``load_records``).
-
-Built in: ``crystal``, ``mathvision``, ``tabmwp``, ``scienceqa``, ``m3cot``, ``vlrmbench``,
-``jsonl``, ``synthetic`` (generated, :mod:`cpr.data.synthetic`). :func:`register_adapter` adds one (a subclass of :class:`Adapter`).
-"""
+"""Source adapters, registered by name (the ``source`` argument of ``load_records``): ``crystal``,
+``mathvision``, ``tabmwp``, ``scienceqa``, ``m3cot``, ``vlrmbench``, ``jsonl``, ``synthetic`` (generated,
+:mod:`cpr.data.synthetic`); :func:`register_adapter` adds a subclass of :class:`Adapter`."""
 
 from __future__ import annotations
 
@@ -19,41 +17,27 @@ from cpr.data.adapters.tabmwp import TabMWPAdapter
 from cpr.data.adapters.vlrmbench import VLRMBenchAdapter
 from cpr.errors import ConfigError
 
+__all__ = ["ADAPTERS", "Adapter", "RawRow", "SkipRow", "get_adapter", "register_adapter"]
+
 ADAPTERS: dict[str, type[Adapter]] = {}
 
 
-def register_adapter(cls: type[Adapter], *, replace: bool = False) -> type[Adapter]:
-    """Register ``cls`` under ``cls.name``; ``ValueError`` if taken (unless ``replace``)."""
-    if not replace and cls.name in ADAPTERS and ADAPTERS[cls.name] is not cls:
+def register_adapter(cls: type[Adapter]) -> type[Adapter]:
+    """Register ``cls`` under ``cls.name``; ``ValueError`` if another adapter has the name."""
+    if ADAPTERS.get(cls.name, cls) is not cls:
         raise ValueError(f"an adapter named {cls.name!r} is already registered")
     ADAPTERS[cls.name] = cls
     return cls
 
 
 def get_adapter(name: str, **options: Any) -> Adapter:
-    """Instantiate the adapter registered as ``name`` with its ``options``.
-
-    Raises ``ConfigError`` (field ``source``) for an unknown name, listing the known ones.
-    """
-    try:
-        cls = ADAPTERS[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown source {name!r} (known: {', '.join(sorted(ADAPTERS))})", field="source"
-        ) from None
-    return cls(**options)
+    """The adapter registered as ``name``, built with ``options``; ``ConfigError`` (field ``source``)
+    for an unknown name, listing the known ones."""
+    if name not in ADAPTERS:
+        raise ConfigError(f"unknown source {name!r} (known: {', '.join(sorted(ADAPTERS))})", field="source")
+    return ADAPTERS[name](**options)
 
 
-for _cls in (
-    CrystalAdapter,
-    MathVisionAdapter,
-    TabMWPAdapter,
-    ScienceQAAdapter,
-    M3CoTAdapter,
-    VLRMBenchAdapter,
-    JsonlAdapter,
-    SyntheticAdapter,
-):
+for _cls in (CrystalAdapter, MathVisionAdapter, TabMWPAdapter, ScienceQAAdapter, M3CoTAdapter, VLRMBenchAdapter,
+             JsonlAdapter, SyntheticAdapter):
     register_adapter(_cls)
-
-__all__ = ["ADAPTERS", "Adapter", "RawRow", "SkipRow", "get_adapter", "register_adapter"]

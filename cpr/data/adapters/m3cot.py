@@ -1,16 +1,5 @@
-"""M3CoT (LightChen2333/M3CoT): multi-domain multiple-choice questions with a rationale.
-
-Schema of the Hugging Face dataset (splits train / validation / test): ``id``, ``category``,
-``image_id``, ``question``, ``choices`` (list), ``context``, ``answer`` (a letter),
-``rationale``, ``split``, ``image`` (an image feature), ``domain`` (science, commonsense,
-mathematics), ``topic``. Read from a ``save_to_disk`` folder, the hub name (offline machines get
-an error saying how to give a local copy), or JSON lines in the same schema, such as the
-repository's ``<split>.jsonl`` export, with ``image`` (or ``image_path``) a path relative to the
-file's folder.
-
-Reference steps are the sentences of ``rationale``; ``context`` becomes ``meta["context"]``.
-There is no difficulty field: buckets come from the number of steps.
-"""
+"""M3CoT (LightChen2333/M3CoT): from a ``save_to_disk`` folder, the hub, or JSON lines of the same
+columns (``<split>.jsonl``); reference steps are the sentences of ``rationale`` (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -32,40 +21,23 @@ class M3CoTAdapter(Adapter):
     loads_hub_datasets = True
 
     def rows(self, path: str | Path, split: str | None) -> Iterator[RawRow]:
-        text = str(path)
-        p = Path(text).expanduser()
-        if looks_like_hub_name(text) or is_saved_dataset(p):
-            yield from hf_rows(text, split, self.name, alternatives="a JSON-lines export")
+        if looks_like_hub_name(str(path)) or is_saved_dataset(Path(path).expanduser()):
+            yield from hf_rows(path, split, self.name, alternatives="a JSON-lines export")
             return
-        p = existing_path(p, self.name)
+        p = existing_path(path, self.name)
         if p.is_dir():
-            names = (
-                [f"{split}.jsonl"] + (["dev.jsonl"] if split == "validation" else [])
-                if split
-                else ["*.jsonl"]
-            )
+            names = [f"{split}.jsonl", *(["dev.jsonl"] if split == "validation" else [])] if split else ["*.jsonl"]
             p = pick_file(p, names, self.name)
-        for row in jsonl_rows(p):
-            if split is not None and row.data.get("split") not in (None, split):
-                continue
-            yield row
+        yield from jsonl_rows(p, split=split)
 
     def convert(self, row: RawRow) -> Record:
         data = row.data
-        key = "image_path" if data.get("image") is None and "image_path" in data else "image"
         base = row.base_dir or Path.cwd()
-        images = row.require_images(key, [base, base.parent])
         meta = {k: data[k] for k in _META_KEYS if k in data}
-        context = row.optional_str("context")
-        if context:
+        if context := row.text("context", required=False):
             meta["context"] = context
-        return Record(
-            id=row.require_str("id"),
-            images=images,
-            question=row.require_str("question").strip(),
-            options=parse_options(row.require("choices"), row, "choices"),
-            answer=row.optional_str("answer"),
-            reference_steps=split_sentences(row.require_str("rationale")),
-            source=self.name,
-            meta=meta,
-        )
+        image_key = "image_path" if data.get("image") is None and "image_path" in data else "image"
+        return Record(id=row.text("id"), images=row.images(image_key, [base, base.parent]),
+                      question=row.text("question").strip(), options=parse_options(row.require("choices"), row, "choices"),
+                      answer=row.text("answer", required=False), reference_steps=split_sentences(row.text("rationale")),
+                      source=self.name, meta=meta)
