@@ -29,7 +29,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from cpr.data import ADAPTERS, BucketConfig, load_templates
 from cpr.data.adapters.hf import looks_like_hub_name
 from cpr.data.prompts import MODES
-from cpr.data.validation import ON_INVALID_CHOICES
 from cpr.errors import ConfigError
 from cpr.matching import DEFAULT_ALPHA, DEFAULT_ENCODER, DEFAULT_THRESHOLD
 
@@ -86,7 +85,7 @@ class DataConfig(_Section):
     validation_size: float = Field(0.1, ge=0)  # held-out share (< 1) or count (>= 1) of train
     test_size: float = Field(0.0, ge=0)
     split_seed: int = 0
-    on_invalid: Literal[ON_INVALID_CHOICES] = "error"  # or skip invalid records (logged with counts)
+    on_invalid: Literal["error", "skip"] = "error"  # skip: drop invalid records (logged with counts)
     buckets: dict[str, Any] = {}  # cpr.data.buckets.BucketConfig overrides
     prompts: str | dict[str, Any] | None = None  # prompt templates: a YAML path or a mapping of overrides
     validate_images: bool = True  # open every image once at load time
