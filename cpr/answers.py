@@ -27,9 +27,23 @@ from math_verify.errors import TimeoutException
 from math_verify.grader import is_assignment_relation, is_relation, take_last_relation
 from sympy import Basic, MatrixBase, S, Set, Tuple
 
+from cpr.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 ANSWER_MODES = ("strict", "crystal")
+
+
+def check_answer_mode(mode: object, field: str = "answer_mode") -> str:
+    """Check an answer mode: one of :data:`ANSWER_MODES`.
+
+    Raises:
+        ConfigError: naming ``field``.
+    """
+    if mode not in ANSWER_MODES:
+        raise ConfigError(f"must be one of {', '.join(ANSWER_MODES)}, got {mode!r}", field=field)
+    return mode
+
 
 LETTERS = string.ascii_uppercase
 MATH_VERIFY_TIMEOUT_S = 5
@@ -65,8 +79,7 @@ def check_answer(
         ValueError: unknown ``mode``; more than 26 options; in strict mode, an empty reference.
         TypeError: a text argument or option is not a ``str``, or ``options`` is a single ``str``.
     """
-    if mode not in ANSWER_MODES:
-        raise ValueError(f"unknown answer mode {mode!r}; allowed modes: {', '.join(ANSWER_MODES)}")
+    check_answer_mode(mode, "mode")
     if isinstance(options, str):
         raise TypeError("options must be a sequence of option texts, got a single str")
     opts = list(options)

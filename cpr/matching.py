@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from cpr.errors import ModelNotAvailableError
+from cpr.errors import ConfigError, ModelNotAvailableError
 
 DEFAULT_ENCODER = "sentence-transformers/all-distilroberta-v1"
 DEFAULT_THRESHOLD = 0.35
@@ -67,16 +67,37 @@ class StepScores:
         return asdict(self)
 
 
-def _check_matching(matching: str) -> None:
+def check_threshold(threshold: Any, field: str = "threshold") -> float:
+    """Check tau, the cosine threshold of step matching (docs/method.md section 2): a number in [0, 1].
+
+    Raises:
+        ConfigError: naming ``field``.
+    """
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+        raise ConfigError(f"tau must be in [0, 1], got {threshold!r}", field=field)
+    return threshold
+
+
+def check_matching(matching: Any, field: str = "matching") -> str:
+    """Check a matching mode: one of :data:`MATCHING_MODES`.
+
+    Raises:
+        ConfigError: naming ``field``.
+    """
     if matching not in MATCHING_MODES:
-        raise ValueError(
-            f"matching must be one of {', '.join(repr(m) for m in MATCHING_MODES)}, got {matching!r}"
-        )
+        raise ConfigError(f"must be one of {', '.join(MATCHING_MODES)}, got {matching!r}", field=field)
+    return matching
 
 
-def _check_alpha(alpha: float) -> None:
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
+def check_alpha(alpha: Any, field: str = "alpha") -> float:
+    """Check the order weight of Ordered F1 (docs/method.md section 3): a number in [0, 1].
+
+    Raises:
+        ConfigError: naming ``field``.
+    """
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
+        raise ConfigError(f"must lie in [0, 1], got {alpha!r}", field=field)
+    return alpha
 
 
 def match_pairs(
@@ -93,7 +114,7 @@ def match_pairs(
     Raises:
         ValueError: unknown ``matching`` or a matrix that is not 2-D.
     """
-    _check_matching(matching)
+    check_matching(matching)
     sim = np.asarray(similarity)
     if sim.ndim != 2:
         raise ValueError(f"similarity must be a 2-D (n_pred, n_ref) matrix, got shape {sim.shape}")
@@ -148,7 +169,7 @@ def score_similarity(
     Raises:
         ValueError: ``n_ref == 0``, ``alpha`` outside [0, 1], an unknown ``matching``.
     """
-    _check_alpha(alpha)
+    check_alpha(alpha)
     sim = np.asarray(similarity)
     if sim.ndim == 2 and sim.shape[1] == 0:
         raise ValueError("reference steps cannot be empty")

@@ -17,10 +17,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from cpr.answers import ANSWER_MODES, check_answer, is_non_answer
+from cpr.answers import check_answer, check_answer_mode, is_non_answer
 from cpr.errors import ConfigError, CprError
 from cpr.guard import GuardSettings, guarded_scores, prompt_pieces
-from cpr.matching import DEFAULT_ALPHA, DEFAULT_ENCODER, DEFAULT_THRESHOLD, StepScores, get_encoder
+from cpr.matching import (
+    DEFAULT_ALPHA,
+    DEFAULT_ENCODER,
+    DEFAULT_THRESHOLD,
+    StepScores,
+    check_alpha,
+    check_matching,
+    check_threshold,
+    get_encoder,
+)
 from cpr.steps import ParsedCompletion, completion_text, parse_completion
 
 #: Metric names passed to TRL's ``log_metric`` (averaged by TRL over a logging step).
@@ -62,26 +71,13 @@ class StepRewardSettings:
 
     def validate(self, prefix: str = "rewards") -> None:
         """Raise :class:`ConfigError` naming the key of any invalid value."""
-        if not (0.0 <= self.threshold <= 1.0) or math.isnan(self.threshold):
-            raise ConfigError(f"threshold must be in [0, 1], got {self.threshold}", field=f"{prefix}.threshold")
-        if self.matching not in ("greedy", "maximum"):
-            raise ConfigError(
-                f"matching must be 'greedy' or 'maximum', got {self.matching!r}", field=f"{prefix}.matching"
-            )
-        if not (0.0 <= self.alpha <= 1.0):
-            raise ConfigError(f"alpha must be in [0, 1], got {self.alpha}", field=f"{prefix}.alpha")
+        check_threshold(self.threshold, f"{prefix}.threshold")
+        check_matching(self.matching, f"{prefix}.matching")
+        check_alpha(self.alpha, f"{prefix}.alpha")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}", field=f"{prefix}.batch_size")
         guard = GuardSettings.parse(self.guard, threshold=self.threshold, field=f"{prefix}.guard")
         object.__setattr__(self, "guard", guard)
-
-
-def _check_answer_mode(answer_mode: str) -> str:
-    if answer_mode not in ANSWER_MODES:
-        raise ConfigError(
-            f"answer_mode must be one of {ANSWER_MODES}, got {answer_mode!r}", field="rewards.answer_mode"
-        )
-    return answer_mode
 
 
 # --------------------------------------------------------------------------- batch helpers
@@ -254,7 +250,7 @@ class AccuracyReward(RewardFunction):
     name = "accuracy"
 
     def __init__(self, answer_mode: str = "strict") -> None:
-        self.answer_mode = _check_answer_mode(answer_mode)
+        self.answer_mode = check_answer_mode(answer_mode, "rewards.answer_mode")
 
     def score(self, completions: list[Any], kwargs: Mapping[str, Any]) -> list[float]:
         parsed = _parse_all(completions)
@@ -322,7 +318,7 @@ class CPRReward(StepF1Reward):
         self.answer_weight = float(answer_weight)
         self.step_weight = float(step_weight)
         self.wrong_answer_scale = float(wrong_answer_scale)
-        self.answer_mode = _check_answer_mode(answer_mode)
+        self.answer_mode = check_answer_mode(answer_mode, "rewards.answer_mode")
         super().__init__(ordered, **settings)
         self.high = self.answer_weight + self.step_weight
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ class ScoringSettings:
     paper's protocol, or ``strict``), the encoder's ``device`` (``None``: CUDA if available) and ``batch_size``.
 
     Raises:
-        ConfigError: an unknown matching or answer mode, tau outside [-1, 1], alpha outside [0, 1],
+        ConfigError: an unknown matching or answer mode, tau outside [0, 1], alpha outside [0, 1],
             ``batch_size < 1`` (field named).
     """
 
@@ -59,16 +58,13 @@ class ScoringSettings:
     batch_size: int = 64
 
     def __post_init__(self) -> None:
-        from cpr.answers import ANSWER_MODES
-        from cpr.matching import MATCHING_MODES
+        from cpr.answers import check_answer_mode
+        from cpr.matching import check_alpha, check_matching, check_threshold
 
-        for name, known in (("matching", MATCHING_MODES), ("answer_mode", ANSWER_MODES)):
-            if getattr(self, name) not in known:
-                raise ConfigError(f"must be one of {', '.join(known)}, got {getattr(self, name)!r}", field=name)
-        if not (math.isfinite(self.threshold) and -1.0 <= self.threshold <= 1.0):
-            raise ConfigError(f"must lie in [-1, 1] (cosine similarity), got {self.threshold}", field="threshold")
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ConfigError(f"must lie in [0, 1], got {self.alpha}", field="alpha")
+        check_matching(self.matching)
+        check_answer_mode(self.answer_mode)
+        check_threshold(self.threshold)
+        check_alpha(self.alpha)
         if self.batch_size < 1:
             raise ConfigError(f"must be >= 1, got {self.batch_size}", field="batch_size")
 

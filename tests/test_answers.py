@@ -281,7 +281,7 @@ def test_modes() -> None:
 
 
 def test_unknown_mode_names_allowed_modes() -> None:
-    with pytest.raises(ValueError, match=r"unknown answer mode 'lenient'; allowed modes: strict, crystal"):
+    with pytest.raises(ValueError, match=r"field 'mode': must be one of strict, crystal, got 'lenient'"):
         check_answer("B", "B", mode="lenient")
 
 

@@ -391,5 +391,5 @@ def test_subset_is_seeded_and_keeps_order():
 def test_scoring_settings_are_checked():
     with pytest.raises(ConfigError, match=r"field 'answer_mode': must be one of strict, crystal, got 'loose'"):
         ScoringSettings(answer_mode="loose")
-    with pytest.raises(ConfigError, match=r"field 'threshold': must lie in \[-1, 1\]"):
+    with pytest.raises(ConfigError, match=r"field 'threshold': tau must be in \[0, 1\], got 1.5"):
         ScoringSettings(threshold=1.5)

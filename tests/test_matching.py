@@ -123,9 +123,9 @@ def test_empty_inputs_and_errors():
     }
     with pytest.raises(ValueError, match="reference steps cannot be empty"):
         score_similarity(np.zeros((2, 0)))
-    with pytest.raises(ValueError, match=r"matching must be one of 'greedy', 'maximum', got 'hungarian'"):
+    with pytest.raises(ValueError, match=r"field 'matching': must be one of greedy, maximum, got 'hungarian'"):
         match_pairs(np.eye(2), matching="hungarian")
-    with pytest.raises(ValueError, match=r"alpha must lie in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"field 'alpha': must lie in \[0, 1\], got 1.5"):
         score_similarity(np.eye(2), alpha=1.5)
     with pytest.raises(ValueError, match="2-D"):
         match_pairs(np.zeros(3))

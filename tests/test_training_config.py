@@ -9,6 +9,7 @@ import runpy
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -72,9 +73,10 @@ CASES = [
      "unknown stage 'phase1'; expected one of untrained, answer_only, cpr"),
     (("evaluation.compare", ["warm_start"]), "evaluation.compare[0]", "unknown stage 'warm_start'"),
     (("data.train.0.path", _DELETE), "data.train[0].path", "missing dataset path"),
-    (("guards.nan.action", "explode"), "guards.nan.action", "unknown action 'explode'; expected one of warn, skip_step, stop"),
-    (("guards.action", "halt"), "guards.action", "unknown action 'halt'"),
-    (("guards.kl.limit", 0), "guards.kl.limit", "must be a finite number > 0, got 0.0"),
+    (("guards.nan.action", "explode"), "guards.nan.action", "must be 'warn', 'skip_step' or 'stop', got 'explode'"),
+    (("guards.action", "halt"), "guards.action", "must be 'warn', 'skip_step' or 'stop', got 'halt'"),
+    (("guards.kl.limit", 0), "guards.kl.limit", "must be > 0, got 0"),
+    (("guards.kl.limit", float("inf")), "guards.kl.limit", "expected a finite number, got inf"),
     (("guards.zero_std.window", 0), "guards.zero_std.window", "must be >= 1, got 0"),
     (("guards.kl.patience", 3), "guards.kl.patience", "unknown key"),
     (("rewards.max_cached_completions", -1), "rewards.max_cached_completions", "must be >= 0, got -1"),
@@ -85,7 +87,8 @@ CASES = [
     (("training.max_grad_norm", [1.0]), "training.max_grad_norm", "expected a number, got [1.0]"),
     (("training.seed", 1.5), "training.seed", "expected an integer, got 1.5"),
     (("training.bf16", "yes"), "training.bf16", "expected true or false, got 'yes'"),
-    (("training.max_grad_norm", "nan"), "training.max_grad_norm", "expected a finite number, got 'nan'"),
+    (("training.max_grad_norm", float("nan")), "training.max_grad_norm", "expected a finite number, got nan"),
+    (("training.max_grad_norm", "nan"), "training.max_grad_norm", "expected a number, got 'nan'"),
     # one switch for activation checkpointing: the model section's
     (("training.gradient_checkpointing", True), "training.gradient_checkpointing",
      "set model.gradient_checkpointing instead (one switch for the model and every phase's trainer)"),
@@ -96,8 +99,9 @@ CASES = [
      "phase answer_only: 1 reward weights for 2 reward functions ['format', 'accuracy']"),
     (("phase_settings.cpr.training.reward_weights", [1.0, 2.0, 3.0]), "phase_settings.cpr.training.reward_weights",
      "phase cpr: 3 reward weights for 2 reward functions ['format', 'cpr']"),
-    (("guards.zero_std.fraction", 0), "guards.zero_std.fraction", "must be in (0, 1], got 0"),
-    (("torch_threads", 0), "torch_threads", "must be >= 1 (or null: torch's default), got 0"),
+    (("guards.zero_std.fraction", 0), "guards.zero_std.fraction", "must be > 0, got 0"),
+    (("guards.zero_std.fraction", 1.5), "guards.zero_std.fraction", "must be <= 1, got 1.5"),
+    (("torch_threads", 0), "torch_threads", "must be >= 1, got 0"),
 ]
 
 
@@ -224,8 +228,7 @@ def test_the_recipe_rejects_a_bad_override(tmp_path, monkeypatch, capsys, nothin
     monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", "--config", str(path), "--set", "guards.kl.limit=-3"])
     assert main() == 2
     assert capsys.readouterr().err.strip() == (  # the override, not the file, is named as the source
-        f"cpr_curriculum: error: {path} (--set guards.kl.limit=-3) field 'guards.kl.limit': must be a finite "
-        "number > 0, got -3.0"
+        f"cpr_curriculum: error: {path} (--set guards.kl.limit=-3) field 'guards.kl.limit': must be > 0, got -3"
     )
     monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", "--config", str(path), "--set", "training.learnin_rate=1"])
     assert main() == 2
@@ -318,6 +321,69 @@ def test_paper_configs_pin_every_setting_that_changes_the_loss(config):
               "optim", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm")
     assert [k for k in pinned if k not in t] == []
     assert (t["loss_type"], t["scale_rewards"], t["epsilon_high"], t["steps_per_generation"]) == ("dapo", "group", 0.2, 2)
+
+
+def test_tau_matching_and_answer_mode_have_one_check_and_one_range(tmp_path):
+    """Each is checked by one function (cpr.matching / cpr.answers): the config, the reward functions,
+    the evaluation's ScoringSettings and the library functions refuse the same values with the same
+    message (ScoringSettings used to accept tau in [-1, 1])."""
+    from cpr.answers import check_answer
+    from cpr.matching import match_pairs
+    from cpr.rewards import get_reward_set
+    from cpr.scoring import ScoringSettings
+
+    def refused(call, **kwargs):
+        with pytest.raises(ConfigError) as e:
+            call(**kwargs)
+        return e.value.field, e.value.message
+
+    tau, matching, mode = "tau must be in [0, 1], got -0.1", "must be one of greedy, maximum, got 'x'", (
+        "must be one of strict, crystal, got 'x'")
+    assert refused(ScoringSettings, threshold=-0.1) == ("threshold", tau)
+    assert refused(get_reward_set, names="cpr", threshold=-0.1) == ("rewards.threshold", tau)
+    assert refused(ScoringSettings, matching="x") == ("matching", matching)
+    assert refused(get_reward_set, names="cpr", matching="x") == ("rewards.matching", matching)
+    assert refused(match_pairs, similarity=np.eye(2), matching="x") == ("matching", matching)
+    assert refused(ScoringSettings, answer_mode="x") == ("answer_mode", mode)
+    assert refused(get_reward_set, names="answer_only", answer_mode="x") == ("rewards.answer_mode", mode)
+    assert refused(check_answer, prediction="1", reference="1", mode="x") == ("mode", mode)
+    for key, value, message in (("rewards.threshold", -0.1, tau), ("rewards.matching", "x", matching),
+                                ("rewards.answer_mode", "x", mode), ("evaluation.answer_mode", "x", mode)):
+        path = _write(tmp_path, (key, value))
+        assert refused(load_config, path=path) == (key, message)
+
+
+def test_overrides_index_lists_replace_mappings_and_name_a_bad_one(tmp_path):
+    """``--set`` (OmegaConf's dotlist): ``key[i]`` reaches into a list, a mapping value replaces the
+    mapping (a phase's training settings are not merged with the file's), values are YAML 1.2."""
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    cfg = load_config(path, ["data.train[0].limit=5", "phase_settings.cpr.training={max_steps: 2}", "rewards.alpha=5e-1"])
+    assert cfg.data.train[0].limit == 5 and cfg.rewards.alpha == 0.5
+    assert cfg.phase("cpr").training == {"max_steps": 2}  # the file's learning_rate is gone
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ["data.train[3].limit=5"])
+    assert e.value.field == "data.train[3].limit" and "cannot apply override 'data.train[3].limit=5'" in e.value.message
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ["phases"])
+    assert e.value.message == "override 'phases' is not of the form key.sub=value"
+
+
+@pytest.mark.parametrize(("change", "key", "message"), [
+    (("warm_start.max_steps", 0), "warm_start.max_steps", "must be a positive integer or -1"),
+    (("warm_start.extra", {"max_step": 3}), "warm_start.extra.max_step", "not a cpr.training.sft.SFTSettings field"),
+    (("model.dtype", "int8"), "model.dtype", "unknown dtype 'int8'"),
+    (("evaluation.benchmarks", [{"name": "mmmu"}]), "evaluation.benchmarks[0].name", "unknown benchmark 'mmmu'"),
+    (("data.on_invalid", "ignore"), "data.on_invalid", "must be 'error' or 'skip', got 'ignore'"),
+    (("lora.target_modules", 3), "lora.target_modules", "expected a string, got 3"),
+    (("model", 3), "model", "expected a mapping, got int"),
+    (("data.train.0.limit", 0), "data.train[0].limit", "must be >= 1, got 0"),
+])
+def test_the_owning_modules_check_their_settings(tmp_path, change, key, message):
+    """Settings another module owns are checked by that module's own check, at load time, the key named."""
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, change))
+    assert e.value.field == key and message in e.value.message
 
 
 def test_compare_needs_the_final_test_evaluation_and_follows_a_phases_override(tmp_path):

@@ -44,7 +44,7 @@ def test_final_splits_default_and_values():
 @pytest.mark.parametrize(
     ("evaluation", "key", "message"),
     [
-        ({"final_splits": ["train"]}, "evaluation.final_splits[0]", "unknown split 'train'; expected one of test, validation"),
+        ({"final_splits": ["train"]}, "evaluation.final_splits[0]", "must be 'test' or 'validation', got 'train'"),
         ({"final_splits": ["test", "test"]}, "evaluation.final_splits", "a split is listed twice: ['test', 'test']"),
         ({"final_splits": []}, "evaluation.final_splits",
          "no split to score: list test and / or validation, or set evaluation.final: false"),
@@ -137,8 +137,7 @@ def test_cpr_train_exit_codes(tmp_path, monkeypatch, capsys):
     assert main(["train", "--config", str(path), "--set", "evaluation.final_splits=[train]"]) == 2
     assert capsys.readouterr().err == (
         f"cpr train: error: {path} (--set evaluation.final_splits=[train]) field 'evaluation.final_splits[0]': "
-        "unknown split 'train'; "
-        "expected one of test, validation\n"
+        "must be 'test' or 'validation', got 'train'\n"
     )
     monkeypatch.setattr(cpr.training.runner, "run_experiment", lambda cfg, *, resume=False, overwrite=False: {"status": "finished"})
     assert main(["train", "--config", str(path)]) == 0

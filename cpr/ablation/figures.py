@@ -209,11 +209,11 @@ def difficulty_by_id(run: RunFolder) -> dict[str, str]:
         raise InputError("no config.yaml with a data section: the records' buckets are unknown", path=run.path)
     raw = dict(run.config["data"])
     try:
-        data = DataConfig(**{**raw, **{k: [DataSourceConfig(**s) for s in raw.get(k) or []]
-                                       for k in ("train", "validation", "test")}})
-    except (TypeError, ValueError) as e:  # a key the data section does not have
-        raise InputError(f"invalid data section: {' '.join(str(e).split())}", path=run.path / "config.yaml",
-                         field="data") from None
+        for key in ("train", "validation", "test"):
+            raw[key] = [DataSourceConfig(**src) for src in raw.get(key) or []]
+        data = DataConfig(**raw)
+    except ValueError as e:  # a key the data section does not have (pydantic's ValidationError)
+        raise InputError(f"invalid data section: {' '.join(str(e).split())}", path=run.path / "config.yaml", field="data") from None
     splits = load_splits(data)
     return {r.id: r.difficulty or "unknown" for part in (splits.train, splits.validation, splits.test) for r in part}
 

@@ -5,87 +5,65 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from cpr.errors import ConfigError
+
 
 def add_arguments(parser: argparse.ArgumentParser, *, default_config: str | None = None) -> None:
-    """The arguments shared by ``cpr train`` and the recipes."""
-    parser.add_argument(
-        "--config",
-        default=default_config,
-        required=default_config is None,
-        help="experiment YAML (see recipes/configs/)" + (f"; default {default_config}" if default_config else ""),
-    )
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in output_dir: skip finished phases, resume the current one from its last checkpoint",
-    )
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="delete a previous run in output_dir and start over (without it, or --resume, such a folder is refused)",
-    )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set output_dir=outputs/x --set phases=[cpr] (repeatable; YAML values)",
-    )
-    parser.add_argument("--output-dir", help="shortcut for --set output_dir=...")
-    parser.add_argument("--phases", help="comma-separated phases to run, e.g. cpr (shortcut for --set phases=[...])")
+    """The arguments shared by ``cpr train`` and the recipe."""
     from cpr.training.check import add_check_arguments
 
+    parser.add_argument("--config", default=default_config, required=default_config is None,
+                        help="experiment YAML (recipes/configs/)" + (f"; default {default_config}" if default_config else ""))
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in output_dir: skip finished phases, resume the current one")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="delete a previous run in output_dir and start over (without it or --resume it is refused)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value (YAML), e.g. --set phases=[cpr] --set 'data.train[0].limit=8'")
+    parser.add_argument("--output-dir", help="shortcut for --set output_dir=...")
+    parser.add_argument("--phases", help="comma-separated phases to run, e.g. cpr (shortcut for --set phases=[...])")
     add_check_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
-    """Load and validate the config named by parsed arguments (before anything heavy loads)."""
+    """Load and validate the config named by parsed arguments (:func:`cpr.training.config.load_config`)."""
     from cpr.training.config import load_config
 
     overrides = list(args.overrides)
     if args.output_dir:
         overrides.append(f"output_dir={args.output_dir}")
     if args.phases:
-        overrides.append("phases=[" + ",".join(p.strip() for p in args.phases.split(",") if p.strip()) + "]")
+        overrides.append(f"phases=[{args.phases}]")
     return load_config(args.config, overrides)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate the config, then run the experiment; exit code 0 when it finished.
-
-    Errors propagate: :func:`cpr.cli.run_command` prints them and exits 2, or 3 for
-    :class:`cpr.training.guards.TrainingDivergedError` (a divergence guard stopped the run).
-    """
+    """Validate the config, then run the experiment (``--check``: only check it); exit code 0 when it
+    finished. Errors propagate to :func:`cpr.cli.run_command` (exit 2, or 3 when a divergence guard stopped it)."""
     if args.check:
         from cpr.training.check import run_check
 
         return run_check(args)
-    given = [f"--{k.replace('_', '-')}" for k in ("num_processes", "gpu_memory", "accelerate_config") if getattr(args, k)]
-    if given:
-        from cpr.errors import ConfigError
-
-        raise ConfigError(f"{given[0]} belongs to --check (the launcher sets the processes of a training run)", field=given[0])
-    cfg = config_from_args(args)
+    for option in ("num_processes", "gpu_memory", "accelerate_config"):
+        if getattr(args, option):
+            name = "--" + option.replace("_", "-")
+            raise ConfigError(f"{name} belongs to --check (the launcher sets the processes of a training run)", field=name)
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the run in output_dir, --overwrite deletes it: pass one", field="--overwrite")
     from cpr.training.runner import run_experiment
 
-    if args.resume and args.overwrite:
-        from cpr.errors import ConfigError
-
-        raise ConfigError("--resume continues the run in output_dir, --overwrite deletes it: pass one", field="--overwrite")
-    summary = run_experiment(cfg, resume=args.resume, overwrite=args.overwrite)
+    summary = run_experiment(config_from_args(args), resume=args.resume, overwrite=args.overwrite)
     return 0 if summary.get("status") == "finished" else 1
 
 
 def register(subparsers: Any) -> None:
     """Add ``cpr train`` to the ``cpr`` command line."""
     p = subparsers.add_parser(
-        "train",
-        help="train a model with GRPO (CPR-Curriculum) from a YAML config",
-        description="Run an experiment from its YAML config, as recipes/cpr_curriculum.py does: the optional "
-        "supervised warm start, the GRPO phases (answer-only, then CPR with the curriculum), checkpoint "
-        "selection and the final evaluation. Exit code 0 finished, 2 an error, 3 a divergence guard stopped it. "
-        "With --check: validate the run and estimate its per-GPU memory without a GPU (exit 1: it does not fit).",
+        "train", help="train a model with GRPO (CPR-Curriculum) from a YAML config",
+        description="Run an experiment from its YAML config as recipes/cpr_curriculum.py does: the optional "
+        "supervised warm start, the GRPO phases, checkpoint selection and the final evaluation. Exit code 0 finished, "
+        "2 an error, 3 a divergence guard stopped it. --check: validate the run and estimate its per-GPU memory "
+        "without a GPU (exit 1: it does not fit).",
     )
     add_arguments(p)
     p.set_defaults(func=run)
