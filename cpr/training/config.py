@@ -489,7 +489,7 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     from cpr.evaluation.benchmarks import get_benchmark
     from cpr.guard import GuardSettings
     from cpr.matching import check_alpha, check_matching, check_threshold
-    from cpr.models.loading import resolve_dtype
+    from cpr.models import resolve_dtype
     from cpr.training.sft import SFTSettings
     from cpr.training.warm_start import warm_start_settings
 
@@ -520,8 +520,8 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     check_answer_mode(r.answer_mode, "rewards.answer_mode")
     GuardSettings.parse(r.guard, threshold=r.threshold, field="rewards.guard")
 
-    if not cfg.phases or len(set(cfg.phases)) != len(cfg.phases):
-        raise ConfigError(f"must list each phase to run once, got {cfg.phases}", field="phases")
+    if len(set(cfg.phases)) != len(cfg.phases):
+        raise ConfigError(f"a phase is listed twice: {cfg.phases}", field="phases")
     if set(cfg.phase_settings) - set(cfg.phases):
         raise ConfigError(f"settings given for phases that are not run: {sorted(set(cfg.phase_settings) - set(cfg.phases))} "
                           f"(phases: {cfg.phases})", field="phase_settings")
