@@ -102,3 +102,29 @@ def start(launcher: list, script: str | Path, args: list, logs: Path, env: dict 
     with open(logs / "launcher.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **ENV, **(env or {})}, stdout=log, stderr=log)
     return Launch(proc, logs)
+
+
+def write_length_reward_recipe(path: Path, prelude: str = "") -> Path:
+    """Write a script that registers reward ``length`` (a learning signal for a random tiny model:
+    completion characters / 100, capped at 1) and then runs the ``cpr_curriculum`` recipe with the
+    script's arguments; ``prelude`` is Python run first. Returns ``path``."""
+    path.write_text(f"""import runpy, sys
+{prelude}import cpr.rewards as R
+from cpr.steps import completion_text
+
+
+class LengthReward(R.RewardFunction):
+    name = "length"
+
+    def __init__(self, **_):
+        pass
+
+    def score(self, completions, kwargs):
+        return [min(len(completion_text(c)), 100) / 100 for c in completions]
+
+
+R.REWARD_FUNCTIONS["length"] = LengthReward
+sys.argv = ["cpr_curriculum.py", *sys.argv[1:]]
+runpy.run_path({str(REPO / "recipes" / "cpr_curriculum.py")!r}, run_name="__main__")
+""")
+    return path

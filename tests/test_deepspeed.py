@@ -16,9 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
+import tiny_models
 import yaml
-from conftest import tiny_model
-from launch import BIN, REPO, free_port, start
+from launch import BIN, REPO, free_port, start, write_length_reward_recipe
+
+from cpr.training.config import DataConfig
+from cpr.training.splits import load_splits
 
 pytestmark = [
     pytest.mark.slow,
@@ -27,31 +30,9 @@ pytestmark = [
 ]
 
 STEPS = 4  # a phase
-WRAPPER = """
-import runpy, sys
-import deepspeed.ops
-import cpr.rewards as R
-
 # DeepSpeed's shared-memory all_reduce op serves DeepSpeed inference only (never ZeRO training); its JIT
 # build takes a minute of CPU on a machine that has not built it yet (deepspeed/ops/__init__.py keeps edits)
-deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-from cpr.steps import completion_text
-
-
-class LengthReward(R.RewardFunction):  # a learning signal for a random tiny model
-    name = "length"
-
-    def __init__(self, **_):
-        pass
-
-    def score(self, completions, kwargs):
-        return [min(len(completion_text(c)), 100) / 100 for c in completions]
-
-
-R.REWARD_FUNCTIONS["length"] = LengthReward
-sys.argv = ["cpr_curriculum.py", *sys.argv[1:]]
-runpy.run_path({recipe!r}, run_name="__main__")
-"""
+PRELUDE = 'import deepspeed.ops\ndeepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False\n'
 
 
 def _config(folder: Path) -> Path:
@@ -60,7 +41,7 @@ def _config(folder: Path) -> Path:
         "run_name": "ds",
         "output_dir": str(folder / "unused"),
         "seed": 7,
-        "model": {"name_or_path": tiny_model(data=True), "dtype": "float32"},
+        "model": {"name_or_path": "", "dtype": "float32"},
         "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
         "data": {"train": [{"source": "tabmwp", "path": str(REPO / "data" / "samples" / "tabmwp"), "limit": 28}],
                  "validation_size": 4, "test_size": 4},
@@ -75,9 +56,13 @@ def _config(folder: Path) -> Path:
         "evaluation": {"eval_steps": 2, "benchmarks": [{"name": "crystal", "limit": 4}], "max_new_tokens": 16,
                        "batch_size": 4},
     }
+    # the tokenizer learned the training split's texts, as the demo model's did (a random model with another
+    # vocabulary can answer every prompt alike: no reward spread, no learning signal)
+    train = load_splits(DataConfig(**cfg["data"])).train
+    cfg["model"]["name_or_path"] = str(tiny_models.ensure_tiny_model("qwen2_5_vl", texts=tiny_models.record_texts(train)))
     path = folder / "ds.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    (folder / "wrapper.py").write_text(WRAPPER.format(recipe=str(REPO / "recipes" / "cpr_curriculum.py")))
+    write_length_reward_recipe(folder / "wrapper.py", PRELUDE)
     return path
 
 

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from conftest import tiny_run_config
+from launch import write_length_reward_recipe
 
 from cpr.training.checkpoints import (
     COMPLETE_MARKER,
@@ -145,28 +146,6 @@ def test_a_warm_start_adapter_is_reused_only_when_whole(tmp_path):
 # SIGKILL and resume, through the recipe
 # --------------------------------------------------------------------------------------
 
-WRAPPER = """
-import runpy, sys
-import cpr.rewards as R
-from cpr.steps import completion_text
-
-
-class LengthReward(R.RewardFunction):
-    name = "length"
-
-    def __init__(self, **_):
-        pass
-
-    def score(self, completions, kwargs):
-        return [min(len(completion_text(c)), 100) / 100 for c in completions]
-
-
-R.REWARD_FUNCTIONS["length"] = LengthReward
-sys.argv = ["cpr_curriculum.py", *sys.argv[1:]]
-runpy.run_path({recipe!r}, run_name="__main__")
-"""
-
-
 def _write_config(tmp_path: Path, *, schedule: str, limit: int, steps: int, training: dict | None = None) -> Path:
     cfg = tiny_run_config(
         "resume", tmp_path / "unused", seed=5, lora_r=8, limit=limit, heldout=0,
@@ -189,7 +168,7 @@ def _write_config(tmp_path: Path, *, schedule: str, limit: int, steps: int, trai
     )
     path = tmp_path / "resume.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    (tmp_path / "wrapper.py").write_text(WRAPPER.format(recipe=str(REPO / "recipes" / "cpr_curriculum.py")))
+    write_length_reward_recipe(tmp_path / "wrapper.py")
     return path
 
 

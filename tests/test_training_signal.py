@@ -36,14 +36,6 @@ SYSTEM = ('Look at the grid and answer. Reply with only a JSON object: '
           '{"reasoning_steps": ["<one short fact>", "..."], "answer": "<option letter>"}')
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @functools.cache
 def _model() -> str:
     """The tiny Qwen2.5-VL whose tokenizer also learned the 4 training items' questions and targets."""
