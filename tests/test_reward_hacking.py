@@ -31,8 +31,11 @@ REPO = Path(__file__).resolve().parents[1]
 def items(samples_dir):
     recs = list(load_records("mathvision", samples_dir / "mathvision", validate_images=False))
     recs += list(load_records("tabmwp", samples_dir / "tabmwp", validate_images=False))
+    recs += list(load_records("scienceqa", samples_dir / "scienceqa", validate_images=False))
+    recs += list(load_records("crystal", samples_dir / "crystal_gallery" / "gallery.jsonl", validate_images=False))
+    # every bundled item with >= 3 reference steps and a gold answer (VLRMBench's step-error items have none)
     out = [AuditItem.from_record(r) for r in recs if len(r.reference_steps) >= 3]
-    assert len(out) > 150
+    assert len(out) > 200
     return out
 
 
