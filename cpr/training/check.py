@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,9 @@ def load_architecture(folder: Path, lora_config: Any, *, include_vision: bool) -
     with torch.device("meta"):  # not accelerate.init_empty_weights: its re-registered parameters untie the LM head
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16)
         try:
-            peft_model = get_peft_model(model, lora_config)
+            with warnings.catch_warnings():  # transformers' deprecation notes about PEFT's calls: not the user's
+                warnings.simplefilter("ignore", FutureWarning)
+                peft_model = get_peft_model(model, lora_config)
         except ValueError as e:
             raise ConfigError(f"no module matches the LoRA targets ({e})", field="lora.target_modules") from None
     adapted = sorted({n.rsplit(".lora_", 1)[0].removeprefix("base_model.model.") for n, _ in peft_model.named_parameters()
