@@ -365,6 +365,15 @@ def test_resume_with_a_different_config_is_refused(tmp_path, monkeypatch, capsys
     assert (tmp_path / "run" / "config.yaml").read_text() == saved  # the run's record is untouched
     rc, errors, _ = _run_recipe(monkeypatch, capsys, config, "--resume")  # the same config resumes
     assert rc == 2 and errors[0].startswith("cpr_curriculum: error: model 'nonexistent-org/nonexistent-model'")
+    # a config.yaml from before a setting existed: compared with the setting's default
+    older = yaml.safe_load(saved)
+    assert older.pop("torch_threads") == 1 and older["rewards"].pop("guard") is not None
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(older))
+    rc, errors, _ = _run_recipe(monkeypatch, capsys, config, "--resume")
+    assert rc == 2 and errors[0].startswith("cpr_curriculum: error: model 'nonexistent-org/nonexistent-model'")
+    rc, errors, _ = _run_recipe(monkeypatch, capsys, config, "--resume", "--set", "torch_threads=2")
+    assert rc == 2 and errors[0].startswith("cpr_curriculum: error: field 'torch_threads': --resume with a config "
+                                            "that differs from the run's") and "torch_threads was 1, now 2;" in errors[0]
 
 
 def test_a_closed_pipe_is_not_an_error():

@@ -29,7 +29,7 @@ import yaml
 from cpr.errors import ConfigError
 from cpr.io import atomic_write_json, atomic_write_text
 from cpr.training.checkpoints import DIVERGED_MARKER, adapter_folder
-from cpr.training.config import EVAL_SPLITS, ExperimentConfig
+from cpr.training.config import EVAL_SPLITS, ExperimentConfig, config_from_dict
 from cpr.training.splits import load_splits
 
 logger = logging.getLogger("cpr.training")
@@ -189,7 +189,9 @@ def _differences(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]
 
 def check_resumed_config(out: Path, cfg: ExperimentConfig) -> None:
     """Refuse to resume the run in ``out`` with a config unlike its ``config.yaml`` (the finished phases and
-    checkpoints were made with the old values; ``training_effective``, derived, is not compared).
+    checkpoints were made with the old values; ``training_effective``, derived, is not compared). A
+    ``config.yaml`` written before a setting existed is compared with that setting's default: it is read
+    through today's schema first (when it no longer loads, e.g. a key was removed, it is compared as written).
 
     Raises:
         ConfigError: naming the first differing key, its old and new value, and how many more differ.
@@ -197,8 +199,16 @@ def check_resumed_config(out: Path, cfg: ExperimentConfig) -> None:
     saved_path = out / "config.yaml"
     if not saved_path.is_file():
         return
+
+    def plain(c: ExperimentConfig) -> dict:
+        return yaml.safe_load(yaml.safe_dump(c.to_dict(), sort_keys=False, allow_unicode=True))
+
     saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
-    current = yaml.safe_load(yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True))
+    try:
+        saved = plain(config_from_dict(saved, config_path=cfg.config_path))
+    except ConfigError as e:
+        logger.info("comparing %s as written (today's schema refuses it: %s)", saved_path, e)
+    current = plain(cfg)
     diffs = [d for d in _differences(saved, current) if d[0] != "config_path" and d[0].split(".")[0] != "training_effective"]
     if diffs:
         key, old, new = diffs[0]
