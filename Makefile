@@ -14,7 +14,7 @@ export PYTHONUNBUFFERED := 1
 
 setup: $(STAMP)
 
-# torch 2.14.1 / torchvision 0.29.1 install from this machine's local wheels (docs/method.md section 10);
+# torch 2.14.1 / torchvision 0.29.1 go together (docs/method.md section 10);
 # installing them first keeps pip from resolving another torch build from the index.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
