@@ -294,6 +294,32 @@ def _seeded(seed: int):
     return torch
 
 
+def _language_model(texts: Iterable[str] | None, vocab_size: int, extra_tokens: Any, hidden_size: int,
+                    num_layers: int) -> tuple[Any, dict[str, Any]]:
+    """The tokenizer and the ``text_config`` entries both tiny builders share: 4 attention heads (2 key/value
+    heads), MLP 2x wide, 4096 positions, Qwen's special tokens as bos / eos / pad.
+    Raises ``ConfigError`` when ``hidden_size`` is not a multiple of 4."""
+    heads = 4
+    if hidden_size % heads:
+        raise ConfigError(
+            f"hidden_size must be a multiple of {heads}, got {hidden_size}", field="hidden_size"
+        )
+    tokenizer = _build_tokenizer(texts, vocab_size, extra_tokens)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    return tokenizer, {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+    }
+
+
 def build_tiny_qwen2_5_vl(
     output_dir: str | Path,
     *,
@@ -329,33 +355,19 @@ def build_tiny_qwen2_5_vl(
         Qwen2VLVideoProcessor,
     )
 
-    heads = 4
-    if hidden_size % heads:
-        raise ConfigError(
-            f"hidden_size must be a multiple of {heads}, got {hidden_size}", field="hidden_size"
-        )
-    head_dim = hidden_size // heads
     output_dir = Path(output_dir)
-    tokenizer = _build_tokenizer(texts, vocab_size, None)
+    tokenizer, text_config = _language_model(texts, vocab_size, None, hidden_size, num_layers)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    head_dim = hidden_size // text_config["num_attention_heads"]
 
     config = Qwen2_5_VLConfig(
         text_config={
-            "vocab_size": len(tokenizer),
-            "hidden_size": hidden_size,
-            "intermediate_size": 2 * hidden_size,
-            "num_hidden_layers": num_layers,
-            "num_attention_heads": heads,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 4096,
+            **text_config,
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": 1000000.0,
                 "mrope_section": mrope_section(head_dim),
             },
-            "bos_token_id": ids["<|endoftext|>"],
-            "eos_token_id": ids["<|im_end|>"],
-            "pad_token_id": ids["<|endoftext|>"],
         },
         vision_config={
             "depth": 2,
@@ -427,32 +439,17 @@ def build_tiny_internvl(
         InternVLVideoProcessor,
     )
 
-    heads = 4
-    if hidden_size % heads:
-        raise ConfigError(
-            f"hidden_size must be a multiple of {heads}, got {hidden_size}", field="hidden_size"
-        )
     tile, patch, downsample = 56, 14, 0.5
     image_seq_length = int((tile // patch) ** 2 * downsample**2)
     output_dir = Path(output_dir)
-    tokenizer = _build_tokenizer(texts, vocab_size, INTERNVL_IMAGE_TOKENS)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    tokenizer, text_config = _language_model(texts, vocab_size, INTERNVL_IMAGE_TOKENS, hidden_size, num_layers)
 
     config = InternVLConfig(
         text_config={
+            **text_config,
             "model_type": "qwen3",
-            "vocab_size": len(tokenizer),
-            "hidden_size": hidden_size,
-            "intermediate_size": 2 * hidden_size,
-            "num_hidden_layers": num_layers,
-            "num_attention_heads": heads,
-            "num_key_value_heads": 2,
-            "head_dim": hidden_size // heads,
-            "max_position_embeddings": 4096,
+            "head_dim": hidden_size // text_config["num_attention_heads"],
             "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
-            "bos_token_id": ids["<|endoftext|>"],
-            "eos_token_id": ids["<|im_end|>"],
-            "pad_token_id": ids["<|endoftext|>"],
             "tie_word_embeddings": True,
         },
         vision_config={
