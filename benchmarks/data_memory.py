@@ -10,7 +10,7 @@ For every layout and size a fresh Python process loads the records with the ``cr
 adapter (images verified, as training does), builds the GRPO training dataset and prints
 ``RssAnon`` of ``/proc/self/status``: resident anonymous memory, so pages of memory-mapped
 Arrow files (which the kernel can drop and re-read) do not count. Also printed: ``RssAnon`` at
-the start (before ``datasets`` and the adapters are imported), ``VmHWM`` (peak resident memory,
+the start (after importing ``cpr.data``, before ``datasets`` is imported), ``VmHWM`` (peak resident memory,
 mapped pages included) and the wall time. Target: the 10,000-record figure within 10 % of the
 1,000-record figure, for each layout.
 

@@ -404,6 +404,7 @@ def main() -> int:
     torch.cuda.empty_cache()
     model_dir = saved or Path(folder)  # vLLM loads the policy's weights from its folder, then TRL syncs them
     vtimer, _, _, _ = run_steps(cfg, args, device, vllm_overrides(), model_dir=model_dir)
+    vtimer.prompt = vtimer.prompt or timer.prompt  # vLLM never calls the model's generate: the same batch sizes
     report(vtimer, "per-step wall time (vLLM generation, colocate)")
     ratio = sum(r["generation"] for r in later) / max(1e-9, sum(r["generation"] for r in (vtimer.rows[1:] or vtimer.rows)))
     print(f"generation: vLLM {ratio:.1f}x the speed of transformers' generate")

@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import os
+import unittest.mock
 import warnings
 from pathlib import Path
 from typing import Any
@@ -359,18 +360,14 @@ def run_check(args: argparse.Namespace) -> int:
     if args.accelerate_config:
         launcher, n_file = launcher_from_accelerate_config(args.accelerate_config)
         launchers, n = [launcher], n or n_file
-    n, world = n or 1, os.environ.get("WORLD_SIZE")
-    os.environ["WORLD_SIZE"] = str(n)  # validated as on n processes (cpr.training.config.num_processes)
-    try:
+    n = n or 1
+    with unittest.mock.patch.dict(os.environ, {"WORLD_SIZE": str(n)}):  # validated as on n processes
         cfg = config_from_args(args)
-    finally:
-        if world is None:
-            del os.environ["WORLD_SIZE"]
-        else:
-            os.environ["WORLD_SIZE"] = world
     folder = config_folder(cfg.model.name_or_path)
     arch, config = load_architecture(folder, policy.lora_config(cfg, str(folder)), include_vision=cfg.lora.include_vision)
-    wb = 4 if cfg.model.dtype in ("float32", "fp32") else 2
+    from cpr.models import resolve_dtype
+
+    wb = 2 if cfg.model.dtype == "auto" else resolve_dtype(cfg.model.dtype, "cuda").itemsize  # auto: bf16 on GPUs
     image = _image_sizes(arch, config, folder, cfg)
     shapes = _phase_shapes(cfg, n, image, args.prompt_tokens)
     print(f"config {args.config}: valid for {n} process{'es' if n > 1 else ''}; phases {', '.join(cfg.phases)}")

@@ -455,9 +455,10 @@ def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> Phase
         raise ConfigError(f"a {schedule!r} curriculum needs max_steps > 0 (the schedule is a fraction of training)",
                           field=f"{key}.training.max_steps")
     if phase.init_adapter is not None:
+        from cpr.training.checkpoints import adapter_folder
+
         phase.init_adapter = _resolve_path(phase.init_adapter, base)
-        if not Path(phase.init_adapter, "adapter_config.json").is_file():
-            raise ConfigError(f"no LoRA adapter (adapter_config.json) in {phase.init_adapter}", field=f"{key}.init_adapter")
+        adapter_folder(Path(phase.init_adapter), field=f"{key}.init_adapter")
     # GRPO's structure: the global generation batch holds whole groups of num_generations
     per_device, num_gen = args.get("per_device_train_batch_size", 8), args.get("num_generations", 8)
     steps_per_gen = args.get("steps_per_generation") or args.get("gradient_accumulation_steps", 1)

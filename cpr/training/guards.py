@@ -254,7 +254,8 @@ class DivergenceGuard(CheckpointState):
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):  # noqa: D102
         step = state.global_step + 1
-        held = self._check(self._grad_norm(optimizer) if optimizer is not None else None)
+        needed = optimizer is not None and self.config.nan.enabled  # only the NaN guard reads the norm
+        held = self._check(self._grad_norm(optimizer) if needed else None)
         actions = [self.config.action_for(condition) for condition, *_ in held]
         for (condition, reason, values, announce), action in zip(held, actions, strict=True):
             self.counts[condition]["steps"] += 1

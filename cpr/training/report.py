@@ -26,7 +26,8 @@ __all__ = ["UNTRAINED", "WARM_START", "bucket_mix", "chance_accuracy", "closing_
 
 #: Stage names of ``evaluation.compare`` besides the phase names.
 UNTRAINED, WARM_START = "untrained", "warm_start"
-_COLUMNS = (("Acc", "accuracy", 1), ("Match F1", "match_f1", 3), ("P", "precision", 3), ("R", "recall", 3),
+#: The closing table's columns: (title, metric key, decimals), in the paper's order.
+COLUMNS = (("Acc", "accuracy", 1), ("Match F1", "match_f1", 3), ("P", "precision", 3), ("R", "recall", 3),
             ("Steps", "steps", 2), ("LIS", "lis", 3), ("Ord. F1", "ordered_f1", 3))
 
 
@@ -119,10 +120,10 @@ def closing_lines(summary: Mapping[str, Any]) -> list[str]:
         width = max(len(r["stage"]) for r in rows)
         lines.append(f"  held-out test ({rows[0]['benchmark']}, n {rows[0].get('n', '?')}; chance accuracy "
                      f"{summary.get('chance_accuracy', float('nan')):.1f}%):")
-        lines.append("    " + "stage".ljust(width) + "".join(f"  {t:>8}" for t, _, _ in _COLUMNS))
+        lines.append("    " + "stage".ljust(width) + "".join(f"  {t:>8}" for t, _, _ in COLUMNS))
         for r in rows:
             cells = "".join(f"  {r[k]:>8.{d}f}" if isinstance(r.get(k), (int, float)) else f"  {'-':>8}"
-                            for _, k, d in _COLUMNS)
+                            for _, k, d in COLUMNS)
             lines.append("    " + r["stage"].ljust(width) + cells)
     for phase, mix in (summary.get("bucket_mix") or {}).items():
         spans = " -> ".join("/".join(f"{part[b]:.0f}" for b in DIFFICULTIES) for part in mix)

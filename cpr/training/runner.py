@@ -269,13 +269,10 @@ def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = Tru
     from cpr.training.phase import grpo_config
     from cpr.training.policy import check_base
     from cpr.training.preflight import preflight
-    from cpr.training.warm_start import warm_start_settings
 
-    if grpo:
+    if grpo:  # (the warm start's settings were checked with the config)
         for name in cfg.phases:
             grpo_config(cfg, cfg.phase(name))
-        if cfg.warm_start.enabled:
-            warm_start_settings(cfg)
     preflight(cfg, str(state.device))
     splits = load_splits(cfg.data)
     templates = load_templates(cfg.data.prompts)
@@ -288,7 +285,7 @@ def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = Tru
 
 def _print_summary(summary: dict[str, Any]) -> None:
     from cpr.training.evaluate import final_eval_key
-    from cpr.training.report import closing_lines
+    from cpr.training.report import COLUMNS, closing_lines
 
     lines = [f"run {summary['run_name']} finished in {summary['wall_time_s']} s -> {summary['output_dir']}"]
     for p in summary["phases"]:
@@ -302,6 +299,6 @@ def _print_summary(summary: dict[str, Any]) -> None:
             lines.append(f"    selected {p['selection']['picked']}")
     for split in EVAL_SPLITS:
         for name, overall in (summary.get(final_eval_key(split)) or {}).items():
-            keys = [k for k in ("accuracy", "match_f1", "precision", "recall", "steps", "lis", "ordered_f1") if k in overall]
+            keys = [k for _, k, _ in COLUMNS if k in overall]
             lines.append(f"  {split} {name}: " + ", ".join(f"{k} {overall[k]:.3f}" for k in keys))
     print("\n".join(lines + closing_lines(summary)))

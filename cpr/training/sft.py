@@ -212,21 +212,21 @@ def build_sft_config(settings: SFTSettings, output_dir: str | Path, model: Any) 
 def run_sft(
     model: PreTrainedModel, processor: ProcessorMixin, records: Sequence[Record], templates: PromptTemplates,
     settings: SFTSettings, output_dir: str | Path, *, peft_config: peft.PeftConfig | None = None,
-    callbacks: Sequence[TrainerCallback] = (),
+    callbacks: Sequence[TrainerCallback] = (), prefix: str = "sft",
 ) -> Path:
     """Train a LoRA adapter on ``records`` (each with an answer) with ``trl.SFTTrainer`` and save it.
 
     ``model`` is a vision-language model with ``peft_config`` (:func:`cpr.models.build_lora_config`;
     PEFT injects the LoRA layers in place) or a ``peft.PeftModel`` with a trainable adapter.
     ``output_dir`` receives checkpoints (``save_strategy``), ``trainer_state.json`` (the log history)
-    and the adapter.
+    and the adapter. ``prefix``: the config section its settings come from, in error fields.
 
     Returns:
         ``output_dir / "adapter"`` (the adapter and the processor files, for
         ``peft.PeftModel.from_pretrained``); the trained model is left in eval mode.
 
     Raises:
-        ConfigError: invalid settings (fields ``sft.<key>``); neither ``peft_config`` nor a
+        ConfigError: invalid settings (fields ``<prefix>.<key>``); neither ``peft_config`` nor a
             ``PeftModel``, both, or a ``PeftModel`` without trainable parameters; a prompt longer
             than ``settings.max_length``.
         InputError: no records, or a record without an answer.
@@ -236,7 +236,7 @@ def run_sft(
 
     from cpr.training.logs import quiet_console
 
-    settings.validate()
+    settings.validate(prefix)
     if not records:
         raise InputError("no training records for SFT")
     is_peft = isinstance(model, PeftModel)
@@ -253,7 +253,7 @@ def run_sft(
     output_dir = Path(output_dir)
     dataset = to_sft_dataset(records, templates)
     if settings.check_lengths and settings.max_length is not None:
-        check_example_lengths(dataset, processor, settings.max_length)
+        check_example_lengths(dataset, processor, settings.max_length, prefix=prefix)
     trainer = SFTTrainer(model=model, args=build_sft_config(settings, output_dir, model), train_dataset=dataset,
                          processing_class=processor, peft_config=peft_config, callbacks=list(callbacks) or None)
     quiet_console(trainer)

@@ -1,11 +1,10 @@
 """The supervised LoRA warm start before GRPO (:func:`cpr.training.sft.run_sft` on the training records'
 target JSON, so that a model that never writes the output format earns rewards at all), and
-:func:`train_lora`, which also trains the SFT baseline. Output folder: ``adapter/``,
+:func:`train_lora` (the SFT baseline is a run of the warm start alone). Output folder: ``adapter/``,
 ``trainer_state.json`` and ``warm_start_done.json`` (written once the adapter is saved)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -58,13 +57,13 @@ def warm_start_finished(adapter: Path, done: Path) -> bool:
 
 
 def train_lora(cfg: ExperimentConfig, settings: Any, out_dir: str | Path, records: Sequence[Any], *, templates: Any,
-               model_path: str, oom_stage: str | None = None) -> Path:
+               model_path: str, oom_stage: str = "warm start") -> Path:
     """Train a new LoRA adapter (``cfg.lora``) on ``records`` with :func:`cpr.training.sft.run_sft`
     (``settings``: its :class:`~cpr.training.sft.SFTSettings`) into ``out_dir``, on
     ``model_path`` with the GRPO training prompt of ``templates``; the model is then released.
 
-    Returns the adapter folder (``<out_dir>/adapter``). Raises what ``run_sft`` raises, and
-    ``TrainingOutOfMemoryError`` naming ``oom_stage`` when given (:func:`cpr.training.oom.explain_oom`).
+    Returns the adapter folder (``<out_dir>/adapter``). Raises what ``run_sft`` raises (setting errors name
+    ``warm_start.<key>``), and ``TrainingOutOfMemoryError`` naming ``oom_stage`` (:func:`cpr.training.oom.explain_oom`).
     """
     from cpr.training.oom import explain_oom
     from cpr.training.sft import run_sft
@@ -72,9 +71,9 @@ def train_lora(cfg: ExperimentConfig, settings: Any, out_dir: str | Path, record
     model, processor = policy.load_policy(cfg, model_path)
     logger.info("supervised LoRA on %d records for %d steps -> %s", len(records), settings.max_steps, out_dir)
     t0 = time.time()
-    with explain_oom(cfg, oom_stage) if oom_stage else contextlib.nullcontext():
+    with explain_oom(cfg, oom_stage):
         path = run_sft(model, processor, records, templates, settings, out_dir,
-                       peft_config=policy.lora_config(cfg, model_path))
+                       peft_config=policy.lora_config(cfg, model_path), prefix="warm_start")
     logger.info("supervised LoRA: done in %.1f s -> %s", time.time() - t0, path)
     del model
     policy.free_memory()
@@ -104,7 +103,7 @@ def run_warm_start(cfg: ExperimentConfig, splits: DataSplits | None, out_dir: st
     model_path = model_path or cfg.model.name_or_path
     records = subset(splits.train, cfg.warm_start.max_records, cfg.seed)
     logger.info("warm start: %d records, %d steps", len(records), settings.max_steps)
-    path = train_lora(cfg, settings, out, records, templates=templates, model_path=model_path, oom_stage="warm start")
+    path = train_lora(cfg, settings, out, records, templates=templates, model_path=model_path)
     if process_state().is_main_process:
         atomic_write_json(done, {"adapter": str(path), "max_steps": settings.max_steps, "time": time.time()})
     return path
