@@ -27,7 +27,7 @@ from math_verify.errors import TimeoutException
 from math_verify.grader import is_assignment_relation, is_relation, take_last_relation
 from sympy import Basic, MatrixBase, S, Set, Tuple
 
-from cpr.errors import ConfigError
+from cpr.errors import check_choice
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +40,7 @@ def check_answer_mode(mode: object, field: str = "answer_mode") -> str:
     Raises:
         ConfigError: naming ``field``.
     """
-    if mode not in ANSWER_MODES:
-        raise ConfigError(f"must be one of {', '.join(ANSWER_MODES)}, got {mode!r}", field=field)
-    return mode
+    return check_choice(mode, ANSWER_MODES, field)
 
 
 LETTERS = string.ascii_uppercase

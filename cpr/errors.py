@@ -3,6 +3,7 @@ field), so that a researcher can fix the data without reading a stack trace."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -35,6 +36,18 @@ class InputError(CprError, ValueError):
 
 class ConfigError(InputError):
     """Invalid configuration value; ``field`` is the dotted config key."""
+
+
+def check_choice(value: object, allowed: Iterable[str], field: str) -> str:
+    """``value`` when it is one of ``allowed``.
+
+    Raises:
+        ConfigError: naming ``field``: "must be one of <allowed>, got <value>".
+    """
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ConfigError(f"must be one of {', '.join(allowed)}, got {value!r}", field=field)
+    return value  # type: ignore[return-value]
 
 
 class ModelNotAvailableError(CprError, OSError):

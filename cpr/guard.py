@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from cpr.errors import ConfigError
+from cpr.errors import ConfigError, check_choice
 from cpr.matching import StepEncoder, StepScores, match_pairs
 
 # Tolerance of the guards' comparisons: two matrix products can round the same dot product of float32
@@ -79,8 +79,7 @@ class GuardSettings:
         elif isinstance(value, Mapping):
             data = dict(value)
             preset = data.pop("preset", "guarded")
-            if preset not in GUARD_PRESETS:
-                raise ConfigError(f"must be one of {', '.join(GUARD_PRESETS)}, got {preset!r}", field=f"{field}.preset")
+            check_choice(preset, GUARD_PRESETS, f"{field}.preset")
             known = {f.name for f in fields(cls)}
             for key in data:
                 if key not in known:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from cpr.errors import ConfigError, ModelNotAvailableError
+from cpr.errors import ConfigError, ModelNotAvailableError, check_choice
 
 DEFAULT_ENCODER = "sentence-transformers/all-distilroberta-v1"
 DEFAULT_THRESHOLD = 0.35
@@ -84,9 +84,7 @@ def check_matching(matching: Any, field: str = "matching") -> str:
     Raises:
         ConfigError: naming ``field``.
     """
-    if matching not in MATCHING_MODES:
-        raise ConfigError(f"must be one of {', '.join(MATCHING_MODES)}, got {matching!r}", field=field)
-    return matching
+    return check_choice(matching, MATCHING_MODES, field)
 
 
 def check_alpha(alpha: Any, field: str = "alpha") -> float:

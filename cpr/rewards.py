@@ -19,7 +19,7 @@ from typing import Any
 
 from cpr.answers import check_answer, check_answer_mode, is_non_answer
 from cpr.errors import ConfigError, CprError
-from cpr.guard import GuardSettings, guarded_scores, prompt_pieces
+from cpr.guard import MONITORS, GuardSettings, guarded_scores, prompt_pieces
 from cpr.matching import (
     DEFAULT_ALPHA,
     DEFAULT_ENCODER,
@@ -35,8 +35,7 @@ from cpr.steps import ParsedCompletion, completion_text, parse_completion
 #: Metric names passed to TRL's ``log_metric`` (averaged by TRL over a logging step).
 LOGGED_METRICS = (
     "format/valid_rate", "answer/accuracy", "steps/precision", "steps/recall", "steps/match_f1", "steps/lis",
-    "steps/count", "cpr/discrimination", "hacking/duplicate_rate", "hacking/restatement_rate",
-    "hacking/precision_minus_recall", "hacking/non_answer_rate",
+    "cpr/discrimination", *MONITORS,
 )
 
 _recorder: Callable[[list[dict[str, Any]]], None] | None = None

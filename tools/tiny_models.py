@@ -295,8 +295,9 @@ def _seeded(seed: int):
 
 
 def _language_model(texts: Iterable[str] | None, vocab_size: int, extra_tokens: Any, hidden_size: int,
-                    num_layers: int) -> tuple[Any, dict[str, Any]]:
-    """The tokenizer and the ``text_config`` entries both tiny builders share: 4 attention heads (2 key/value
+                    num_layers: int) -> tuple[Any, dict[str, Any], dict[str, int]]:
+    """The tokenizer, the ``text_config`` entries both tiny builders share and the ids of
+    :data:`QWEN_SPECIAL_TOKENS`; the shared entries: 4 attention heads (2 key/value
     heads), MLP 2x wide, 4096 positions, Qwen's special tokens as bos / eos / pad.
     Raises ``ConfigError`` when ``hidden_size`` is not a multiple of 4."""
     heads = 4
@@ -317,7 +318,7 @@ def _language_model(texts: Iterable[str] | None, vocab_size: int, extra_tokens: 
         "bos_token_id": ids["<|endoftext|>"],
         "eos_token_id": ids["<|im_end|>"],
         "pad_token_id": ids["<|endoftext|>"],
-    }
+    }, ids
 
 
 def build_tiny_qwen2_5_vl(
@@ -356,8 +357,7 @@ def build_tiny_qwen2_5_vl(
     )
 
     output_dir = Path(output_dir)
-    tokenizer, text_config = _language_model(texts, vocab_size, None, hidden_size, num_layers)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    tokenizer, text_config, ids = _language_model(texts, vocab_size, None, hidden_size, num_layers)
     head_dim = hidden_size // text_config["num_attention_heads"]
 
     config = Qwen2_5_VLConfig(
@@ -442,7 +442,7 @@ def build_tiny_internvl(
     tile, patch, downsample = 56, 14, 0.5
     image_seq_length = int((tile // patch) ** 2 * downsample**2)
     output_dir = Path(output_dir)
-    tokenizer, text_config = _language_model(texts, vocab_size, INTERNVL_IMAGE_TOKENS, hidden_size, num_layers)
+    tokenizer, text_config, _ = _language_model(texts, vocab_size, INTERNVL_IMAGE_TOKENS, hidden_size, num_layers)
 
     config = InternVLConfig(
         text_config={

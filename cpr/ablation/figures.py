@@ -401,8 +401,18 @@ def ablation_figures(ablation_dir: str | Path, out_dir: str | Path | None = None
     path = _table_file(ablation_dir)
     if path is None:
         raise InputError("no ablation_*.json table: run the ablation (or --table-only) first", path=ablation_dir)
-    table = json.loads(path.read_text(encoding="utf-8"))
-    figs = {"table": plot_table(table, out_dir / f"{path.stem}.png", dpi=dpi)}
+    return table_figures(json.loads(path.read_text(encoding="utf-8")), out_dir, dpi=dpi)
+
+
+def table_figures(table: dict[str, Any], out_dir: str | Path, *, dpi: int = 120) -> dict[str, Path]:
+    """The figures of an ablation table (:func:`cpr.ablation.tables.build_table`) into ``out_dir``:
+    ``{"table": ablation_<kind>.png}`` plus, for a strategy comparison, ``"training_dynamics"``.
+
+    Raises:
+        InputError: a run folder of the table cannot be read.
+    """
+    out_dir = Path(out_dir)
+    figs = {"table": plot_table(table, out_dir / f"ablation_{table['kind']}.png", dpi=dpi)}
     if table["kind"] == "strategies":  # the runs that trained GRPO phases
         runs = [(r["label"], run) for r in table["runs"] if (run := read_run(r["folder"])).phases]
         figs["training_dynamics"] = plot_training_dynamics(

@@ -194,12 +194,12 @@ def render_markdown(table: dict[str, Any]) -> str:
 
 
 def write_outputs(ab: Any, runs: list[Any]) -> dict[str, Path]:
-    """Write ``ablation_<kind>.json`` / ``.md`` and the figures (:func:`cpr.ablation.figures.ablation_figures`)
-    into the ablation's folder; return ``{what: path}``."""
-    from cpr.ablation.figures import ablation_figures
+    """Write ``ablation_<kind>.json`` / ``.md`` and the figures (:func:`cpr.ablation.figures.table_figures`)
+    into the ablation's folder; return ``{what: path}``. Raises ``InputError`` for an unreadable run folder."""
+    from cpr.ablation.figures import table_figures
 
     stem = Path(ab.output_dir) / f"ablation_{ab.kind}"
     table = build_table(ab, runs)
     atomic_write_json(stem.with_suffix(".json"), table)
     atomic_write_text(stem.with_suffix(".md"), render_markdown(table))
-    return {"json": stem.with_suffix(".json"), "markdown": stem.with_suffix(".md"), **ablation_figures(ab.output_dir)}
+    return {"json": stem.with_suffix(".json"), "markdown": stem.with_suffix(".md"), **table_figures(table, ab.output_dir)}

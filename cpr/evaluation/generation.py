@@ -26,7 +26,7 @@ from typing import Any
 
 from cpr.data.prompts import MODES
 from cpr.data.records import Record
-from cpr.errors import ConfigError, InputError
+from cpr.errors import ConfigError, InputError, check_choice
 
 __all__ = ["BACKENDS", "Generated", "GenerationSettings", "TransformersGenerator", "VLLMGenerator",
            "generate_completions", "load_model_for_eval", "resolve_model_and_adapter", "vllm_available"]
@@ -58,8 +58,7 @@ class GenerationSettings:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"must be a positive integer, got {value!r}", field=name)
         for name, known in (("prompt_mode", MODES), ("backend", BACKENDS)):
-            if getattr(self, name) not in known:
-                raise ConfigError(f"must be one of {', '.join(known)}, got {getattr(self, name)!r}", field=name)
+            check_choice(getattr(self, name), known, name)
 
 
 @dataclass(frozen=True)
