@@ -294,6 +294,7 @@ def audit(
     Returns ``{"items": [per item: id, honest_reward, evaluations, best per family / class], "summary":
     {family: {"items", "reaching_honest", "max_reward", "max_gap"}}, "exploits_found"}`` (gap: best
     degenerate minus honest reward; ``exploits_found``: items where a degenerate one reaches it).
+    Raises ``InputError`` (field ``--budget``) when ``budget < 2`` or ``beam < 1``.
     """
     if budget < 2 or beam < 1:
         raise InputError(f"budget must be >= 2 and beam >= 1, got {budget} and {beam}", field="--budget")

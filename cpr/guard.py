@@ -147,6 +147,10 @@ def guarded_scores(
         (``hacking/duplicate_rate``), resp. above tau to the prompt and zeroed by the restatement rule
         against every reference step (``hacking/restatement_rate``), whatever ``guard`` applies; a rate
         with no step to count is left out.
+
+    Raises:
+        ConfigError: an unknown ``matching``.
+        TypeError: a step that is not a string (from the encoder).
     """
     table, index = encoder.embedding_table([
         ([t for ref in references for t in ref], True),

@@ -671,6 +671,7 @@ def build_demo_models(*configs: str | Path, root: str | Path = REPO) -> list[Pat
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command line entry point (``--help``); returns the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kind", nargs="?", choices=TINY_KINDS, help="the model family to build")
     parser.add_argument("--out", help="the folder to write (kept when it already holds a model)")

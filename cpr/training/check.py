@@ -93,10 +93,12 @@ class Architecture:
 
     @property
     def total_params(self) -> int:
+        """All parameters, by count."""
         return sum(self.params.values())
 
     @property
     def lora_params(self) -> int:
+        """The LoRA adapter's (trainable) parameters, by count."""
         return sum(self.trainable.values())
 
 
@@ -177,10 +179,12 @@ class PhaseShape:
 
     @property
     def prompt_tokens(self) -> int:
+        """Tokens of one prompt: text and image."""
         return self.text_tokens + self.image_tokens
 
     @property
     def seq_tokens(self) -> int:
+        """Tokens of one sequence: prompt and completion."""
         return self.prompt_tokens + self.completion_tokens
 
 

@@ -55,6 +55,9 @@ def compare_stages(cfg: ExperimentConfig, splits: Any, summary: Mapping[str, Any
         One row per stage, then ``final`` (the run's final evaluation, from ``summary["final_eval"]``):
         ``{"stage", "adapter", "benchmark", <the benchmark's overall summary>}`` per test benchmark
         (accuracy in percent, the rest in [0, 1]); ``[]`` on processes other than the main one.
+
+    Raises:
+        ConfigError: a stage whose adapter the summary does not hold (:func:`stage_adapter`).
     """
     from cpr.training.evaluate import final_evaluation
 

@@ -264,6 +264,11 @@ def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = Tru
 
     Returns:
         ``(splits, templates, model_path)``.
+
+    Raises:
+        ConfigError: a phase's ``GRPOConfig`` or an ``init_adapter`` of another base.
+        ModelNotAvailableError: the model or the step encoder cannot be had.
+        InputError: a dataset that does not load.
     """
     from cpr.data import load_templates
     from cpr.training.phase import grpo_config
