@@ -16,21 +16,28 @@ from typing import Any
 from cpr.errors import InputError
 
 
-def _run_files(run_dir: Path) -> tuple[Path, str | None, str | None, str]:
-    """(final adapter, config.yaml text, final table, run name) of a run folder."""
+def _run_files(run_dir: Path, adapter: str | None) -> tuple[Path, str | None, str | None, str]:
+    """(adapter, config.yaml text, final table, run name) of a run folder: ``adapter`` when given, else the
+    run's final adapter. Raises ``InputError``: no or malformed ``summary.json``; no final adapter and no
+    ``adapter``."""
+    from cpr.training.evaluate import final_eval_dir
+
     summary_file = run_dir / "summary.json"
     if not summary_file.is_file():
         raise InputError("not a run folder (no summary.json)", path=run_dir, field="--run")
-    summary = json.loads(summary_file.read_text(encoding="utf-8"))
-    adapter = summary.get("final_adapter")
-    if summary.get("status") != "finished" or not adapter:
+    try:
+        summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise InputError(f"malformed JSON ({e.msg} at line {e.lineno})", path=summary_file) from None
+    final = summary.get("final_adapter") if summary.get("status") == "finished" else None
+    if adapter is None and not final:
         raise InputError(
             f"the run has no final adapter (status {summary.get('status')!r}); pass a checkpoint with --adapter",
             path=summary_file, field="final_adapter",
         )
     config, table = (f.read_text(encoding="utf-8") if f.is_file() else None
-                     for f in (run_dir / "config.yaml", run_dir / "final_eval" / "metrics.md"))
-    return Path(adapter), config, table, str(summary.get("run_name") or run_dir.name)
+                     for f in (run_dir / "config.yaml", final_eval_dir(run_dir, "test") / "metrics.md"))
+    return Path(adapter or final), config, table, str(summary.get("run_name") or run_dir.name)
 
 
 def model_card(name: str, base: str, adapter: Path, config_yaml: str | None, table: str | None) -> str:
@@ -80,7 +87,7 @@ def export_merged(adapter: str | Path, output: str | Path, *, base: str | None =
     from cpr.models import check_adapter_base, load_model_and_processor, resolve_model_path
 
     adapter, output = Path(adapter), Path(output)
-    recorded = check_adapter_base(adapter, base, field="base")
+    recorded = check_adapter_base(adapter, base, field="base") or base  # None: the adapter records no base
     if output.exists() and any(output.iterdir()) and not overwrite:
         raise InputError("the output folder exists and is not empty; pass --overwrite to replace it", path=output)
     if dtype == "auto":
@@ -104,8 +111,7 @@ def export_merged(adapter: str | Path, output: str | Path, *, base: str | None =
 def _run(args: argparse.Namespace) -> int:
     config_yaml = table = name = None
     if args.run:
-        adapter, config_yaml, table, name = _run_files(Path(args.run))
-        adapter = Path(args.adapter) if args.adapter else adapter
+        adapter, config_yaml, table, name = _run_files(Path(args.run), args.adapter)
     elif args.adapter:
         adapter = Path(args.adapter)
     else:

@@ -92,6 +92,20 @@ def test_export_refuses_another_base_and_an_existing_output(tmp_path, capsys):
     assert (tmp_path / "out" / "keep.txt").read_text() == "x"
 
 
+def test_export_of_an_unfinished_run_needs_a_checkpoint_and_takes_the_given_base(tmp_path, capsys):
+    run, adapter, base = _fake_run(tmp_path, "qwen2_5_vl")
+    (run / "summary.json").write_text(json.dumps({"run_name": "tiny_run", "status": "interrupted"}))
+    assert main(["export", "--run", str(run), "--output", str(tmp_path / "a")]) == 2
+    assert (f"cpr export: error: {run / 'summary.json'} field 'final_adapter': the run has no final adapter "
+            "(status 'interrupted'); pass a checkpoint with --adapter") in capsys.readouterr().err
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": None}))
+    assert main(["export", "--run", str(run), "--adapter", str(adapter), "--base", base,
+                 "--output", str(tmp_path / "b")]) == 0  # a checkpoint of the run; the adapter records no base
+    card = (tmp_path / "b" / "README.md").read_text()
+    assert f"base_model: {base}" in card and "| tiny_run | 0.125 | 0.250 |" in card
+
+
 def test_check_adapter_base(tmp_path):
     adapter = tmp_path / "a"
     adapter.mkdir()
