@@ -180,15 +180,13 @@ def _execute(ab: Ablation, run: Planned, resume: bool) -> str:
     """Run one run unless its folder holds a finished or diverged one: ``ran``, ``skipped`` or ``diverged``."""
     from cpr.ablation.sft_baseline import run_sft_baseline
     from cpr.training.guards import TrainingDivergedError
-    from cpr.training.runner import check_resumed_config, run_experiment
+    from cpr.training.runner import config_differences, describe_differences, run_experiment
 
     folder, cfg = read_run(Path(ab.output_dir) / run.name), run_config(ab, run)
     if folder.status in (FINISHED, DIVERGED):
-        try:
-            check_resumed_config(folder.path, cfg)
-        except ConfigError as e:
+        if diffs := config_differences(folder.path, cfg):
             raise ConfigError(f"{folder.path} holds a {folder.status} run made with another config (move it away "
-                              f"or fix the ablation file): {e.message.partition(': ')[2]}", field=e.field) from None
+                              f"or fix the ablation file): {describe_differences(diffs)}", field=diffs[0][0])
         logger.info("run %s: %s already, skipping", run.name, folder.status)
         return "skipped"
     logger.info("run %s: starting -> %s", run.name, folder.path)

@@ -187,18 +187,15 @@ def _differences(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]
     return [] if old == new else [(key, old, new)]
 
 
-def check_resumed_config(out: Path, cfg: ExperimentConfig) -> None:
-    """Refuse to resume the run in ``out`` with a config unlike its ``config.yaml`` (the finished phases and
-    checkpoints were made with the old values; ``training_effective``, derived, is not compared). A
-    ``config.yaml`` written before a setting existed is compared with that setting's default: it is read
-    through today's schema first (when it no longer loads, e.g. a key was removed, it is compared as written).
-
-    Raises:
-        ConfigError: naming the first differing key, its old and new value, and how many more differ.
-    """
+def config_differences(out: Path, cfg: ExperimentConfig) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, value in the run's config.yaml, value in cfg)`` for each setting in which ``cfg`` differs
+    from the config the run in ``out`` was made with (none when it has no ``config.yaml``);
+    ``training_effective``, derived, is not compared. A ``config.yaml`` written before a setting existed is
+    compared with that setting's default: it is read through today's schema first (when it no longer loads,
+    e.g. a key was removed, it is compared as written)."""
     saved_path = out / "config.yaml"
     if not saved_path.is_file():
-        return
+        return []
 
     def plain(c: ExperimentConfig) -> dict:
         return yaml.safe_load(yaml.safe_dump(c.to_dict(), sort_keys=False, allow_unicode=True))
@@ -208,15 +205,27 @@ def check_resumed_config(out: Path, cfg: ExperimentConfig) -> None:
         saved = plain(config_from_dict(saved, config_path=cfg.config_path))
     except ConfigError as e:
         logger.info("comparing %s as written (today's schema refuses it: %s)", saved_path, e)
-    current = plain(cfg)
-    diffs = [d for d in _differences(saved, current) if d[0] != "config_path" and d[0].split(".")[0] != "training_effective"]
-    if diffs:
-        key, old, new = diffs[0]
-        more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
+    return [d for d in _differences(saved, plain(cfg)) if d[0] != "config_path" and d[0].split(".")[0] != "training_effective"]
+
+
+def describe_differences(diffs: list[tuple[str, Any, Any]]) -> str:
+    """The first of :func:`config_differences` in words: "<key> was <old>, now <new> (and N more)"."""
+    key, old, new = diffs[0]
+    return f"{key} was {old!r}, now {new!r}" + (f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else "")
+
+
+def check_resumed_config(out: Path, cfg: ExperimentConfig) -> None:
+    """Refuse to resume the run in ``out`` with a config unlike its ``config.yaml`` (the finished phases and
+    checkpoints were made with the old values; :func:`config_differences`).
+
+    Raises:
+        ConfigError: naming the first differing key, its old and new value, and how many more differ.
+    """
+    if diffs := config_differences(out, cfg):
         raise ConfigError(
-            f"--resume with a config that differs from the run's {saved_path}: {key} was {old!r}, now {new!r}{more}; "
+            f"--resume with a config that differs from the run's {out / 'config.yaml'}: {describe_differences(diffs)}; "
             "resume with the config the run started with, or start over (--overwrite or another output_dir)",
-            field=key,
+            field=diffs[0][0],
         )
 
 
