@@ -35,14 +35,15 @@ def _finite(row: Mapping[str, Any], key: str) -> float | None:
 
 def _values(rows: Sequence[Mapping[str, Any]], keys: tuple[str, ...]) -> list[list[float]]:
     """Each row's ``keys`` as finite floats; InputError naming the row and key otherwise."""
+    out = []
     for i, row in enumerate(rows):
-        if any(k not in row for k in keys):
-            key = next(k for k in keys if k not in row)
+        if (key := next((k for k in keys if k not in row), None)) is not None:
             raise InputError(f"scored completion row {i} has no {key!r} (keys: {sorted(row)})", field=key)
-        if any(_finite(row, k) is None for k in keys):
+        if None in (values := [_finite(row, k) for k in keys]):
             raise InputError(f"scored completion row {i} has " + ", ".join(f"{k} {row[k]!r}" for k in keys),
                              field=keys[0])
-    return [[_finite(row, k) for k in keys] for row in rows]
+        out.append(values)
+    return out
 
 
 def discrimination(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
