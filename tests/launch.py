@@ -104,27 +104,34 @@ def start(launcher: list, script: str | Path, args: list, logs: Path, env: dict 
     return Launch(proc, logs)
 
 
-def write_length_reward_recipe(path: Path, prelude: str = "") -> Path:
-    """Write a script that registers reward ``length`` (a learning signal for a random tiny model:
-    completion characters / 100, capped at 1) and then runs the ``cpr_curriculum`` recipe with the
-    script's arguments; ``prelude`` is Python run first. Returns ``path``."""
+def write_reward_recipe(path: Path, name: str, score_body: str, prelude: str = "") -> Path:
+    """Write a script that registers a reward function ``name`` (its ``score(self, completions, kwargs)``
+    body is ``score_body``; ``completion_text`` is imported) and then runs the ``cpr_curriculum`` recipe with
+    the script's arguments; ``prelude`` is Python run first. Returns ``path``."""
+    body = "".join(f"        {line}\n" for line in score_body.splitlines())
     path.write_text(f"""import runpy, sys
 {prelude}import cpr.rewards as R
 from cpr.steps import completion_text
 
 
-class LengthReward(R.RewardFunction):
-    name = "length"
+class Reward(R.RewardFunction):
+    name = {name!r}
 
     def __init__(self, **_):
         pass
 
     def score(self, completions, kwargs):
-        return [min(len(completion_text(c)), 100) / 100 for c in completions]
+{body}
 
-
-R.REWARD_FUNCTIONS["length"] = LengthReward
+R.REWARD_FUNCTIONS[{name!r}] = Reward
 sys.argv = ["cpr_curriculum.py", *sys.argv[1:]]
 runpy.run_path({str(REPO / "recipes" / "cpr_curriculum.py")!r}, run_name="__main__")
 """)
     return path
+
+
+def write_length_reward_recipe(path: Path, prelude: str = "") -> Path:
+    """:func:`write_reward_recipe` with reward ``length`` (a learning signal for a random tiny model:
+    completion characters / 100, capped at 1)."""
+    return write_reward_recipe(path, "length", "return [min(len(completion_text(c)), 100) / 100 for c in completions]",
+                               prelude)

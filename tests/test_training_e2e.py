@@ -19,6 +19,7 @@ import tiny_models
 import torch
 import yaml
 from conftest import tiny_model, tiny_run_config
+from launch import write_reward_recipe
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
@@ -296,29 +297,6 @@ def test_training_settings_reach_the_trainer_and_config_yaml(tmp_path, samples_d
         k: v for k, v in saved.items() if k not in ("training_effective", "config_path")}
 
 
-CONSOLE_WRAPPER = """
-import runpy, sys, warnings
-import cpr.rewards as R
-from cpr.steps import completion_text
-
-
-class Noisy(R.RewardFunction):
-    name = "noisy"
-
-    def __init__(self, **_):
-        pass
-
-    def score(self, completions, kwargs):
-        warnings.warn("noisy reward is deprecated", FutureWarning)
-        return [len(set(completion_text(c))) / 100 for c in completions]
-
-
-R.REWARD_FUNCTIONS["noisy"] = Noisy
-sys.argv = ["cpr_curriculum.py", *sys.argv[1:]]
-runpy.run_path({recipe!r}, run_name="__main__")
-"""
-
-
 @pytest.mark.slow
 def test_console_shows_the_bar_and_one_line_a_step_and_run_log_keeps_everything(tmp_path, samples_dir):
     import os
@@ -332,8 +310,8 @@ def test_console_shows_the_bar_and_one_line_a_step_and_run_log_keeps_everything(
                                       "training": {"max_steps": 3, "learning_rate": 2e-3, "save_steps": 10}}}
     data["evaluation"]["final"] = False
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "cpr_curriculum.py"
-    (tmp_path / "wrapper.py").write_text(CONSOLE_WRAPPER.format(recipe=str(recipe)))
+    write_reward_recipe(tmp_path / "wrapper.py", "noisy", 'warnings.warn("noisy reward is deprecated", FutureWarning)\n'
+                        "return [len(set(completion_text(c))) / 100 for c in completions]", prelude="import warnings\n")
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
     done = subprocess.run([sys.executable, str(tmp_path / "wrapper.py"), "--config", str(tmp_path / "run.yaml")],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
