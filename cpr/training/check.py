@@ -329,14 +329,11 @@ def _image_sizes(arch: Architecture, config: Any, folder: Path, cfg: Any) -> tup
 
 
 def _phase_shapes(cfg: Any, processes: int, image: tuple[int, int], text_tokens: int) -> list[PhaseShape]:
-    from trl import GRPOConfig
+    from cpr.training.config import training_values
 
-    from cpr.training.config import phase_training_args
-
-    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
     shapes = []
     for name in cfg.phases:
-        args = {**defaults, **phase_training_args(cfg, name)}
+        args = training_values(cfg, name)
         b = args["per_device_train_batch_size"]
         spg = args["steps_per_generation"] or args["gradient_accumulation_steps"]
         gen = args["generation_batch_size"] // processes if args["generation_batch_size"] else b * spg

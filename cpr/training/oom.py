@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import traceback
 from collections.abc import Iterator
 
 from cpr.errors import CprError
-from cpr.training.config import ExperimentConfig, PhaseConfig, phase_training_args
+from cpr.training.config import ExperimentConfig, PhaseConfig, training_values
 
 
 class TrainingOutOfMemoryError(CprError):
@@ -41,8 +40,6 @@ def _raised_in(exc: BaseException, *parts: str) -> bool:
 def _advice(cfg: ExperimentConfig, stage: str, phase: PhaseConfig | None, oom: BaseException) -> str:
     """``"out of memory <where> (<phase or stage>): <error type>: <first line>; lower <settings>"``; an error
     raised in ``cpr/matching.py`` is the step encoder's, one in ``cpr/evaluation`` an evaluation's."""
-    from trl import GRPOConfig
-
     pixels = f"model.max_pixels (now {cfg.model.max_pixels}; fewer image tokens)"
     encoder = f"rewards.batch_size (now {cfg.rewards.batch_size}; the step encoder's batch)"
     if _raised_in(oom, "cpr", "matching.py"):
@@ -58,8 +55,7 @@ def _advice(cfg: ExperimentConfig, stage: str, phase: PhaseConfig | None, oom: B
         advice = [f"warm_start.per_device_train_batch_size (now {ws.per_device_train_batch_size})",
                   f"warm_start.max_length (now {ws.max_length})", pixels]
     else:
-        args = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
-        args.update(phase_training_args(cfg, phase.name) if phase is not None else cfg.training)
+        args = training_values(cfg, phase.name if phase is not None else None)
         where = "in training or generation"
         advice = [f"training.per_device_train_batch_size (now {args['per_device_train_batch_size']})",
                   f"training.num_generations (now {args['num_generations']}; keep the generation batch divisible "
