@@ -54,10 +54,11 @@ def check_launch(cfg: Any) -> None:
         )
     precision, phases = [], {name: grpo_args(cfg, name) for name in cfg.phases}
     if cfg.warm_start.enabled:
-        cuda, extra = torch.cuda.is_available(), cfg.warm_start.extra
-        dtype = resolve_dtype(cfg.model.dtype, "cuda" if cuda else "cpu")
-        precision.append(("warm_start.extra", extra.get("bf16", cuda and dtype == torch.bfloat16),
-                          extra.get("fp16", cuda and dtype == torch.float16)))
+        from cpr.training.sft import sft_precision
+
+        cuda = torch.cuda.is_available()
+        sft = sft_precision(resolve_dtype(cfg.model.dtype, "cuda" if cuda else "cpu"), cfg.warm_start.extra)
+        precision.append(("warm_start.extra", sft["bf16"], sft["fp16"]))
     for name, args in phases.items():
         own = cfg.phase(name).training
         key = f"phase_settings.{name}.training" if "bf16" in own or "fp16" in own else "training"

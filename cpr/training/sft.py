@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -197,16 +197,23 @@ def build_sft_config(settings: SFTSettings, output_dir: str | Path, model: Any) 
     import torch
     from trl import SFTConfig
 
-    cuda = torch.cuda.is_available()
-    dtype = getattr(model, "dtype", torch.float32)
     return SFTConfig(
         output_dir=str(output_dir),
         **{k: getattr(settings, k) for k in _SAME_NAME},
         warmup_steps=settings.warmup_ratio,  # < 1: a ratio of the training steps (transformers 5)
-        activation_checkpointing=cuda if settings.gradient_checkpointing is None else settings.gradient_checkpointing,
-        **{"use_cpu": not cuda, "bf16": cuda and dtype == torch.bfloat16, "fp16": cuda and dtype == torch.float16,
-           **settings.extra},
+        activation_checkpointing=torch.cuda.is_available() if settings.gradient_checkpointing is None else settings.gradient_checkpointing,
+        **sft_precision(getattr(model, "dtype", torch.float32), settings.extra),
     )
+
+
+def sft_precision(dtype: Any, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``use_cpu`` / ``bf16`` / ``fp16`` of the supervised pass: CPU without CUDA; on CUDA, mixed precision
+    following the model's ``torch.dtype``; then ``extra`` (``warm_start.extra``) over them."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {"use_cpu": not cuda, "bf16": cuda and dtype == torch.bfloat16, "fp16": cuda and dtype == torch.float16,
+            **extra}
 
 
 def run_sft(
