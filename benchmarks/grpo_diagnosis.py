@@ -1,0 +1,174 @@
+"""Why does a GRPO phase lower held-out quality? One row per candidate cause, scored on the validation split only.
+
+Usage::
+
+    make demo      # once: its warm-start adapter (outputs/demo/warm_start/adapter)
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_diagnosis.py --rows baseline,lr_low [--seeds 1]
+
+Each row is one GRPO phase of ``recipes/configs/demo.yaml`` (tiny Qwen2.5-VL, the generated colour-grid
+task), started from the demo's warm-start adapter, with the row's overrides (``ROWS`` below), and then
+scored on ``--val-size`` items of the *validation* split (never the test split), greedy and sampled
+(``--samples`` completions an item at temperature 1, the mean over them: mean@k). Rows that compare a
+setting keep the number of generated completions (prompts x generations x steps) equal. The warm start
+itself is the first row. Output: one markdown table on standard output and ``<output-dir>/diagnosis.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: name -> (what it tests, overrides of demo.yaml for the GRPO phase ``p`` = phase_settings.<phase>).
+#: The default budget: 8 prompts x 8 generations x 60 steps = 3,840 completions.
+BUDGET = {"training.per_device_train_batch_size": 64, "training.num_generations": 8, "p.max_steps": 60}
+ROWS: dict[str, tuple[str, dict[str, object]]] = {
+    "baseline": ("CPR, lr 3e-5, 8 prompts x 8, T 1.0", {}),
+    "answer_only": ("Answer-Only, same budget", {"phase": "answer_only"}),
+    "step_f1_only": ("format + step Match F1 only (no answer term)",
+                     {"phase_settings.cpr.rewards": ["format", "step_f1"], "phase_settings.cpr.reward_weights": [1.0, 1.0]}),
+    "lr_1e-4": ("CPR, lr 1e-4", {"p.learning_rate": 1e-4}),
+    "lr_1e-5": ("CPR, lr 1e-5", {"p.learning_rate": 1e-5}),
+    "prompts_32x2": ("32 prompts x 2 generations", {"training.num_generations": 2}),
+    "prompts_4x16": ("4 prompts x 16 generations", {"training.num_generations": 16}),
+    "temp_0.7": ("training temperature 0.7", {"training.temperature": 0.7}),
+    "beta_0.04": ("KL beta 0.04 to the warm start", {"training.beta": 0.04}),
+    "constant_lr": ("constant learning rate (no warmup, no decay)",
+                    {"p.lr_scheduler_type": "constant", "p.warmup_steps": 0}),
+    "steps_x2": ("twice the completions (120 steps)", {"p.max_steps": 120}),
+}
+
+
+def phase_overrides(name: str, row: dict[str, object], init_adapter: str, out: Path, seed: int) -> list[str]:
+    """``--set`` overrides of demo.yaml for one diagnosis row (one GRPO phase from ``init_adapter``)."""
+    settings = {**BUDGET, **row}
+    phase = str(settings.pop("phase", "cpr"))
+    sets = [f"output_dir={out / name / f'seed{seed}'}", f"seed={seed}", "warm_start.enabled=false",
+            f"phases=[{phase}]", "evaluation.final=false", "evaluation.compare=[]", "evaluation.eval_steps=null",
+            f"phase_settings.{phase}.init_adapter={init_adapter}", f"phase_settings.{phase}.select_best=false",
+            f"phase_settings.{phase}.curriculum.schedule=none", f"phase_settings.{phase}.training.learning_rate=3.0e-5"]
+    steps = settings.get("p.max_steps", 60)
+    sets.append(f"phase_settings.{phase}.training.save_steps={steps}")
+    for key, value in settings.items():
+        key = key.replace("p.", f"phase_settings.{phase}.training.", 1) if key.startswith("p.") else key
+        sets.append(f"{key}={json.dumps(value)}")
+    return sets
+
+
+def score(adapter: str, model: str, records: list, cfg, samples: int, temperature: float, seed: int) -> dict:
+    """Greedy and sampled (mean over ``samples`` seeded passes at ``temperature``) validation metrics."""
+    import torch
+
+    from cpr.data import load_templates
+    from cpr.evaluation.generation import Generated, GenerationSettings, TransformersGenerator, load_model_for_eval
+    from cpr.evaluation.runner import evaluate_model
+    from cpr.training.evaluate import scoring_settings
+
+    t0 = time.time()
+
+    net, processor = load_model_for_eval(model, adapter, device="cpu", dtype="float32")
+    templates = load_templates(cfg.data.prompts)
+    gen = GenerationSettings(max_new_tokens=cfg.evaluation.max_new_tokens, batch_size=32, prompt_mode="train",
+                             backend="transformers", progress=False)
+    scoring = scoring_settings(cfg, cfg.evaluation.answer_mode)
+    keys = ("accuracy", "match_f1", "precision", "recall", "steps")
+
+    def pick(m: dict) -> dict:
+        return {k: m["overall"][k] for k in keys}
+
+    greedy = pick(evaluate_model(net, processor, "crystal", records, generation=gen, scoring=scoring,
+                                 templates=templates))
+
+    class Sampled(TransformersGenerator):
+        def __call__(self, batch):
+            inputs = self._inputs(batch).to(device="cpu", dtype=net.dtype)
+            with torch.no_grad():
+                out = net.generate(**inputs, max_new_tokens=self.max_new_tokens, do_sample=True,
+                                   temperature=temperature, top_p=1.0, top_k=0, use_cache=True,
+                                   pad_token_id=processor.tokenizer.pad_token_id,
+                                   suppress_tokens=[int(net.config.image_token_id)])
+            rows = out[:, inputs["input_ids"].shape[1]:].tolist()
+            res = []
+            for row in rows:
+                end = next((k for k, t in enumerate(row) if t in self.eos_ids), None)
+                ids = row if end is None else row[: end + 1]
+                res.append(Generated(processor.tokenizer.decode(ids, skip_special_tokens=True), len(ids), end is not None))
+            return res
+
+    sampled = []
+    for k in range(samples):
+        torch.manual_seed(seed * 1000 + k)
+        sampled.append(pick(evaluate_model(net, processor, "crystal", records, generation=gen, scoring=scoring,
+                                           templates=templates, generator=Sampled(net, processor, gen.max_new_tokens))))
+    mean = {k: sum(s[k] for s in sampled) / len(sampled) for k in keys}
+    return {"greedy": greedy, "sampled": mean, "score_s": round(time.time() - t0)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated rows of {', '.join(ROWS)}")
+    parser.add_argument("--seeds", default="1", help="comma-separated GRPO seeds (default 1)")
+    parser.add_argument("--config", default=str(REPO / "recipes/configs/demo.yaml"))
+    parser.add_argument("--init-adapter", default=str(REPO / "outputs/demo/warm_start/adapter"))
+    parser.add_argument("--output-dir", default=str(REPO / "outputs/grpo_diagnosis"))
+    parser.add_argument("--val-size", type=int, default=270, help="validation items scored (default 270)")
+    parser.add_argument("--val-seed", type=int, default=0, help="generator seed of the validation items (default 0)")
+    parser.add_argument("--samples", type=int, default=4, help="sampled completions an item (default 4)")
+    parser.add_argument("--set", dest="extra", action="append", default=[], help="extra override for every row")
+    args = parser.parse_args()
+
+    import torch
+
+    from cpr.data.synthetic import generate
+    from cpr.training.config import load_config
+
+    torch.set_num_threads(1)  # as the runs' torch_threads: one thread is faster on a shared 2-core machine
+    from cpr.training.runner import run_experiment
+
+    out = Path(args.output_dir)
+    records = list(generate(args.val_size, seed=args.val_seed, split="validation"))
+    cfg0 = load_config(args.config)
+    results_path = out / "diagnosis.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    key0 = f"warm_start|val{args.val_seed}x{args.val_size}"
+    if key0 not in results:
+        results[key0] = score(args.init_adapter, cfg0.model.name_or_path, records, cfg0, args.samples, 1.0, 0)
+    for name in args.rows.split(","):
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            key = f"{name}|seed{seed}|val{args.val_seed}x{args.val_size}|{';'.join(args.extra)}"
+            if key in results:
+                continue
+            sets = phase_overrides(name, ROWS[name][1], args.init_adapter, out, seed) + args.extra
+            cfg = load_config(args.config, sets)
+            t0 = time.time()
+            summary = run_experiment(cfg, overwrite=True)
+            phase = summary["phases"][0]
+            res = score(phase["adapter"], cfg.model.name_or_path, records, cfg, args.samples, 1.0, seed)
+            res.update(train_s=round(time.time() - t0), reward=phase["reward_trend"],
+                       zero_std=phase["frac_reward_zero_std"])
+            results[key] = res
+            out.mkdir(parents=True, exist_ok=True)
+            results_path.write_text(json.dumps(results, indent=1))
+            print(key, json.dumps(res), flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(results, indent=1))
+    print("| row | greedy Acc / Match F1 | sampled Acc / Match F1 | reward first -> last |")
+    print("|---|---|---|---|")
+    for key, r in results.items():
+        g, s = r["greedy"], r["sampled"]
+        trend = r.get("reward")
+        t = f"{trend['first']:.2f} -> {trend['last']:.2f}" if trend else "-"
+        print(f"| {key} | {g['accuracy']:.1f} / {g['match_f1']:.3f} | {s['accuracy']:.1f} / "
+              f"{s['match_f1']:.3f} | {t} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
