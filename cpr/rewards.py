@@ -368,13 +368,30 @@ def register_reward_function(cls: type[RewardFunction]) -> type[RewardFunction]:
     return cls
 
 
-def get_reward_function(name: str, **params: Any) -> RewardFunction:
-    """Build the reward function registered as ``name``. Parameters a function does not take (the
-    step settings of a function that scores no steps) are dropped, so one ``rewards:`` config
-    section can configure every function.
+def reward_parameters(cls: type[RewardFunction]) -> frozenset[str] | None:
+    """The parameter names reward function class ``cls`` takes: its constructor's named parameters, and
+    the :class:`StepRewardSettings` fields for a :class:`StepF1Reward` (its ``**settings``); ``None``
+    when it takes any keyword (a ``**kwargs`` of its own)."""
+    if cls.__init__ is object.__init__:
+        return frozenset()
+    sig = inspect.signature(cls.__init__).parameters
+    names = {n for n, p in sig.items() if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    if issubclass(cls, StepF1Reward):  # its **settings are StepRewardSettings fields
+        return frozenset(names | {f.name for f in fields(StepRewardSettings)})
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.values()):
+        return None
+    return frozenset(names)
+
+
+def get_reward_function(name: str, *, shared: Mapping[str, Any] | None = None, **params: Any) -> RewardFunction:
+    """Build the reward function registered as ``name`` with ``params``, given for it by name, and the
+    ``shared`` settings it takes (the one ``rewards:`` config section configures every function: the
+    step settings go to the functions that score steps, ``answer_mode`` to those that check answers).
 
     Raises:
-        ConfigError: unknown name (lists the known ones) or an invalid parameter (names its key).
+        ConfigError: unknown name (lists the known ones), a parameter in ``params`` the function does not
+            take (field ``rewards.<name>.<parameter>``, listing those it takes) or an invalid parameter
+            (names its key).
     """
     if name not in REWARD_FUNCTIONS:
         raise ConfigError(
@@ -383,18 +400,16 @@ def get_reward_function(name: str, **params: Any) -> RewardFunction:
             field="rewards",
         )
     cls = REWARD_FUNCTIONS[name]
-    if cls.__init__ is object.__init__:
-        params = {}
-    else:
-        sig = inspect.signature(cls.__init__).parameters
-        names = set(sig) - {"self"}
-        if issubclass(cls, StepF1Reward):  # its **settings are StepRewardSettings fields
-            names |= {f.name for f in fields(StepRewardSettings)}
-        elif any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.values()):
-            names = set(params)
-        params = {k: v for k, v in params.items() if k in names}
+    takes = reward_parameters(cls)
+    if takes is not None:
+        for key in sorted(set(params) - takes):
+            raise ConfigError(
+                f"reward function {name!r} takes no parameter {key!r}; it takes: {', '.join(sorted(takes)) or 'none'}",
+                field=f"rewards.{name}.{key}",
+            )
+    given = {k: v for k, v in dict(shared or {}).items() if takes is None or k in takes}
     try:
-        return cls(**params)
+        return cls(**{**given, **params})
     except TypeError as e:
         raise ConfigError(f"invalid parameter for reward {name!r}: {e}", field=f"rewards.{name}") from None
 
@@ -407,11 +422,12 @@ def get_reward_set(
 ) -> tuple[list[RewardFunction], list[float]]:
     """Reward functions and weights (TRL's ``reward_funcs`` / ``reward_weights``) of ``names`` (a set of
     :data:`REWARD_SETS` or a list of :data:`REWARD_FUNCTIONS` names), with ``weights`` (default: the
-    set's, or 1.0 each), per-function ``params`` (``{"cpr": {"answer_weight": 0.65}}``) and ``shared``
-    parameters for every function (step settings, ``answer_mode``).
+    set's, or 1.0 each), per-function ``params`` (``{"cpr": {"answer_weight": 0.65}}``, each a parameter the
+    function takes) and ``shared`` settings for the functions that take them (step settings, ``answer_mode``).
 
     Raises:
-        ConfigError: unknown names, a weight count that does not match, negative or non-finite weights.
+        ConfigError: unknown names, a weight count that does not match, negative or non-finite weights, a
+            parameter in ``params`` its function does not take (field ``rewards.<function>.<parameter>``).
     """
     if isinstance(names, str):
         if names not in REWARD_SETS:
@@ -434,5 +450,5 @@ def get_reward_set(
         raise ConfigError(
             f"parameters given for reward functions not in use: {sorted(unknown)}", field="reward_params"
         )
-    funcs = [get_reward_function(n, **{**shared, **dict(params.get(n, {}))}) for n in func_names]
+    funcs = [get_reward_function(n, shared=shared, **dict(params.get(n, {}))) for n in func_names]
     return funcs, [float(w) for w in weights]

@@ -422,6 +422,10 @@ def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None)
     for i, src in enumerate(sources):
         if src.source not in ADAPTERS:
             raise ConfigError(f"unknown data source {src.source!r}; known: {sorted(ADAPTERS)}", field=f"{key}[{i}].source")
+        try:  # the adapter checks its options (an unknown one is refused, named)
+            ADAPTERS[src.source](**src.options)
+        except ConfigError as e:
+            raise ConfigError(e.message, field=f"{key}[{i}].{e.field or 'options'}") from None
         if not ADAPTERS[src.source].reads_path:  # a generated source (synthetic)
             continue
         if not src.path:
