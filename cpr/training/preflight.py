@@ -48,14 +48,15 @@ def _in_hub_cache(repo_ids: list[str]) -> bool:
 
 
 def needs_encoder(cfg: ExperimentConfig) -> bool:
-    """Whether a phase's rewards (``cpr`` or ``step_f1``), a phase's checkpoint selection, the eval
-    hook or the final evaluation will score reasoning steps (and so need ``rewards.encoder``)."""
-    from cpr.rewards import REWARD_SETS
+    """Whether a phase's reward functions (those whose class sets ``needs_encoder``: ``cpr``, ``step_f1``
+    and a registered one that scores steps), a phase's checkpoint selection, the eval hook or the final
+    evaluation will score reasoning steps (and so need ``rewards.encoder``)."""
+    from cpr.rewards import REWARD_FUNCTIONS, REWARD_SETS
 
     for name in cfg.phases:
         phase = cfg.phase(name)
         funcs = [n for n, _ in REWARD_SETS[phase.rewards]] if isinstance(phase.rewards, str) else phase.rewards
-        if {"cpr", "step_f1"} & set(funcs) or phase.select_best:
+        if any(REWARD_FUNCTIONS[f].needs_encoder for f in funcs) or phase.select_best:
             return True
     return bool(cfg.evaluation.eval_steps) or cfg.evaluation.final
 
