@@ -277,7 +277,7 @@ def score_records(
 
 def markdown_table(summary: Mapping[str, Any]) -> str:
     """The summary as a one-row markdown table with the paper's Table 2 columns."""
-    from cpr.evaluation.report import summary_table
+    from cpr.markdown import summary_table
 
     return summary_table((), [((), summary)], TABLE_COLUMNS, n=False)
 

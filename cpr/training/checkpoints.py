@@ -79,7 +79,7 @@ def last_checkpoint(phase_dir: str | Path) -> Path | None:
 
 def has_curriculum_state(ckpt: Path) -> bool:
     """Whether a checkpoint's ``trainer_state.json`` holds the curriculum sampler's state
-    (:class:`cpr.curriculum.CurriculumStateCallback`); ``False`` when it is missing or unreadable."""
+    (:class:`cpr.training.curriculum.CurriculumStateCallback`); ``False`` when it is missing or unreadable."""
     return "CurriculumStateCallback" in ((_trainer_state(ckpt) or {}).get("stateful_callbacks") or {})
 
 

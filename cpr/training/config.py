@@ -9,6 +9,7 @@ encoder loads, an invalid value raising :class:`cpr.errors.ConfigError` that nam
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import logging
@@ -32,8 +33,8 @@ from cpr.data.prompts import MODES
 from cpr.errors import ConfigError
 from cpr.scoring import ScoringSettings
 
-__all__ = ["ExperimentConfig", "PhaseConfig", "apply_overrides", "config_from_dict", "load_config",
-           "phase_reward_weights", "phase_training_args", "read_yaml", "training_values"]
+__all__ = ["ExperimentConfig", "PhaseConfig", "apply_overrides", "config_from_args", "config_from_dict", "load_config",
+           "phase_reward_weights", "phase_training_args", "read_yaml", "training_values", "warm_start_settings"]
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -110,7 +111,7 @@ class PhaseConfig(_Section):
     rewards: str | list[str] = "cpr"  # a reward set (answer_only, composite, cpr) or reward function names
     reward_weights: list[float] | None = None  # None: training.reward_weights if set, else the set's
     reward_params: dict[str, dict[str, Any]] = {}  # per function, e.g. {cpr: {answer_weight: 0.65}}
-    curriculum: dict[str, Any] = {}  # cpr.curriculum.CurriculumConfig fields
+    curriculum: dict[str, Any] = {}  # cpr.training.curriculum.CurriculumConfig fields
     select_best: bool = False  # score the checkpoints on the validation split; the best seeds the next phase
     select_metric: Literal["accuracy", "match_f1"] = "accuracy"
     init_adapter: str | None = None  # start from this LoRA adapter folder instead of the previous phase's
@@ -443,8 +444,8 @@ def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None)
 
 def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> PhaseConfig:
     """Phase ``name``'s settings over its preset, checked with the shared ``training`` and ``rewards``."""
-    from cpr.curriculum import CurriculumConfig
     from cpr.rewards import get_reward_set
+    from cpr.training.curriculum import CurriculumConfig
 
     key, given = f"phase_settings.{name}", cfg.phase_settings.get(name)
     if given is not None and not isinstance(given, Mapping):
@@ -502,6 +503,22 @@ def _rekey(key: str, check: Any, *args: Any) -> None:
         raise ConfigError(e.message, field=key) from None
 
 
+def warm_start_settings(cfg: ExperimentConfig) -> Any:
+    """The :class:`~cpr.training.sft.SFTSettings` of an experiment's warm start: the ``warm_start``
+    section's values and ``extra`` fields, the experiment's seed, a log line every 1/20 of the steps,
+    no intermediate checkpoints, no reports. Raises ``ConfigError`` (field ``warm_start.<key>``)."""
+    from cpr.training.sft import SFTSettings
+
+    ws = cfg.warm_start
+    settings = SFTSettings(
+        max_steps=ws.max_steps, learning_rate=ws.learning_rate, per_device_train_batch_size=ws.per_device_train_batch_size,
+        max_length=ws.max_length, warmup_ratio=ws.warmup_ratio, seed=cfg.seed, logging_steps=max(1, ws.max_steps // 20),
+        save_strategy="no", report_to="none", **ws.extra,
+    )
+    settings.validate(prefix="warm_start")
+    return settings
+
+
 def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     """Check every value that needs more than its type, in the owning module's check where there is
     one; resolve the phases and relative paths."""
@@ -509,7 +526,6 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     from cpr.evaluation.benchmarks import get_benchmark
     from cpr.models import resolve_dtype
     from cpr.training.sft import SFTSettings
-    from cpr.training.warm_start import warm_start_settings
 
     base = Path(cfg.config_path).resolve().parent if cfg.config_path else None
     if not cfg.model.name_or_path:
@@ -626,6 +642,17 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
         if not given or e.path != str(path):
             raise
         raise ConfigError(e.message, field=e.field, path=f"{path} (--set {given[-1]})") from None
+
+
+def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
+    """Load and validate the config named by parsed arguments (``--config``, ``--set``, ``--output-dir``,
+    ``--phases`` of :func:`cpr.training.cli.add_arguments`; :func:`load_config`)."""
+    overrides = list(args.overrides)
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    if args.phases:
+        overrides.append(f"phases=[{args.phases}]")
+    return load_config(args.config, overrides)
 
 
 def _name(override: str) -> str:

@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from cpr.curriculum import CurriculumGRPOTrainer
 from cpr.errors import ConfigError, CprError
 from cpr.io import append_jsonl, atomic_write_json
 from cpr.training.checkpoints import DIVERGED_MARKER, CheckpointState, checkpoint_folder
 from cpr.training.config import DEFAULT_GUARD_ACTIONS, GuardsConfig
+from cpr.training.curriculum import CurriculumGRPOTrainer
 
 logger = logging.getLogger("cpr.training.guards")
 
@@ -315,7 +315,7 @@ class DivergenceGuard(CheckpointState):
 
 
 class GuardedGRPOTrainer(CurriculumGRPOTrainer):
-    """:class:`cpr.curriculum.CurriculumGRPOTrainer` with ``self.guard``, the :class:`DivergenceGuard` of
+    """:class:`cpr.training.curriculum.CurriculumGRPOTrainer` with ``self.guard``, the :class:`DivergenceGuard` of
     ``guards`` (``None`` when absent or disabled; events to ``guard_events_path``): it watches the reward
     functions, ``training_step`` hands it each loss and ``log`` adds its counters (transformers' documented
     subclass hooks). Raises :class:`ConfigError` for ``skip_step`` under DeepSpeed or fp16 loss scaling."""
