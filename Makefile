@@ -33,11 +33,13 @@ demo: $(STAMP)
 
 # pytest exits 5 when it collected no tests: that is a failure, said in words.
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	@$(PY) -m pytest -q tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected" >&2; exit 1; fi; exit $$rc
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cpr recipes tests benchmarks tools
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(PY) benchmarks/match_f1_throughput.py

@@ -368,7 +368,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def _reward_set(args: argparse.Namespace) -> tuple[list[Any], list[float], dict[str, Any]]:
     from cpr.rewards import get_reward_set
-    from cpr.training.config import RewardsConfig, _reward_shared, load_config
+    from cpr.scoring import ScoringSettings
+    from cpr.training.config import _reward_shared, load_config
 
     if args.config is not None:
         cfg = load_config(args.config, args.set)
@@ -379,7 +380,7 @@ def _reward_set(args: argparse.Namespace) -> tuple[list[Any], list[float], dict[
         names, weights, params, shared = phase.rewards, phase.reward_weights, phase.reward_params, _reward_shared(cfg.rewards)
     else:
         names = args.rewards if "," not in args.rewards else [n.strip() for n in args.rewards.split(",")]
-        weights, params, shared = None, {}, _reward_shared(RewardsConfig())
+        weights, params, shared = None, {}, _reward_shared(ScoringSettings(answer_mode="strict"))
     shared.update({k: v for k, v in (("encoder", args.encoder), ("guard", args.guard)) if v is not None})
     funcs, weights = get_reward_set(names, weights, params, **shared)
     return funcs, weights, {"rewards": names, "weights": weights, "params": params, **shared}

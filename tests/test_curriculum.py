@@ -1,4 +1,4 @@
-"""Tests of cpr.curriculum: schedule, GRPO structure, determinism across ranks, resume, errors.
+"""Tests of cpr.training.curriculum: schedule, GRPO structure, determinism across ranks, resume, errors.
 
 Fast tests use only the sampler (and accelerate's real dataloader wrappers to simulate HF
 Trainer); the slow test trains a tiny Qwen2 causal LM with CurriculumGRPOTrainer on CPU.
@@ -21,13 +21,13 @@ from torch.utils.data import BatchSampler, DataLoader
 from transformers import TrainerState
 from trl.trainer.utils import RepeatSampler
 
-from cpr.curriculum import (
+from cpr.errors import ConfigError, InputError
+from cpr.training.curriculum import (
     CurriculumConfig,
     CurriculumSampler,
     CurriculumStateCallback,
     total_generation_batches,
 )
-from cpr.errors import ConfigError, InputError
 
 BUCKETS = ("easy", "medium", "hard")
 
@@ -295,7 +295,7 @@ def test_later_epochs_continue_the_curriculum():
 
 def test_empty_first_bucket_falls_back_with_warning(caplog):
     diffs = _difficulties(0, 10, 10)
-    with caplog.at_level(logging.WARNING, logger="cpr.curriculum"):
+    with caplog.at_level(logging.WARNING, logger="cpr.training.curriculum"):
         s = _sampler(diffs, total=10)
     assert (
         "curriculum stage 1 (buckets ['easy']) has no records; using buckets ['easy', 'medium']"
@@ -307,7 +307,7 @@ def test_empty_first_bucket_falls_back_with_warning(caplog):
     assert s.bucket_mix(6) == {"easy": 0.0, "medium": 0.5, "hard": 0.5}
 
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="cpr.curriculum"):
+    with caplog.at_level(logging.WARNING, logger="cpr.training.curriculum"):
         lin = _sampler(diffs, total=10, schedule="linear", linear_end=[0.0, 0.0, 1.0])
     assert "bucket 'easy' has no records; its linear_start weight 1 goes to 'medium'" in caplog.text
     assert lin.bucket_mix(0) == {"easy": 0.0, "medium": 1.0, "hard": 0.0}
@@ -508,7 +508,7 @@ def test_trainer_follows_staged_order_and_resumes(tmp_path: Path):
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from cpr.curriculum import CurriculumGRPOTrainer
+    from cpr.training.curriculum import CurriculumGRPOTrainer
 
     diffs = ["hard", "easy", "medium", "hard", "medium", "easy"]  # 3 generation batches per epoch
     dataset = Dataset.from_dict(

@@ -21,8 +21,9 @@ def test_registry_names():
     assert sorted(ADAPTERS) == ["crystal", "jsonl", "m3cot", "mathvision", "scienceqa", "synthetic", "tabmwp", "vlrmbench"]
     with pytest.raises(ConfigError, match="unknown source 'nope'"):
         get_adapter("nope")
-    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['colour'\] for source 'mathvision'"):
+    with pytest.raises(ConfigError, match=r"field 'options.colour': unknown option for source 'mathvision'") as e:
         get_adapter("mathvision", colour="red")
+    assert e.value.field == "options.colour"
 
 
 # --------------------------------------------------------------------------- MATH-Vision

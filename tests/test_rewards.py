@@ -306,7 +306,7 @@ if given is not None:
         """100 examples x 20 completions = 2,000 random and mutated completions per run."""
         cols = dict(answer=["318"] * 20, reference_steps=[REF] * 20, options=[[]] * 20)
         for name in ("format", "accuracy", "step_f1", "cpr"):
-            f = get_reward_function(name, encoder=ENC)
+            f = get_reward_function(name, shared={"encoder": ENC})
             for r in f(prompts=None, completions=batch, **cols):
                 assert math.isfinite(r) and f.low <= r <= f.high
 

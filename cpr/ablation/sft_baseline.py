@@ -68,7 +68,7 @@ def run_sft_baseline(cfg: Any, *, ranges: str = "error", resume: bool = False, o
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``recipes/sft_lora.py``: exit code 0 when the baseline finished, 2 on an error."""
-    from cpr.cli import run_command
+    from cpr.errors import run_command
 
     parser = argparse.ArgumentParser(prog="sft_lora", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="experiment YAML (e.g. recipes/configs/sft_lora_demo.yaml)")

@@ -284,6 +284,9 @@ def register(subparsers: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``cpr ablate ARGV`` (``recipes/reward_ablation.py``); the exit code."""
-    from cpr.cli import main as cpr_main
+    from cpr.errors import run_command
 
-    return cpr_main(["ablate", *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(prog="cpr")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["ablate", *(sys.argv[1:] if argv is None else argv)])
+    return run_command("cpr ablate", args.func, args)

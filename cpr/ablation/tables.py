@@ -19,8 +19,8 @@ from typing import Any
 from cpr.ablation.metrics import discrimination, kl_max, reward_f1_correlation, stability
 from cpr.ablation.run_folder import DIVERGED, FINISHED, RunFolder, read_run
 from cpr.errors import InputError
-from cpr.evaluation.report import format_value, markdown_table
 from cpr.io import atomic_write_json, atomic_write_text
+from cpr.markdown import format_value, markdown_table
 
 __all__ = ["PAPER_TABLE6", "build_table", "render_markdown", "write_outputs"]
 

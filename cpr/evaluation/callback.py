@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformers import Trainer, TrainerCallback
+from transformers import TrainerCallback
 
 from cpr.data.prompts import PromptTemplates
 from cpr.data.records import Record
@@ -34,6 +34,7 @@ from cpr.evaluation.report import flat_metrics
 from cpr.evaluation.runner import evaluate_model, subset
 from cpr.io import append_jsonl, atomic_write_json
 from cpr.scoring import ScoringSettings
+from cpr.trl_internals import log_as_trainer
 
 __all__ = ["BEST_CHECKPOINT_FILE", "HISTORY_FILE", "BenchmarkSpec", "EvalCallback"]
 
@@ -191,7 +192,7 @@ class EvalCallback(TrainerCallback):
         logs = {f"eval_{k}": v for m in payload[1].values() for k, v in flat_metrics(m).items() if not k.endswith("/n")}
         # the base Trainer.log (module docstring); its on_log event clears control.should_log: restore it
         should_log = trainer.control.should_log
-        Trainer.log(trainer, logs)
+        log_as_trainer(trainer, logs)
         trainer.control.should_log = should_log
         self._update_best(payload[1], args, state)
 

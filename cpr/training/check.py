@@ -352,8 +352,7 @@ def run_check(args: argparse.Namespace) -> int:
     ``ConfigError`` (an invalid config for N processes, bad LoRA targets or option) and
     ``ModelNotAvailableError`` (no ``config.json`` for the model)."""
     from cpr.training import policy
-    from cpr.training.cli import config_from_args
-    from cpr.training.config import phase_training_args
+    from cpr.training.config import config_from_args, phase_training_args
 
     launchers, n = list(LAUNCHERS), args.num_processes
     if n is not None and n < 1:

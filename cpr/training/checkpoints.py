@@ -20,6 +20,7 @@ from transformers.trainer_callback import ExportableState
 
 from cpr.errors import ConfigError
 from cpr.io import atomic_write_json
+from cpr.trl_internals import generation_buffer, micro_step, set_generation_buffer, set_micro_step
 
 logger = logging.getLogger("cpr.training")
 
@@ -79,7 +80,7 @@ def last_checkpoint(phase_dir: str | Path) -> Path | None:
 
 def has_curriculum_state(ckpt: Path) -> bool:
     """Whether a checkpoint's ``trainer_state.json`` holds the curriculum sampler's state
-    (:class:`cpr.curriculum.CurriculumStateCallback`); ``False`` when it is missing or unreadable."""
+    (:class:`cpr.training.curriculum.CurriculumStateCallback`); ``False`` when it is missing or unreadable."""
     return "CurriculumStateCallback" in ((_trainer_state(ckpt) or {}).get("stateful_callbacks") or {})
 
 
@@ -141,7 +142,7 @@ class CheckpointCallback(CheckpointState):
     """Completes each checkpoint of a ``GRPOTrainer`` (add it after every other callback that writes into them).
 
     TRL generates a generation batch every ``steps_per_generation x num_iterations`` micro-steps (its ``_step``
-    counter) and trains the micro-steps in between on slices of ``_buffered_inputs``; neither is in its
+    counter) and trains the micro-steps in between on slices of ``_buffered_inputs`` (:mod:`cpr.trl_internals`); neither is in its
     checkpoints, so a run resumed inside a generation batch would generate again, from other weights. This
     callback keeps ``_step`` in the checkpoint's state and, inside a generation batch, each process's buffer
     (:data:`GENERATION_BUFFER_FILE`), and puts both back on resume. Then, once every process got there, the
@@ -156,7 +157,7 @@ class CheckpointCallback(CheckpointState):
         self.trainer = trainer
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
-        return {"micro_step": int(self.trainer._step)}
+        return {"micro_step": micro_step(self.trainer)}
 
     def _buffer(self, args: Any, state: Any, step: int) -> Path | None:
         """This process's buffer file when micro-step ``step`` falls inside a generation batch, else ``None``."""
@@ -166,10 +167,10 @@ class CheckpointCallback(CheckpointState):
         return checkpoint_folder(args, state) / GENERATION_BUFFER_FILE.format(rank=rank)
 
     def on_save(self, args, state, control, **kwargs):  # noqa: D102
-        path = self._buffer(args, state, self.trainer._step)
-        if path is not None and self.trainer._buffered_inputs is not None:
+        path = self._buffer(args, state, micro_step(self.trainer))
+        if path is not None and generation_buffer(self.trainer) is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(self.trainer._buffered_inputs, path.with_suffix(".tmp"))
+            torch.save(generation_buffer(self.trainer), path.with_suffix(".tmp"))
             os.replace(path.with_suffix(".tmp"), path)
         self.trainer.accelerator.wait_for_everyone()
         folder = checkpoint_folder(args, state)
@@ -184,9 +185,10 @@ class CheckpointCallback(CheckpointState):
         saved = self.saved_state(state)
         if saved is None:
             return
-        self.trainer._step = step = int(saved["micro_step"])
+        step = int(saved["micro_step"])
+        set_micro_step(self.trainer, step)
         path = self._buffer(args, state, step)
         if path is not None:
             if not path.is_file():
                 raise FileNotFoundError(f"{path} not found: the checkpoint falls inside a generation batch")
-            self.trainer._buffered_inputs = torch.load(path, map_location=self.trainer.accelerator.device)
+            set_generation_buffer(self.trainer, torch.load(path, map_location=self.trainer.accelerator.device))

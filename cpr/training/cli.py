@@ -25,18 +25,6 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_config: str | None
     add_check_arguments(parser)
 
 
-def config_from_args(args: argparse.Namespace) -> Any:
-    """Load and validate the config named by parsed arguments (:func:`cpr.training.config.load_config`)."""
-    from cpr.training.config import load_config
-
-    overrides = list(args.overrides)
-    if args.output_dir:
-        overrides.append(f"output_dir={args.output_dir}")
-    if args.phases:
-        overrides.append(f"phases=[{args.phases}]")
-    return load_config(args.config, overrides)
-
-
 def run(args: argparse.Namespace) -> int:
     """Validate the config, then run the experiment (``--check``: only check it); exit code 0 when it
     finished. Errors propagate to :func:`cpr.cli.run_command` (exit 2, or 3 when a divergence guard stopped it)."""
@@ -50,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{name} belongs to --check (the launcher sets the processes of a training run)", field=name)
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the run in output_dir, --overwrite deletes it: pass one", field="--overwrite")
+    from cpr.training.config import config_from_args
     from cpr.training.runner import run_experiment
 
     summary = run_experiment(config_from_args(args), resume=args.resume, overwrite=args.overwrite)

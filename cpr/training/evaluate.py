@@ -88,12 +88,10 @@ def hook_benchmarks(cfg: ExperimentConfig, splits: DataSplits) -> list[tuple[str
 
 
 def scoring_settings(cfg: ExperimentConfig, answer_mode: str) -> Any:
-    """:class:`cpr.scoring.ScoringSettings` of the ``rewards`` section with ``answer_mode``."""
-    from cpr.scoring import ScoringSettings
+    """The ``rewards`` section's :class:`cpr.scoring.ScoringSettings` with ``answer_mode``."""
+    import dataclasses
 
-    r = cfg.rewards
-    return ScoringSettings(encoder=r.encoder, threshold=r.threshold, alpha=r.alpha, matching=r.matching,
-                           answer_mode=answer_mode, device=r.device, batch_size=r.batch_size)
+    return dataclasses.replace(cfg.rewards, answer_mode=answer_mode)
 
 
 def generation_settings(cfg: ExperimentConfig, *, progress: bool, prompt_mode: str | None = None) -> Any:

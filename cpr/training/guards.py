@@ -7,7 +7,7 @@
 steps inside ``backward``, nor with fp16 loss scaling) or stops (the update is not applied either, except under
 DeepSpeed; the checkpoint is saved with ``diverged.json``, the runner raises :class:`TrainingDivergedError`).
 TRL computes KL, ``frac_reward_zero_std`` and the hack monitors inside its step and hands them to callbacks only
-at the next logging step, after the update, so the guard reads them from ``GRPOTrainer._metrics["train"]``.
+at the next logging step, after the update, so the guard reads them from ``GRPOTrainer._metrics["train"]`` (:func:`cpr.trl_internals.logged_metrics`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from typing import Any
 
 import torch
 
-from cpr.curriculum import CurriculumGRPOTrainer
 from cpr.errors import ConfigError, CprError
 from cpr.io import append_jsonl, atomic_write_json
 from cpr.training.checkpoints import DIVERGED_MARKER, CheckpointState, checkpoint_folder
 from cpr.training.config import DEFAULT_GUARD_ACTIONS, GuardsConfig
+from cpr.training.curriculum import CurriculumGRPOTrainer
+from cpr.trl_internals import logged_metrics
 
 logger = logging.getLogger("cpr.training.guards")
 
@@ -176,7 +177,7 @@ class DivergenceGuard(CheckpointState):
         return None if norm is None else float(norm)
 
     def _new_values(self, key: str) -> list[float]:
-        values = self.trainer._metrics["train"].get(key, []) if self.trainer is not None else []
+        values = logged_metrics(self.trainer).get(key, [])
         return [float(v) for v in values[self._marks.get(key, 0):]]
 
     def _nonfinite(self, grad_norm: float | None) -> tuple[list[str], dict[str, Any]]:
@@ -248,7 +249,7 @@ class DivergenceGuard(CheckpointState):
 
     def on_step_begin(self, args, state, control, **kwargs):  # noqa: D102
         self._reset_step()
-        metrics = self.trainer._metrics["train"] if self.trainer is not None else {}
+        metrics = logged_metrics(self.trainer)
         keys = ("kl", "frac_reward_zero_std", *self.config.reward_hacking.bounds)
         self._marks = {k: len(metrics.get(k, [])) for k in keys}
 
@@ -315,7 +316,7 @@ class DivergenceGuard(CheckpointState):
 
 
 class GuardedGRPOTrainer(CurriculumGRPOTrainer):
-    """:class:`cpr.curriculum.CurriculumGRPOTrainer` with ``self.guard``, the :class:`DivergenceGuard` of
+    """:class:`cpr.training.curriculum.CurriculumGRPOTrainer` with ``self.guard``, the :class:`DivergenceGuard` of
     ``guards`` (``None`` when absent or disabled; events to ``guard_events_path``): it watches the reward
     functions, ``training_step`` hands it each loss and ``log`` adds its counters (transformers' documented
     subclass hooks). Raises :class:`ConfigError` for ``skip_step`` under DeepSpeed or fp16 loss scaling."""

@@ -147,12 +147,12 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
         ConfigError: an invalid ``training`` section (TRL's checks).
         TrainingOutOfMemoryError: out of memory in training or generation.
     """
-    from cpr.curriculum import CurriculumConfig
     from cpr.data import to_grpo_dataset
     from cpr.distributed import process_state
     from cpr.rewards import get_reward_set, set_completion_recorder
     from cpr.training import guards
     from cpr.training.checkpoints import CheckpointCallback
+    from cpr.training.curriculum import CurriculumConfig
     from cpr.training.evaluate import eval_hook
     from cpr.training.logs import JsonlLogCallback, ScoredCompletionLog, quiet_console, read_log
     from cpr.training.oom import explain_oom

@@ -1,4 +1,5 @@
-"""Preflight: before the data and the model load, check that the model and the step encoder can be had.
+"""Preflight: before anything loads, refuse launcher settings that cannot work together (:func:`check_launch`);
+before the data and the model load, check that the model and the step encoder can be had (:func:`preflight`).
 
 A local folder needs nothing; a hub id must be in the Hugging Face cache or the hub must answer one
 quick probe (no retries), so an offline or unreachable hub gives one
@@ -8,11 +9,14 @@ quick probe (no retries), so an offline or unreachable hub gives one
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
-from cpr.errors import ModelNotAvailableError
+from cpr.distributed import env_flag
+from cpr.errors import ConfigError, ModelNotAvailableError
 from cpr.matching import _looks_like_path
 from cpr.training.config import ExperimentConfig
 
@@ -48,14 +52,15 @@ def _in_hub_cache(repo_ids: list[str]) -> bool:
 
 
 def needs_encoder(cfg: ExperimentConfig) -> bool:
-    """Whether a phase's rewards (``cpr`` or ``step_f1``), a phase's checkpoint selection, the eval
-    hook or the final evaluation will score reasoning steps (and so need ``rewards.encoder``)."""
-    from cpr.rewards import REWARD_SETS
+    """Whether a phase's reward functions (those whose class sets ``needs_encoder``: ``cpr``, ``step_f1``
+    and a registered one that scores steps), a phase's checkpoint selection, the eval hook or the final
+    evaluation will score reasoning steps (and so need ``rewards.encoder``)."""
+    from cpr.rewards import REWARD_FUNCTIONS, REWARD_SETS
 
     for name in cfg.phases:
         phase = cfg.phase(name)
         funcs = [n for n, _ in REWARD_SETS[phase.rewards]] if isinstance(phase.rewards, str) else phase.rewards
-        if {"cpr", "step_f1"} & set(funcs) or phase.select_best:
+        if any(REWARD_FUNCTIONS[f].needs_encoder for f in funcs) or phase.select_best:
             return True
     return bool(cfg.evaluation.eval_steps) or cfg.evaluation.final
 
@@ -132,3 +137,55 @@ def preflight(cfg: ExperimentConfig, device: str) -> None:
         except ModelNotAvailableError as e:  # name the config key in front of the encoder's own message
             raise ModelNotAvailableError(f"rewards.encoder: {e}") from None
         encoder.max_cached_completions = cfg.rewards.max_cached_completions
+
+
+def check_launch(cfg: Any) -> None:
+    """Refuse, before anything loads, launcher settings that would fail later with another library's message.
+
+    Raises:
+        ConfigError: ``ACCELERATE_USE_CPU`` with a DeepSpeed launch (plain DDP around a ZeRO-partitioned
+            model); under DeepSpeed, accelerate's ``mixed_precision`` (``ACCELERATE_MIXED_PRECISION``) unlike
+            the ``bf16`` / ``fp16`` of a trainer of the run (the warm start's follows the model's dtype on a GPU;
+            a phase's, named by the key that sets it); ``training.use_vllm`` without an importable ``vllm``.
+    """
+    import torch
+
+    from cpr.models import resolve_dtype
+    from cpr.training.phase import grpo_args
+
+    deepspeed = env_flag("ACCELERATE_USE_DEEPSPEED")
+    if deepspeed and env_flag("ACCELERATE_USE_CPU"):
+        raise ConfigError(
+            "ACCELERATE_USE_CPU=true (--cpu, use_cpu: true) with a DeepSpeed config would train plain DDP "
+            "around a ZeRO-partitioned model: unset ACCELERATE_USE_CPU (without a GPU, DeepSpeed runs on CPU "
+            "processes by itself), or launch without the DeepSpeed config for plain DDP on CPU",
+            field="ACCELERATE_USE_CPU",
+        )
+    precision, phases = [], {name: grpo_args(cfg, name) for name in cfg.phases}
+    if cfg.warm_start.enabled:
+        from cpr.training.sft import sft_precision
+
+        cuda = torch.cuda.is_available()
+        sft = sft_precision(resolve_dtype(cfg.model.dtype, "cuda" if cuda else "cpu"), cfg.warm_start.extra)
+        precision.append(("warm_start.extra", sft["bf16"], sft["fp16"]))
+    for name, args in phases.items():
+        own = cfg.phase(name).training
+        key = f"phase_settings.{name}.training" if "bf16" in own or "fp16" in own else "training"
+        precision.append((key, args.get("bf16"), args.get("fp16")))
+    mixed = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    if deepspeed and mixed in ("bf16", "fp16"):
+        want = (mixed == "bf16", mixed == "fp16")
+        keys = list(dict.fromkeys(k for k, bf16, fp16 in precision if (bool(bf16), bool(fp16)) != want))
+        if keys:
+            raise ConfigError(
+                f"accelerate's mixed_precision is {mixed} but {' and '.join(keys)} train without it (on CPU cpr "
+                f"trains in fp32): launch with --mixed_precision no (or mixed_precision: 'no' in the accelerate "
+                f"config), or set {' and '.join(f'{k}.{mixed}: true' for k in keys)}",
+                field=keys[0],
+            )
+    if any(args.get("use_vllm") for args in phases.values()) and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "training.use_vllm is true but vLLM is not installed (pip install vllm; it needs a CUDA GPU): "
+            "install it or set training.use_vllm: false",
+            field="training.use_vllm",
+        )

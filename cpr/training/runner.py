@@ -55,11 +55,12 @@ def run_experiment(
     """
     import torch
 
-    from cpr.distributed import check_launch, process_state
+    from cpr.distributed import process_state
     from cpr.training.evaluate import final_evaluation, summary_entries
     from cpr.training.guards import TrainingDivergedError
     from cpr.training.logs import close_run_log, open_run_log
     from cpr.training.phase import resolved_config, train_phase
+    from cpr.training.preflight import check_launch
     from cpr.training.report import chance_accuracy, compare_stages, phase_bucket_mixes
     from cpr.training.selection import select_best
     from cpr.training.warm_start import run_warm_start

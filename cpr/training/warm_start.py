@@ -13,29 +13,13 @@ from typing import Any
 
 from cpr.io import atomic_write_json
 from cpr.training import policy
-from cpr.training.config import ExperimentConfig
+from cpr.training.config import ExperimentConfig, warm_start_settings
 from cpr.training.splits import DataSplits
 
 logger = logging.getLogger("cpr.training")
 
 #: Written next to the warm-start adapter once it is saved.
 WARM_START_DONE = "warm_start_done.json"
-
-
-def warm_start_settings(cfg: ExperimentConfig) -> Any:
-    """The :class:`~cpr.training.sft.SFTSettings` of an experiment's warm start: the ``warm_start``
-    section's values and ``extra`` fields, the experiment's seed, a log line every 1/20 of the steps,
-    no intermediate checkpoints, no reports. Raises ``ConfigError`` (field ``warm_start.<key>``)."""
-    from cpr.training.sft import SFTSettings
-
-    ws = cfg.warm_start
-    settings = SFTSettings(
-        max_steps=ws.max_steps, learning_rate=ws.learning_rate, per_device_train_batch_size=ws.per_device_train_batch_size,
-        max_length=ws.max_length, warmup_ratio=ws.warmup_ratio, seed=cfg.seed, logging_steps=max(1, ws.max_steps // 20),
-        save_strategy="no", report_to="none", **ws.extra,
-    )
-    settings.validate(prefix="warm_start")
-    return settings
 
 
 def warm_start_finished(adapter: Path, done: Path) -> bool:

@@ -97,10 +97,9 @@ class Adapter(ABC):
     option_names: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **options: Any) -> None:
-        if unknown := set(options) - set(self.option_names):
+        for key in sorted(set(options) - set(self.option_names)):
             allowed = ", ".join(self.option_names) or "none"
-            raise ConfigError(f"unknown option(s) {sorted(unknown)} for source '{self.name}' (allowed: {allowed})",
-                              field="options")
+            raise ConfigError(f"unknown option for source '{self.name}' (allowed: {allowed})", field=f"options.{key}")
         self.options = options
 
     @abstractmethod

@@ -2,7 +2,7 @@
 
 :class:`CurriculumSampler` replaces TRL's ``RepeatSampler`` (same GRPO structure and length), picking each
 generation batch's prompts from the difficulty buckets the schedule (:class:`CurriculumConfig`) allows at that
-point of training. :class:`CurriculumGRPOTrainer` returns it from ``_get_train_sampler``, the hook TRL's own
+point of training. :class:`CurriculumGRPOTrainer` returns it from ``_get_train_sampler`` (:class:`cpr.trl_internals.TrainSamplerHook`), the hook TRL's own
 trainers override and its maintainers point to for custom sampling (huggingface/trl#2801; the public
 ``get_train_dataloader`` would mean copying TRL's). Epoch ``e`` yields generation batches ``[e * B, (e + 1) * B)``
 (``B = num_rows // batch_size``) of one global sequence, so a run longer than an epoch continues the curriculum;
@@ -28,6 +28,7 @@ from trl import GRPOTrainer
 
 from cpr.errors import ConfigError, InputError
 from cpr.training.checkpoints import CheckpointState
+from cpr.trl_internals import TrainSamplerHook, repeat_sampler_shape
 
 logger = logging.getLogger(__name__)
 
@@ -409,7 +410,7 @@ class CurriculumStateCallback(CheckpointState):
         self.curriculum_state = {**sampler_state, "global_step": state.global_step}
 
 
-class CurriculumGRPOTrainer(GRPOTrainer):
+class CurriculumGRPOTrainer(TrainSamplerHook, GRPOTrainer):
     """``trl.GRPOTrainer`` whose train sampler is a :class:`CurriculumSampler` (``self.curriculum_sampler``,
     seeded with ``args.seed``) when ``curriculum`` is given, with a :class:`CurriculumStateCallback`.
 
@@ -432,17 +433,18 @@ class CurriculumGRPOTrainer(GRPOTrainer):
             raise ConfigError("a curriculum needs a map-style datasets.Dataset as train_dataset", field="train_dataset")
         self.add_callback(CurriculumStateCallback(self))
 
-    def _get_train_sampler(self, dataset: Any = None) -> Sampler:
+    def train_sampler(self, dataset: Any = None) -> Sampler | None:
+        """The :class:`CurriculumSampler` of ``dataset`` (default the train dataset); ``None`` (TRL's
+        ``RepeatSampler``) without a curriculum."""
         if self.curriculum is None:
-            return super()._get_train_sampler(dataset)
+            return None
         source = dataset if dataset is not None else self.train_dataset
         if "difficulty" not in source.column_names and len(source) == len(self.train_dataset):
             source = self.train_dataset  # remove_unused_columns may have dropped the column from `dataset`
         if "difficulty" not in source.column_names:
             raise InputError(f"the training dataset has no 'difficulty' column (columns: {source.column_names})",
                              field="difficulty")
-        batch_size = self.args.generation_batch_size // self.num_generations
-        repeat_count = self.num_iterations * self.args.steps_per_generation
+        _, batch_size, repeat_count = repeat_sampler_shape(self)
         total = None
         if self.curriculum.schedule != "none":  # fewer rows than batch_size: the sampler says so
             total = total_generation_batches(self.args.max_steps, self.args.gradient_accumulation_steps,

@@ -1,0 +1,76 @@
+"""Every read or write of TRL's private ``GRPOTrainer`` state, in one place, checked against TRL
+:data:`TRL_CHECKED` (tests/test_trl_internals.py has one test per access that fails when TRL changes it).
+
+* ``_metrics[mode]``: the per-step lists of logged values (``kl``, ``frac_reward_zero_std``, the reward
+  functions' ``log_metric`` values) that ``GRPOTrainer.log`` averages; the divergence guards read them.
+* ``_step`` and ``_buffered_inputs``: the micro-step counter and the generation batch that
+  ``_prepare_inputs`` trains the micro-steps of a generation batch on; a checkpoint keeps both.
+* ``_get_train_sampler(dataset)``: the hook that gives the trainer its ``RepeatSampler``; the curriculum
+  returns its own sampler with the same batch arithmetic (:func:`repeat_sampler_shape`).
+* ``Trainer.log``: the base class's ``log``, which the eval hook calls so that TRL's ``GRPOTrainer.log``
+  neither merges the training metrics into an evaluation row nor clears them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The TRL version these accesses were read from and tested against.
+TRL_CHECKED = "1.16.0"
+
+
+def logged_metrics(trainer: Any, mode: str = "train") -> dict[str, list[float]]:
+    """``trainer._metrics[mode]``: metric name -> the values logged since TRL's last ``log`` (empty
+    without a trainer)."""
+    return trainer._metrics[mode] if trainer is not None else {}
+
+
+def micro_step(trainer: Any) -> int:
+    """``trainer._step``: micro-steps trained so far (TRL generates when it is a multiple of
+    ``steps_per_generation x num_iterations``)."""
+    return int(trainer._step)
+
+
+def set_micro_step(trainer: Any, step: int) -> None:
+    """Set ``trainer._step`` (a resumed checkpoint's)."""
+    trainer._step = int(step)
+
+
+def generation_buffer(trainer: Any) -> Any:
+    """``trainer._buffered_inputs``: the current generation batch's slices (``None`` before the first)."""
+    return trainer._buffered_inputs
+
+
+def set_generation_buffer(trainer: Any, buffer: Any) -> None:
+    """Set ``trainer._buffered_inputs`` (a resumed checkpoint's)."""
+    trainer._buffered_inputs = buffer
+
+
+def repeat_sampler_shape(trainer: Any) -> tuple[int, int, int]:
+    """``(mini_repeat_count, batch_size, repeat_count)`` of the ``RepeatSampler`` that
+    ``GRPOTrainer._get_train_sampler`` builds: ``num_generations``, unique prompts per generation batch
+    (``generation_batch_size // num_generations``) and ``num_iterations x steps_per_generation``."""
+    num_generations = trainer.num_generations
+    return (num_generations, trainer.args.generation_batch_size // num_generations,
+            trainer.num_iterations * trainer.args.steps_per_generation)
+
+
+class TrainSamplerHook:
+    """Mixin before ``GRPOTrainer``: its private ``_get_train_sampler`` hook returns :meth:`train_sampler`'s
+    sampler, or TRL's ``RepeatSampler`` when that is ``None``."""
+
+    def train_sampler(self, dataset: Any) -> Any:
+        """The train sampler of ``dataset`` (``None``: TRL's)."""
+        return None
+
+    def _get_train_sampler(self, dataset: Any = None) -> Any:
+        sampler = self.train_sampler(dataset)
+        return sampler if sampler is not None else super()._get_train_sampler(dataset)
+
+
+def log_as_trainer(trainer: Any, logs: dict[str, float]) -> None:
+    """Log ``logs`` through the base ``transformers.Trainer.log`` (history, callbacks' ``on_log``), not
+    ``GRPOTrainer.log``, which would add and then clear the training metrics of ``_metrics["train"]``."""
+    from transformers import Trainer
+
+    Trainer.log(trainer, logs)

@@ -1,0 +1,114 @@
+"""One test per access of cpr.trl_internals to TRL's private GRPOTrainer state: each reads TRL's own code
+(its source or its behaviour on a stand-in trainer), so a TRL release that renames or changes what cpr
+relies on fails here, by name, rather than in a training run."""
+
+from __future__ import annotations
+
+import inspect
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import trl
+from transformers import Trainer
+from trl import GRPOTrainer
+from trl.trainer.utils import RepeatSampler
+
+from cpr import trl_internals as T
+
+
+def _source(name: str) -> str:
+    return inspect.getsource(getattr(GRPOTrainer, name))
+
+
+def test_the_checked_version_is_named_and_installed():
+    """The accesses were read from TRL_CHECKED; the tests below hold for the installed TRL."""
+    assert T.TRL_CHECKED == "1.16.0"
+    assert tuple(map(int, trl.__version__.split(".")[:2])) >= (1, 16)
+
+
+def test_metrics_are_per_mode_lists_that_log_averages_and_clears():
+    init, log = _source("__init__"), _source("log")
+    assert 'self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}' in init
+    assert "self._metrics[mode]" in log and "self._metrics[mode].clear()" in log
+    trainer = SimpleNamespace(_metrics={"train": defaultdict(list, kl=[0.5]), "eval": defaultdict(list)})
+    assert T.logged_metrics(trainer) == {"kl": [0.5]} and T.logged_metrics(None) == {}
+
+
+def test_step_and_buffered_inputs_are_the_generation_batch_state_of_prepare_inputs():
+    prepare = _source("_prepare_inputs")
+    assert "generate_every = self.args.steps_per_generation * self.num_iterations" in prepare
+    assert "if self._step % generate_every == 0 or self._buffered_inputs is None:" in prepare
+    assert "self._buffered_inputs = [unsplit_pixel_values_by_grid(batch) for batch in generation_batches]" in prepare
+    assert "self._buffered_inputs[self._step % self.args.steps_per_generation]" in prepare
+    assert "self._step = 0" in _source("__init__") and "self._step += 1" in _source("training_step")
+    trainer = SimpleNamespace(_step=3, _buffered_inputs=None)
+    T.set_micro_step(trainer, 7)
+    T.set_generation_buffer(trainer, ["slice"])
+    assert (T.micro_step(trainer), T.generation_buffer(trainer)) == (7, ["slice"])
+
+
+def test_the_train_sampler_hook_and_its_batch_arithmetic_are_trls():
+    """GRPOTrainer._get_train_sampler(dataset) builds a RepeatSampler whose shape repeat_sampler_shape
+    reproduces; the hook mixin falls back to it."""
+    assert list(inspect.signature(GRPOTrainer._get_train_sampler).parameters) == ["self", "dataset"]
+    args = SimpleNamespace(generation_batch_size=12, steps_per_generation=3, seed=0)
+    stand_in = SimpleNamespace(args=args, num_generations=4, num_iterations=2, shuffle_dataset=True,
+                               train_dataset=list(range(9)))
+    sampler = GRPOTrainer._get_train_sampler(stand_in)
+    assert isinstance(sampler, RepeatSampler)
+    assert (sampler.mini_repeat_count, sampler.batch_size, sampler.repeat_count) == T.repeat_sampler_shape(stand_in)
+    assert T.repeat_sampler_shape(stand_in) == (4, 3, 6)
+
+    class Hooked(T.TrainSamplerHook, GRPOTrainer):
+        pass
+
+    hooked = SimpleNamespace(**vars(stand_in))
+    assert isinstance(Hooked._get_train_sampler(_Bound(Hooked, hooked)), RepeatSampler)
+
+
+class _Bound:
+    """A stand-in instance of ``cls`` (attributes of ``ns``) whose ``super()`` calls reach TRL's methods."""
+
+    def __new__(cls, klass, ns):
+        obj = object.__new__(klass)
+        obj.__dict__.update(vars(ns))
+        return obj
+
+
+def test_trainer_log_is_the_base_log_that_grpo_overrides():
+    """GRPOTrainer.log adds and clears the training metrics; the eval hook calls transformers' own."""
+    assert GRPOTrainer.log is not Trainer.log
+    assert list(inspect.signature(Trainer.log).parameters)[:2] == ["self", "logs"]
+    calls = []
+    trainer = SimpleNamespace(state=SimpleNamespace(epoch=None, num_input_tokens_seen=0, global_step=4, log_history=[]),
+                              args=SimpleNamespace(include_num_input_tokens_seen="no"),
+                              control="control", callback_handler=SimpleNamespace(
+                                  on_log=lambda args, state, control, logs: calls.append(logs) or control))
+    T.log_as_trainer(trainer, {"eval_crystal/match_f1": 0.5})
+    assert trainer.state.log_history == [{"eval_crystal/match_f1": 0.5, "step": 4}]
+    assert calls == [{"eval_crystal/match_f1": 0.5}]
+
+
+def _private_uses(module: str) -> list[str]:
+    """The TRL-private names ``module``'s code (not its docstrings) reads or writes."""
+    import ast
+    import importlib
+
+    tree = ast.parse(inspect.getsource(importlib.import_module(module)))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ("_metrics", "_step", "_buffered_inputs", "_get_train_sampler"):
+            found.append(node.attr)
+        if (isinstance(node, ast.Attribute) and node.attr == "log" and isinstance(node.value, ast.Name)
+                and node.value.id == "Trainer"):
+            found.append("Trainer.log")
+    return found
+
+
+@pytest.mark.parametrize("module", ["cpr.training.guards", "cpr.training.checkpoints", "cpr.training.curriculum",
+                                    "cpr.training.phase", "cpr.training.logs", "cpr.evaluation.callback"])
+def test_no_other_module_touches_trls_private_state(module):
+    assert _private_uses(module) == [], f"{module}: go through cpr.trl_internals"
+    assert sorted(set(_private_uses("cpr.trl_internals"))) == ["Trainer.log", "_buffered_inputs", "_get_train_sampler",
+                                                               "_metrics", "_step"]
