@@ -33,7 +33,7 @@ from typing import Any
 from cpr.errors import ConfigError, InputError
 from cpr.matching import DEFAULT_ALPHA, DEFAULT_ENCODER, DEFAULT_THRESHOLD
 
-SUMMARY_KEYS = ("n", "accuracy", "match_f1", "precision", "recall", "steps", "lis", "ordered_f1")
+SUMMARY_KEYS = ("n", "accuracy", "match_f1", "precision", "recall", "steps", "lis", "ordered_f1", "lucky_guess_rate")
 SAMPLE_KEYS = ("id", "correct", "match_f1", "precision", "recall", "n_pred", "n_ref", "n_matched", "lis",
                "ordered_f1", "format")
 #: (column title, summary key, decimals) of the paper's Table 2
@@ -242,7 +242,7 @@ def load_sampled_predictions(
 
 def summarize(samples: Sequence[Mapping[str, Any]]) -> dict[str, float | int]:
     """Means over per-sample rows: ``{"n", "accuracy" (percent), "match_f1", "precision", "recall",
-    "steps" (mean ``n_pred``), "lis", "ordered_f1"}``.
+    "steps" (mean ``n_pred``), "lis", "ordered_f1", "lucky_guess_rate"}`` (percent, :func:`lucky_guess_rate`).
 
     Raises:
         ValueError: no samples.
@@ -256,7 +256,7 @@ def summarize(samples: Sequence[Mapping[str, Any]]) -> dict[str, float | int]:
 
     return {"n": n, "accuracy": 100.0 * sum(bool(s["correct"]) for s in samples) / n, "match_f1": mean("match_f1"),
             "precision": mean("precision"), "recall": mean("recall"), "steps": mean("n_pred"), "lis": mean("lis"),
-            "ordered_f1": mean("ordered_f1")}
+            "ordered_f1": mean("ordered_f1"), "lucky_guess_rate": lucky_guess_rate(samples)}
 
 
 def lucky_guess_rate(samples: Sequence[Mapping[str, Any]]) -> float | None:
@@ -370,7 +370,7 @@ def score_sampled_records(
 
     Returns:
         ``{"config", "samples_per_item": k, "summary", "samples"}``: ``summary`` is ``n``, mean@k of every
-        :func:`summarize` key (:func:`mean_at_k`), ``lucky_guess_rate`` over all completions and
+        :func:`summarize` key (:func:`mean_at_k`; ``lucky_guess_rate``: over all k x n completions) and
         ``pass_at_k``; ``samples`` the rows of every sample index (each with ``sample``), index by index.
 
     Raises:
@@ -384,9 +384,8 @@ def score_sampled_records(
     if k == 0:
         raise InputError("no sampled completions", path=path)
     reports = [score_records(references, {rid: by[j] for rid, by in samples.items()}, settings) for j in range(k)]
-    summaries = [{**r["summary"], "lucky_guess_rate": lucky_guess_rate(r["samples"])} for r in reports]
     rows = [r["samples"] for r in reports]
-    summary = {"n": reports[0]["summary"]["n"], **mean_at_k(summaries), "pass_at_k": pass_at_k(rows)}
+    summary = {"n": reports[0]["summary"]["n"], **mean_at_k([r["summary"] for r in reports]), "pass_at_k": pass_at_k(rows)}
     return {"config": reports[0]["config"], "samples_per_item": k, "summary": summary,
             "samples": [{**s, "sample": j} for j, r in enumerate(rows) for s in r]}
 

@@ -57,9 +57,9 @@ def render_markdown(metrics: Mapping[str, Any], *, model_label: str = "this mode
         parts += ["Rows marked *paper* are the CRYSTAL paper's base-model numbers (arXiv 2603.13099, Table 4, "
                   "full CRYSTAL test set), copied for comparison, not computed here.", ""]
     overall = metrics["overall"]
-    if "lucky_guess_rate" in overall:
+    if isinstance(overall.get("lucky_guess_rate"), (int, float)):
         parts += [f"Lucky-guess rate (correct answer, Match F1 below 0.5): {overall['lucky_guess_rate']:.2f}% of the "
-                  "completions.", ""]
+                  "greedy completions.", ""]
     if metrics.get("sampled"):
         k = int(metrics["sampled"]["samples_per_item"])
         parts += [f"## Sampled decoding ({k} per item, temperature {metrics['sampled']['temperature']:g}, top_p "

@@ -19,7 +19,6 @@ from cpr.evaluation.generation import GenerationSettings, TransformersGenerator,
 from cpr.evaluation.sampling import (
     SAMPLED_COMPLETIONS,
     SAMPLED_SAMPLES,
-    add_lucky_guess_rate,
     add_sampled_metrics,
     generate_samples,
 )
@@ -65,9 +64,8 @@ def evaluate_model(
     ``sampled_samples.jsonl``.
 
     Returns:
-        The benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`) with
-        ``overall["lucky_guess_rate"]`` (percent of completions with a correct answer and Match F1 below
-        0.5, :func:`cpr.scoring.lucky_guess_rate`; benchmarks scoring steps), the sampled numbers
+        The benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`; step-scoring benchmarks
+        include ``lucky_guess_rate``, :func:`cpr.scoring.lucky_guess_rate`), the sampled numbers
         (:func:`~cpr.evaluation.sampling.add_sampled_metrics`), ``extra``, ``"generation"`` (the
         decoding settings) and ``"seconds"``.
 
@@ -92,7 +90,7 @@ def evaluate_model(
         output_path=None if out is None else out / "completions.jsonl", progress=generation.progress,
         description=f"{bench.name}: generating",
     )
-    metrics = add_lucky_guess_rate(bench.score(records, completions, scoring))
+    metrics = bench.score(records, completions, scoring)
     decoding = generation.decoding
     if decoding.sampled:
         samples = generate_samples(
@@ -100,7 +98,7 @@ def evaluate_model(
             batch_size=generation.batch_size, output_path=None if out is None else out / SAMPLED_COMPLETIONS,
             progress=generation.progress, description=f"{bench.name}: sampling {decoding.samples} per item",
         )
-        scored = [add_lucky_guess_rate(bench.score(records, {rid: s[j] for rid, s in samples.items()}, scoring))
+        scored = [bench.score(records, {rid: s[j] for rid, s in samples.items()}, scoring)
                   for j in range(decoding.samples)]
         add_sampled_metrics(metrics, scored, decoding)
     metrics.update(extra or {})

@@ -25,7 +25,7 @@ from typing import Any
 from cpr.data.records import Record
 from cpr.evaluation.generation import DecodingSettings, batch_seed
 
-__all__ = ["SAMPLED_COMPLETIONS", "SAMPLED_SAMPLES", "add_lucky_guess_rate", "add_sampled_metrics", "generate_samples",
+__all__ = ["SAMPLED_COMPLETIONS", "SAMPLED_SAMPLES", "add_sampled_metrics", "generate_samples",
            "sampled_key"]
 
 SAMPLED_COMPLETIONS, SAMPLED_SAMPLES = "sampled_completions.jsonl", "sampled_samples.jsonl"
@@ -90,24 +90,13 @@ def generate_samples(
     return {rid: [done[rid][j] for j in range(k)] for rid in ids}
 
 
-def add_lucky_guess_rate(metrics: dict[str, Any]) -> dict[str, Any]:
-    """``metrics`` (a benchmark's metrics dict) with ``overall["lucky_guess_rate"]``
-    (:func:`cpr.scoring.lucky_guess_rate` of its sample rows) when its rows have ``correct`` and ``match_f1``."""
-    from cpr.scoring import lucky_guess_rate
-
-    rate = lucky_guess_rate(metrics.get("samples") or [])
-    if rate is not None:
-        metrics["overall"]["lucky_guess_rate"] = rate
-    return metrics
-
-
 def add_sampled_metrics(metrics: dict[str, Any], scored: Sequence[Mapping[str, Any]],
                         decoding: DecodingSettings) -> dict[str, Any]:
     """``metrics`` (the greedy metrics dict) with the sampled numbers beside the greedy ones.
 
     Args:
         scored: the benchmark's metrics dict of each sample index ``j`` (its records' ``j``-th completions
-            scored alone, :func:`add_lucky_guess_rate` applied), ``decoding.samples`` of them.
+            scored alone), ``decoding.samples`` of them.
 
     Returns:
         ``metrics`` with ``overall[sampled_key(key)]`` the mean@k of every numeric overall key
