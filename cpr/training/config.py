@@ -572,6 +572,10 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
         DecodingSettings(**ev.decoding.model_dump())
     except ConfigError as e:
         raise ConfigError(e.message, field=f"evaluation.decoding.{e.field}") from None
+    metric = ev.metric_for_best.partition("/")[2]
+    if ev.eval_steps is not None and ev.decoding.mode == "greedy" and (metric.startswith("sampled_") or metric == "pass_at_k"):
+        raise ConfigError(f"{ev.metric_for_best!r} is a metric of sampled decoding; set evaluation.decoding.mode: "
+                          "sampled or pick a greedy metric", field="evaluation.metric_for_best")
     if len(set(ev.final_splits)) != len(ev.final_splits):
         raise ConfigError(f"a split is listed twice: {ev.final_splits}", field="evaluation.final_splits")
     stages = ["untrained", *(["warm_start"] if cfg.warm_start.enabled else []), *cfg.phases]
