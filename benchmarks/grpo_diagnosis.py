@@ -68,7 +68,12 @@ def score(adapter: str, model: str, records: list, cfg, samples: int, temperatur
     import torch
 
     from cpr.data import load_templates
-    from cpr.evaluation.generation import Generated, GenerationSettings, TransformersGenerator, load_model_for_eval
+    from cpr.evaluation.generation import (
+        Generated,
+        GenerationSettings,
+        TransformersGenerator,
+        load_model_for_eval,
+    )
     from cpr.evaluation.runner import evaluate_model
     from cpr.training.evaluate import scoring_settings
 

@@ -11,6 +11,13 @@ Default answer mode ``crystal`` is the paper's protocol; ``strict`` is the rewar
 Inputs (JSON lines): REFS ``id``, ``question`` (optional), ``answer`` (string or number),
 ``reference_steps`` (non-empty list of non-blank strings), ``options`` (optional, lettered A, B, ...);
 PREDS ``id``, ``completion``. Ids are compared as strings.
+
+Sampled completions (``sampled_completions.jsonl`` of ``cpr eval --decoding sampled``): PREDS rows that
+also carry ``sample`` (0, 1, ..., k-1), k per id. Each sample index is scored alone like a greedy file;
+the summary holds mean@k of every column (the mean over an item's k samples, then over items: what
+reasoning-RL papers report as pass@1) and ``pass_at_k`` (percent of items with at least one correct
+sample). The lucky-guess rate (:func:`lucky_guess_rate`) is the percent of completions with a correct
+answer and Match F1 below :data:`LUCKY_GUESS_F1`, the CRYSTAL paper's diagnosis of answer-only training.
 """
 
 from __future__ import annotations
@@ -26,16 +33,19 @@ from typing import Any
 from cpr.errors import ConfigError, InputError
 from cpr.matching import DEFAULT_ALPHA, DEFAULT_ENCODER, DEFAULT_THRESHOLD
 
-SUMMARY_KEYS = ("n", "accuracy", "match_f1", "precision", "recall", "steps", "lis", "ordered_f1")
+SUMMARY_KEYS = ("n", "accuracy", "match_f1", "precision", "recall", "steps", "lis", "ordered_f1", "lucky_guess_rate")
 SAMPLE_KEYS = ("id", "correct", "match_f1", "precision", "recall", "n_pred", "n_ref", "n_matched", "lis",
                "ordered_f1", "format")
 #: (column title, summary key, decimals) of the paper's Table 2
 TABLE_COLUMNS = (("Acc", "accuracy", 2), ("Match F1", "match_f1", 3), ("P", "precision", 3), ("R", "recall", 3),
                  ("Steps", "steps", 2), ("LIS", "lis", 3), ("Ord. F1", "ordered_f1", 3))
 MISSING_FORMAT = "missing"
+#: A correct answer with step Match F1 below this is a lucky guess (:func:`lucky_guess_rate`).
+LUCKY_GUESS_F1 = 0.5
 
-__all__ = ["SAMPLE_KEYS", "STEP_FIELDS", "SUMMARY_KEYS", "TABLE_COLUMNS", "ScoringSettings", "load_predictions", "load_references",
-           "markdown_table", "score_records", "summarize", "validate_reference"]
+__all__ = ["LUCKY_GUESS_F1", "SAMPLE_KEYS", "STEP_FIELDS", "SUMMARY_KEYS", "TABLE_COLUMNS", "ScoringSettings", "is_sampled_file",
+           "load_predictions", "load_references", "load_sampled_predictions", "lucky_guess_rate", "markdown_table",
+           "mean_at_k", "pass_at_k", "score_records", "score_sampled_records", "summarize", "validate_reference"]
 
 
 #: The :class:`ScoringSettings` fields a step-scoring reward function takes (:mod:`cpr.rewards`).
@@ -108,20 +118,33 @@ def _record_id(obj: dict[str, Any], *, path: Any, line: int | None) -> str:
     return str(value)
 
 
-def _objects(path: str | Path, *, skip_truncated_tail: bool = False) -> Any:
+def _sample_index(obj: dict[str, Any], *, path: Any, line: int, rid: str) -> int:
+    value = obj.get("sample")
+    if value is None:
+        raise InputError("missing (a file of sampled completions gives every row its sample index)", path=path,
+                         line=line, record_id=rid, field="sample")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"must be an integer >= 0, got {value!r}", path=path, line=line, record_id=rid, field="sample")
+    return value
+
+
+def _objects(path: str | Path, *, skip_truncated_tail: bool = False, sampled: bool = False) -> Any:
+    """``(line, object, id)`` of each row; with ``sampled`` an id repeats once per ``sample`` index."""
     from cpr.io import read_jsonl
 
     if not Path(path).is_file():
         raise InputError("file not found", path=path)
-    first: dict[str, int] = {}
+    first: dict[Any, int] = {}
     for line, obj in read_jsonl(path, skip_truncated_tail=skip_truncated_tail):
         if not isinstance(obj, dict):
             raise InputError(f"expected a JSON object, got {type(obj).__name__}", path=path, line=line)
         rid = _record_id(obj, path=path, line=line)
-        if rid in first:
-            raise InputError(f"duplicate id (first on line {first[rid]})", path=path, line=line, record_id=rid,
-                             field="id")
-        first[rid] = line
+        key = (rid, _sample_index(obj, path=path, line=line, rid=rid)) if sampled else rid
+        if key in first:
+            what = f"duplicate id and sample {key[1]}" if sampled else "duplicate id"
+            raise InputError(f"{what} (first on line {first[key]})", path=path, line=line, record_id=rid,
+                             field="sample" if sampled else "id")
+        first[key] = line
         yield line, obj, rid
 
 
@@ -203,12 +226,43 @@ def load_predictions(path: str | Path, *, skip_truncated_tail: bool = False) -> 
     return completions, lines
 
 
+def is_sampled_file(path: str | Path) -> bool:
+    """True when the first row of a PREDS / completions file has a ``sample`` index (sampled completions).
+
+    Raises:
+        InputError: a missing file or a malformed first line.
+    """
+    for _, obj, _ in _objects(path, skip_truncated_tail=True):
+        return "sample" in obj
+    return False
+
+
+def load_sampled_predictions(
+    path: str | Path, *, skip_truncated_tail: bool = False
+) -> tuple[dict[str, dict[int, str]], dict[str, int]]:
+    """Read a file of sampled completions: ``(id -> {sample index -> completion}, id -> first 1-based line)``.
+
+    Raises:
+        InputError: what :func:`load_predictions` raises, a row without an integer ``sample`` >= 0, or an
+            ``(id, sample)`` pair given twice (file, line, id and field named).
+    """
+    completions: dict[str, dict[int, str]] = {}
+    lines: dict[str, int] = {}
+    for line, obj, rid in _objects(path, skip_truncated_tail=skip_truncated_tail, sampled=True):
+        if not isinstance(obj.get("completion"), str):
+            what = "missing" if "completion" not in obj else f"must be a string, got {type(obj['completion']).__name__}"
+            raise InputError(what, path=path, line=line, record_id=rid, field="completion")
+        completions.setdefault(rid, {})[int(obj["sample"])] = obj["completion"]
+        lines.setdefault(rid, line)
+    return completions, lines
+
+
 # --------------------------------------------------------------------------- scoring
 
 
 def summarize(samples: Sequence[Mapping[str, Any]]) -> dict[str, float | int]:
     """Means over per-sample rows: ``{"n", "accuracy" (percent), "match_f1", "precision", "recall",
-    "steps" (mean ``n_pred``), "lis", "ordered_f1"}``.
+    "steps" (mean ``n_pred``), "lis", "ordered_f1", "lucky_guess_rate"}`` (percent, :func:`lucky_guess_rate`).
 
     Raises:
         ValueError: no samples.
@@ -222,7 +276,55 @@ def summarize(samples: Sequence[Mapping[str, Any]]) -> dict[str, float | int]:
 
     return {"n": n, "accuracy": 100.0 * sum(bool(s["correct"]) for s in samples) / n, "match_f1": mean("match_f1"),
             "precision": mean("precision"), "recall": mean("recall"), "steps": mean("n_pred"), "lis": mean("lis"),
-            "ordered_f1": mean("ordered_f1")}
+            "ordered_f1": mean("ordered_f1"), "lucky_guess_rate": lucky_guess_rate(samples)}
+
+
+def lucky_guess_rate(samples: Sequence[Mapping[str, Any]]) -> float | None:
+    """Percent of scored completions (rows with ``correct`` and ``match_f1``) whose answer is correct while
+    their step Match F1 is below :data:`LUCKY_GUESS_F1`; ``None`` without rows or when a row lacks either key
+    (a benchmark that scores no steps)."""
+    if not samples or any("correct" not in s or s.get("match_f1") is None for s in samples):
+        return None
+    return 100.0 * sum(bool(s["correct"]) and float(s["match_f1"]) < LUCKY_GUESS_F1 for s in samples) / len(samples)
+
+
+def _aligned(scorings: Sequence[Sequence[Mapping[str, Any]]]) -> None:
+    if not scorings:
+        raise ValueError("no scorings of samples")
+    ids = [str(s["id"]) for s in scorings[0]]
+    for j, rows in enumerate(scorings):
+        if [str(s["id"]) for s in rows] != ids:
+            raise ValueError(f"the scoring of sample {j} lists other ids than that of sample 0")
+
+
+def mean_at_k(summaries: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """mean@k: each numeric key of the ``k`` summaries (one per sample index, over the same items; ``n``
+    left out) averaged over the samples. Equal to the mean over items of each item's mean over its k
+    samples, since every item has one row per summary.
+
+    Raises:
+        ValueError: no summaries.
+    """
+    if not summaries:
+        raise ValueError("no summaries to average")
+    keys = [k for k, v in summaries[0].items() if k != "n" and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return {k: sum(float(s[k]) for s in summaries) / len(summaries) for k in keys
+            if all(isinstance(s.get(k), (int, float)) for s in summaries)}
+
+
+def pass_at_k(scorings: Sequence[Sequence[Mapping[str, Any]]]) -> float | None:
+    """pass@k for accuracy: percent of items with at least one correct sample. ``scorings[j]`` is the
+    per-item rows (``id``, ``correct``) of sample index ``j``, every one listing the same ids in order;
+    ``None`` when the rows have no ``correct``.
+
+    Raises:
+        ValueError: no scorings, or scorings listing different ids.
+    """
+    _aligned(scorings)
+    if not scorings[0] or any("correct" not in s for rows in scorings for s in rows):
+        return None
+    return 100.0 * sum(any(bool(rows[i]["correct"]) for rows in scorings) for i in range(len(scorings[0]))) / len(
+        scorings[0])
 
 
 def score_records(
@@ -273,6 +375,39 @@ def score_records(
                         "format": MISSING_FORMAT if pc is None else pc.format})
     config = {k: getattr(settings, k) for k in ("encoder", "threshold", "alpha", "matching", "answer_mode")}
     return {"config": config, "summary": summarize(samples), "samples": samples}
+
+
+def score_sampled_records(
+    references: Sequence[Mapping[str, Any]], samples: Mapping[str, Mapping[int, str]], settings: ScoringSettings,
+    *, path: str | Path | None = None,
+) -> dict[str, Any]:
+    """Score ``k`` sampled completions per reference: each sample index alone with :func:`score_records`.
+
+    Args:
+        samples: id -> {sample index -> completion}; every id holds the indices 0..k-1 (an id without
+            samples counts as k missing predictions).
+        path: the completions file, named in errors.
+
+    Returns:
+        ``{"config", "samples_per_item": k, "summary", "samples"}``: ``summary`` is ``n``, mean@k of every
+        :func:`summarize` key (:func:`mean_at_k`; ``lucky_guess_rate``: over all k x n completions) and
+        ``pass_at_k``; ``samples`` the rows of every sample index (each with ``sample``), index by index.
+
+    Raises:
+        InputError: ids whose sample indices are not the same 0..k-1, or what :func:`score_records` raises.
+    """
+    k = max((len(by) for by in samples.values()), default=0)
+    for rid, by in samples.items():
+        if sorted(by) != list(range(k)):
+            raise InputError(f"has samples {sorted(by)}, expected 0..{k - 1} like the other items", path=path,
+                             record_id=rid, field="sample")
+    if k == 0:
+        raise InputError("no sampled completions", path=path)
+    reports = [score_records(references, {rid: by[j] for rid, by in samples.items()}, settings) for j in range(k)]
+    rows = [r["samples"] for r in reports]
+    summary = {"n": reports[0]["summary"]["n"], **mean_at_k([r["summary"] for r in reports]), "pass_at_k": pass_at_k(rows)}
+    return {"config": reports[0]["config"], "samples_per_item": k, "summary": summary,
+            "samples": [{**s, "sample": j} for j, r in enumerate(rows) for s in r]}
 
 
 def markdown_table(summary: Mapping[str, Any]) -> str:
@@ -346,16 +481,24 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args, batch_size=args.batch_size)
     references = load_references(args.references)
-    completions, lines = load_predictions(args.predictions)
+    sampled = is_sampled_file(args.predictions)
+    completions, lines = (load_sampled_predictions if sampled else load_predictions)(args.predictions)
     known = {r["id"] for r in references}
     for rid, line in lines.items():
         if rid not in known:
             raise InputError(f"prediction has no reference record in {args.references}", path=args.predictions,
                              line=line, record_id=rid, field="id")
-    report = score_records(references, completions, settings)
+    if sampled:
+        report = score_sampled_records(references, completions, settings, path=args.predictions)
+    else:
+        report = score_records(references, completions, settings)
     atomic_write_json(args.output, report)
     print(markdown_table(report["summary"]))
-    missing = sum(s["format"] == MISSING_FORMAT for s in report["samples"])
+    if sampled:
+        k, summary = report["samples_per_item"], report["summary"]
+        print(f"mean@{k} over {k} samples per item; pass@{k} accuracy {summary['pass_at_k']:.2f}, lucky-guess rate "
+              f"{summary['lucky_guess_rate']:.2f}% (correct answer, Match F1 < {LUCKY_GUESS_F1:g})")
+    missing = len({s["id"] for s in report["samples"] if s["format"] == MISSING_FORMAT})
     if missing:
         print(f"warning: {missing} reference id(s) have no prediction in {args.predictions}: scored as wrong answers "
               f'with Match F1 0 ("format": "{MISSING_FORMAT}" in the report)', file=sys.stderr)

@@ -38,10 +38,12 @@ def write_run(
     metrics: dict[str, dict[str, Any]] | None = None,
     kind: str = "grpo",
     diverged: dict[str, Any] | None = None,
+    evaluation: dict[str, Any] | None = None,
 ) -> Path:
     """A run folder. ``phases``: name -> {"log": rows, "scored": rows, "eval_history": rows,
     "guard_events": rows, "steps": n}; ``metrics``: split ("test" / "validation") -> overall summary;
-    ``diverged``: the summary's ``diverged`` entry of a run a guard stopped (status ``diverged``)."""
+    ``diverged``: the summary's ``diverged`` entry of a run a guard stopped (status ``diverged``);
+    ``evaluation``: the config's evaluation section."""
     folder.mkdir(parents=True, exist_ok=True)
     settings = {name: {"name": name} for name in phases}
     if weights is not None:
@@ -49,6 +51,8 @@ def write_run(
             "cpr": {"answer_weight": weights[0], "step_weight": weights[1], "wrong_answer_scale": 0.3}
         }
     config = {"run_name": folder.name, "output_dir": str(folder), "phases": list(phases), "phase_settings": settings}
+    if evaluation is not None:
+        config["evaluation"] = evaluation
     (folder / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     for name, p in phases.items():
         write_jsonl(folder / name / "log.jsonl", p.get("log", []))

@@ -209,15 +209,38 @@ def test_strategies_table_on_the_test_split(tmp_path):
               metrics={"test": overall(50.0, 0.6, 0.7, 0.55, steps=3.0, lis=0.8, ordered_f1=0.56)})
     table = build(path)
     base, comp, cur = table["rows"]
-    assert [c["title"] for c in table["columns"]] == ["Acc", "Match F1", "P", "R", "Steps", "LIS", "Ord. F1"]
+    assert [c["title"] for c in table["columns"]] == ["Acc", "Match F1", "P", "R", "Steps", "LIS", "Ord. F1", "Lucky"]
     assert (base["accuracy"], base["steps"], base["lis"], base["ordered_f1"], base["stable"]) == (25.0, 1.5, 0.9, 0.28, None)
     assert comp["accuracy"] == 12.5  # the test split, not validation
     assert comp["stable"] is False and comp["stability"]["reason"] == "loss = nan at step 2"
     assert cur["stable"] is True and cur["phases"] == ["answer_only", "cpr"]
     md = table["md"]
-    assert "| CPR-Curriculum | this run (finished) | 50.00 | 0.600 | 0.700 | 0.550 | 3.00 | 0.800 | 0.560 | yes | 4 |" in md
+    # a run evaluated before the lucky-guess rate existed shows "-" there
+    assert "| CPR-Curriculum | this run (finished) | 50.00 | 0.600 | 0.700 | 0.550 | 3.00 | 0.800 | 0.560 | - | yes | 4 |" in md
     assert "| Qwen2.5-VL-3B base | paper, Table 4 (CRYSTAL test) | 39.85 |" in md
     assert "Discrim." not in md
+
+
+def test_strategies_table_gets_the_lucky_guess_and_sampled_columns(tmp_path):
+    runs = [{"name": "answer_only", "label": "Answer-Only", "set": {"phases": ["answer_only"]}},
+            {"name": "cpr_curriculum", "label": "CPR-Curriculum"}]
+    path = _ablation(tmp_path, kind="strategies", runs=runs, table={"paper": False})
+    sampled = {"decoding": {"mode": "sampled", "temperature": 1.0, "top_p": 1.0, "samples": 4, "seed": 0}}
+    # answer-only: 3 of 4 greedy answers right, 2 of them with Match F1 below 0.5 (lucky 50%)
+    write_run(tmp_path / "abl" / "answer_only", phases={"answer_only": {"steps": 1, "log": [train_row(1)]}},
+              evaluation=sampled, metrics={"test": {**overall(75.0, 0.3, 0.5, 0.2), "lucky_guess_rate": 50.0,
+                                                    "sampled_accuracy": 56.25, "sampled_match_f1": 0.25,
+                                                    "pass_at_k": 100.0}})
+    write_run(tmp_path / "abl" / "cpr_curriculum", phases={"cpr": {"steps": 1, "log": [train_row(1)]}},
+              evaluation=sampled, metrics={"test": {**overall(50.0, 0.6, 0.7, 0.55), "lucky_guess_rate": 0.0,
+                                                    "sampled_accuracy": 43.75, "sampled_match_f1": 0.5,
+                                                    "pass_at_k": 75.0}})
+    table = build(path)
+    assert [c["title"] for c in table["columns"]][7:] == ["Lucky", "Acc mean@4", "Match F1 mean@4", "Acc pass@4"]
+    assert [r["lucky_guess_rate"] for r in table["rows"]] == [50.0, 0.0]
+    md = table["md"]
+    assert "| Answer-Only | this run (finished) | 75.00 | 0.300 | 0.500 | 0.200 | 2.00 | 1.000 | 0.300 | 50.00 | 56.25 | 0.250 | 100.00 | yes | 4 |" in md
+    assert "Acc mean@4, Match F1 mean@4, Acc pass@4: sampled decoding" in md
 
 
 def test_a_run_stopped_by_a_divergence_guard(tmp_path):

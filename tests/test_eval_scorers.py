@@ -108,6 +108,7 @@ def _expected_summary(ids):
         "steps": sum(r[4] for r in rows) / n,
         "lis": sum(r[5] for r in rows) / n,
         "ordered_f1": sum(r[6] for r in rows) / n,
+        "lucky_guess_rate": 100.0 * sum(r[0] and r[1] < 0.5 for r in rows) / n,  # correct, Match F1 below 0.5
     }
 
 

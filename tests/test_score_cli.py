@@ -164,6 +164,7 @@ def test_score_report_hand_computed(files, offline_encoder_path, capsys):
     assert summary["steps"] == pytest.approx((3 + 2 + 0 + 2 + 0) / 5)
     assert summary["lis"] == pytest.approx((1 + 1 + 1 + 0.5 + 1) / 5)
     assert summary["ordered_f1"] == pytest.approx(float((1 + Fraction(2, 3) + 0 + Fraction(17, 20) + 0) / n))
+    assert summary["lucky_guess_rate"] == 0.0  # r1 and r4 are right with Match F1 1: no lucky guess
     # the summary is the mean of the rows
     assert summarize(report["samples"]) == summary
 

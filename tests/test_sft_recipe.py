@@ -122,7 +122,7 @@ def test_sft_recipe_trains_scores_and_seeds_a_grpo_phase(tmp_path, capsys, one_t
     metrics = json.loads((out / "final_eval" / "crystal" / "metrics.json").read_text())
     assert metrics["overall"]["n"] == 2 and metrics["split"] == "test" and metrics["adapter"] == str(adapter)
     assert list(metrics["overall"]) == ["n", "accuracy", "match_f1", "precision", "recall", "steps", "lis",
-                                        "ordered_f1"]
+                                        "ordered_f1", "lucky_guess_rate"]
     assert summary["final_eval"]["crystal"] == metrics["overall"]
     # evaluation.final_splits lists validation too: scored into final_eval/validation/
     val = json.loads((out / "final_eval" / "validation" / "crystal" / "metrics.json").read_text())

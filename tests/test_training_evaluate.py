@@ -220,3 +220,19 @@ def test_hand_over_and_final_evaluation_refuse_an_adapter_of_another_base(tmp_pa
                          model_path="org/base-b")
     assert e.value.field == "adapter" and "model.allow_base_mismatch" in e.value.message
     assert not (tmp_path / "ev").exists()
+
+
+def test_evaluation_decoding_reaches_the_hook_but_not_checkpoint_selection(tmp_path):
+    from cpr.training.evaluate import eval_hook, generation_settings
+    from cpr.training.splits import load_splits
+
+    decoding = {"mode": "sampled", "temperature": 0.7, "top_p": 0.95, "samples": 3, "seed": 9}
+    cfg = _cfg(decoding=decoding, eval_steps=1, metric_for_best="crystal/sampled_match_f1")
+    assert generation_settings(cfg, progress=False).decoding.samples == 3
+    assert generation_settings(cfg, progress=False, greedy=True).decoding.mode == "greedy"  # what selection uses
+    hook = eval_hook(cfg, load_splits(cfg.data), None, tmp_path)
+    assert hook.generation.decoding.temperature == 0.7 and hook.metric_for_best == "crystal/sampled_match_f1"
+    # mean@k metrics exist only with sampled decoding
+    with pytest.raises(ConfigError, match="a metric of sampled decoding") as e:
+        _cfg(eval_steps=1, metric_for_best="crystal/sampled_match_f1")
+    assert e.value.field == "evaluation.metric_for_best"

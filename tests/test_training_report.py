@@ -72,3 +72,17 @@ def test_closing_lines():
     assert lines[2].split()[:3] == ["untrained", "0.0", "0.000"]
     assert lines[3].split() == ["final", "62.2", "0.651", "0.660", "0.640", "2.60", "1.000", "0.651"]
     assert lines[4] == "  phase cpr bucket mix (% easy/medium/hard, thirds of the phase): 100/0/0 -> 33/67/0"
+
+
+def test_closing_lines_show_lucky_and_sampled_columns_when_scored():
+    overall = {"n": 4, "accuracy": 75.0, "match_f1": 0.5, "precision": 0.6, "recall": 0.45, "steps": 2.0, "lis": 1.0,
+               "ordered_f1": 0.5, "lucky_guess_rate": 25.0, "sampled_accuracy": 62.5, "sampled_match_f1": 0.425,
+               "pass_at_k": 100.0}
+    summary = {"chance_accuracy": 25.0, "comparison": [
+        {"stage": "warm_start", "benchmark": "crystal", **overall},
+        {"stage": "final", "benchmark": "crystal", **dict(overall, sampled_accuracy=68.75)}]}
+    lines = closing_lines(summary)
+    assert lines[1].split()[10:] == ["Lucky", "Acc", "m@k", "F1", "m@k", "Acc", "p@k"]
+    assert lines[2].split()[8:] == ["25.0", "62.5", "0.425", "100.0"]
+    assert lines[3].split()[8:] == ["25.0", "68.8", "0.425", "100.0"]
+    assert "m@k: mean over the k sampled completions" in lines[4]

@@ -4,7 +4,9 @@ Acc (percent), Match F1, P, R, ...: the final evaluation on ``table.split`` (``m
 Discrimination and r(F1): every completion ``table.reward_function`` scored during training in
 ``table.phases``; KL max and stability: those phases' training logs (:mod:`cpr.ablation.metrics`).
 ``kind: weights`` has paper Table 6's columns (the paper's row beside each run with its cpr weights),
-``strategies`` the benchmark's (Table 5; the paper's Table 4 rows beside them). With ``seeds`` a row is
+``strategies`` the benchmark's (Table 5; the paper's Table 4 rows beside them), then the lucky-guess
+rate and, when the runs' config asks for sampled decoding (``evaluation.decoding``), the mean@k columns
+and pass@k accuracy. With ``seeds`` a row is
 the mean and sample standard deviation over its seeds' runs, listed below it. An unfinished run shows
 its status and what it logged; an undefined statistic ``-`` (its reason in the JSON).
 """
@@ -19,10 +21,18 @@ from typing import Any
 from cpr.ablation.metrics import discrimination, kl_max, reward_f1_correlation, stability
 from cpr.ablation.run_folder import DIVERGED, FINISHED, RunFolder, read_run
 from cpr.errors import InputError
+from cpr.evaluation.report import sampled_columns
 from cpr.io import atomic_write_json, atomic_write_text
 from cpr.markdown import format_value, markdown_table
 
-__all__ = ["PAPER_TABLE6", "build_table", "render_markdown", "write_outputs"]
+__all__ = ["LUCKY_COLUMN", "PAPER_TABLE6", "build_table", "render_markdown", "write_outputs"]
+
+#: The strategy table's lucky-guess column (greedy completions with a correct answer and Match F1 < 0.5, percent).
+LUCKY_COLUMN = ("Lucky", "lucky_guess_rate", 2)
+#: The strategy table's sampled-decoding columns: mean@k accuracy and Match F1, pass@k accuracy.
+SAMPLED_KEYS = ("sampled_accuracy", "sampled_match_f1", "pass_at_k")
+#: Columns a run evaluated before they existed may lack (shown as ``-``).
+OPTIONAL_KEYS = (LUCKY_COLUMN[1], *SAMPLED_KEYS)
 
 WEIGHTS_COLUMNS = (("Acc", "accuracy", 2), ("Match F1", "match_f1", 3), ("Recall", "recall", 3),
                    ("Discrim.", "discrimination", 3), ("r(F1)", "r_f1", 3), ("KL max", "kl_max", 3))
@@ -46,6 +56,15 @@ def _weights(run: RunFolder, phases: list[str] | None) -> tuple[float, float] | 
     return None
 
 
+def _sampled_k(ab: Any, runs: list[Any]) -> int | None:
+    """``samples`` of the first run whose ``config.yaml`` asks for ``evaluation.decoding`` ``sampled``."""
+    for planned in runs:
+        decoding = ((read_run(Path(ab.output_dir) / planned.name).config or {}).get("evaluation") or {}).get("decoding")
+        if isinstance(decoding, dict) and decoding.get("mode") == "sampled":
+            return int(decoding.get("samples", 4))
+    return None
+
+
 def _row(ab: Any, planned: Any, keys: list[str]) -> dict[str, Any]:
     t = ab.table
     run = read_run(Path(ab.output_dir) / planned.name)
@@ -55,7 +74,7 @@ def _row(ab: Any, planned: Any, keys: list[str]) -> dict[str, Any]:
                            "answer_weight": a_w, "step_weight": s_w}
     metrics = run.eval_metrics(t.split, t.benchmark) if run.status == FINISHED else None
     overall = (metrics or {}).get("overall", {})
-    missing = [k for k in keys if metrics is not None and k not in overall]
+    missing = [k for k in keys if metrics is not None and k not in overall and k not in OPTIONAL_KEYS]
     if missing:
         raise InputError(f"no {missing[0]!r} in the overall metrics", path=run.path, field=missing[0])
     row.update({k: overall.get(k) for k in keys}, evaluated=metrics is not None, n_eval=overall.get("n"))
@@ -109,6 +128,10 @@ def build_table(ab: Any, runs: list[Any]) -> dict[str, Any]:
 
     t = ab.table
     columns = WEIGHTS_COLUMNS if ab.kind == "weights" else get_benchmark(t.benchmark).columns
+    if ab.kind != "weights":
+        k = _sampled_k(ab, runs)
+        extra = [c for c in sampled_columns(columns, k) if c[1] in SAMPLED_KEYS] if k else []
+        columns = (*columns, LUCKY_COLUMN, *extra)
     keys = [k for _, k, _ in columns] + ["discrimination", "r_f1", "kl_max"]
     evals = [k for _, k, _ in columns if k not in ("discrimination", "r_f1", "kl_max")]
     seed_rows = [_row(ab, r, evals) for r in runs]
@@ -172,7 +195,14 @@ def render_markdown(table: dict[str, Any]) -> str:
                  "logged KL."]
     else:
         title, first = f"# Strategy comparison: {table['name']}", "Strategy"
-        notes = [f"Every row is scored on the same {split} split ({bench}, the paper's columns; Acc in percent)."]
+        notes = [f"Every row is scored on the same {split} split ({bench}, the paper's columns; Acc in percent).",
+                 "Lucky: the lucky-guess rate, percent of greedy completions with a correct answer and Match F1 "
+                 "below 0.5 (the paper's diagnosis of answer-only rewards)."]
+        sampled = [c["title"] for c in columns if c["key"].startswith("sampled_") or c["key"] == "pass_at_k"]
+        if sampled:
+            notes.append(f"{', '.join(sampled)}: sampled decoding (evaluation.decoding); mean@k is the mean over an "
+                         "item's k samples, then over items (pass@1 of reasoning-RL papers), pass@k the percent of "
+                         "items with a correct sample. The columns before them are greedy.")
     notes.append("Stable: no NaN / infinite loss, grad norm, KL or reward logged" + stable_note)
     if table["seeds"]:
         notes.insert(0, f"Rows of this run: mean ± sample standard deviation over the seeds {table['seeds']} "

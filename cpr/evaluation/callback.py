@@ -30,8 +30,8 @@ from cpr.data.records import Record
 from cpr.errors import ConfigError
 from cpr.evaluation.benchmarks import get_benchmark
 from cpr.evaluation.generation import GenerationSettings
-from cpr.evaluation.report import flat_metrics
-from cpr.evaluation.runner import evaluate_model, subset
+from cpr.evaluation.report import flat_metrics, sampled_columns
+from cpr.evaluation.runner import ROW_KEYS, evaluate_model, subset
 from cpr.io import append_jsonl, atomic_write_json
 from cpr.scoring import ScoringSettings
 from cpr.trl_internals import log_as_trainer
@@ -68,7 +68,8 @@ class EvalCallback(TrainerCallback):
         eval_steps: evaluate every this many optimizer steps.
         generation: decoding settings (default greedy, 256 new tokens, the *training* prompt).
         output_dir: folder of the hook's files (default ``args.output_dir``).
-        metric_for_best: ``"<benchmark>/<metric>"``, a key of that benchmark's overall summary.
+        metric_for_best: ``"<benchmark>/<metric>"``, a key of that benchmark's overall summary (with
+            sampled decoding also ``sampled_<metric>`` (mean@k) or ``pass_at_k``).
         save_completions: keep each evaluation's files under ``eval/``.
 
     Raises:
@@ -91,7 +92,10 @@ class EvalCallback(TrainerCallback):
         if bench_name not in names:
             raise ConfigError(f"{metric_for_best!r} names benchmark {bench_name!r}, which is not evaluated "
                               f"(evaluated: {names})", field="eval.metric_for_best")
-        keys = get_benchmark(bench_name).metric_keys[1:]
+        bench = get_benchmark(bench_name)
+        keys = bench.metric_keys[1:]
+        if generation is not None and generation.decoding.sampled:  # mean@k and pass@k of sampled decoding
+            keys += tuple(key for _, key, _ in sampled_columns(bench.columns, generation.decoding.samples))
         if metric not in keys:
             raise ConfigError(f"{metric_for_best!r}: unknown metric {metric!r} (known: {', '.join(keys)})",
                               field="eval.metric_for_best")
@@ -182,7 +186,7 @@ class EvalCallback(TrainerCallback):
                     error = e
             accelerator.wait_for_everyone()
         payload: list[Any] = [None if error is None else f"{type(error).__name__}: {error}",
-                              {k: {kk: vv for kk, vv in v.items() if kk != "samples"} for k, v in results.items()}]
+                              {k: {kk: vv for kk, vv in v.items() if kk not in ROW_KEYS} for k, v in results.items()}]
         broadcast_object_list(payload, from_process=0)
         if error is not None:
             raise error

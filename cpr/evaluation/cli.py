@@ -5,7 +5,9 @@ Writes into ``--output DIR``: ``completions.jsonl`` (batch by batch; a rerun res
 reproduces ``overall``; VLRMBench: the shown steps and their labels), ``samples.jsonl``, ``metrics.json``
 and ``metrics.md`` (paper column order; for CRYSTAL the paper's base-model rows beside ours), and
 ``eval_config.json``: a rerun into DIR must use the same model, adapter, benchmark, data, image size
-and decoding settings, so completions of two setups never mix.
+and decoding settings, so completions of two setups never mix. ``--decoding sampled`` adds
+``sampled_completions.jsonl`` (``--samples`` rows per item, each with its ``sample`` index; ``cpr score``
+re-scores it) and ``sampled_samples.jsonl``, and reports mean@k and pass@k beside the greedy numbers.
 
 The adapter must have been trained on ``--model`` (unless ``--allow-base-mismatch``). The processor gets
 the image size limits the adapter was trained with (``model.min_pixels`` / ``model.max_pixels`` of the
@@ -27,13 +29,15 @@ __all__ = ["register", "run"]
 
 #: eval_config.json keys that must match when a run resumes into an existing output folder.
 RESUME_KEYS = ("model", "adapter", "benchmark", "source", "data", "split", "prompt_mode", "max_new_tokens",
-               "min_pixels", "max_pixels")
+               "min_pixels", "max_pixels", "decoding")
+#: The flags of sampled decoding (cpr.evaluation.generation.DecodingSettings fields) and their defaults.
+SAMPLING_FLAGS = {"temperature": 1.0, "top_p": 1.0, "samples": 4, "seed": 0}
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``eval`` command to ``cpr``'s sub-parsers."""
     from cpr.evaluation.benchmarks import BENCHMARKS
-    from cpr.evaluation.generation import BACKENDS
+    from cpr.evaluation.generation import BACKENDS, DECODING_MODES
     from cpr.scoring import add_scoring_arguments
 
     p = subparsers.add_parser("eval", help="generate with a model on a benchmark and score it (crystal, m3cot, "
@@ -56,6 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--prompt-mode", choices=("eval", "train"), default="eval",
                    help="eval = CRYSTAL evaluation prompt (default), train = the training prompt")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="generation backend (default auto)")
+    p.add_argument("--decoding", choices=DECODING_MODES, default="greedy",
+                   help="greedy (default), or sampled: greedy plus --samples seeded completions per item, reported "
+                   "as mean@k and pass@k (sampled_completions.jsonl)")
+    for flag, kind, text in (("--temperature", float, "sampling temperature"), ("--top-p", float, "nucleus top_p"),
+                             ("--samples", int, "k, completions per item"), ("--seed", int, "sampling seed")):
+        p.add_argument(flag, type=kind, default=None, help=f"{text} of --decoding sampled (default "
+                       f"{SAMPLING_FLAGS[flag[2:].replace('-', '_')]:g})")
     p.add_argument("--dtype", default="auto", help="model dtype (default auto: bf16 on GPU, fp32 on CPU)")
     add_scoring_arguments(p)
     p.add_argument("--device", default=None, help="model and encoder device (default cuda if available, else cpu)")
@@ -88,10 +99,14 @@ def _pixel_limits(args: argparse.Namespace) -> list[int | None]:
 
 
 def _check_resume(out: Path, config: dict[str, Any], record_ids: set[str]) -> None:
+    from dataclasses import asdict
+
+    from cpr.evaluation.generation import DecodingSettings
     from cpr.scoring import load_predictions
 
     previous_path = out / "eval_config.json"
     previous = json.loads(previous_path.read_text(encoding="utf-8")) if previous_path.is_file() else config
+    previous = {"decoding": asdict(DecodingSettings()), **previous}  # a folder from before sampled decoding
     for key in RESUME_KEYS:
         if previous.get(key) != config[key]:
             raise InputError(f"this folder holds completions made with {key}={previous.get(key)!r}, not "
@@ -136,17 +151,21 @@ def run(args: argparse.Namespace) -> int:
     from cpr.data import load_records
     from cpr.evaluation import runner
     from cpr.evaluation.benchmarks import get_benchmark
-    from cpr.evaluation.generation import GenerationSettings
+    from cpr.evaluation.generation import DecodingSettings, GenerationSettings
     from cpr.io import atomic_write_json, atomic_write_text
     from cpr.scoring import flag_errors, settings_from_args
 
     for name in ("min_pixels", "max_pixels", "limit"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise InputError(f"must be >= 1, got {getattr(args, name)}", field="--" + name.replace("_", "-"))
+    given = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
+    if given and args.decoding != "sampled":
+        raise InputError("sets sampling; add --decoding sampled", field="--" + next(iter(given)).replace("_", "-"))
     with flag_errors():
         generation = GenerationSettings(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                                         prompt_mode=args.prompt_mode, backend=args.backend,
-                                        progress=not args.no_progress)
+                                        progress=not args.no_progress,
+                                        decoding=DecodingSettings(args.decoding, **{**SAMPLING_FLAGS, **given}))
     scoring = settings_from_args(args)
     bench = get_benchmark(args.benchmark)
     source = args.source or bench.default_source

@@ -1,7 +1,9 @@
-"""Batched greedy generation of completions, resumable through a JSON-lines file.
+"""Batched generation of completions, resumable through a JSON-lines file.
 
 Protocol (CRYSTAL paper evaluation): greedy decoding, at most ``max_new_tokens`` new tokens (default
-256, the paper's completion budget, docs/method.md section 6). Prompts are rendered as TRL's
+256, the paper's completion budget, docs/method.md section 6). :class:`DecodingSettings` ``sampled``
+adds ``samples`` seeded sampled completions per prompt (temperature, nucleus ``top_p``; written and
+resumed by :func:`cpr.evaluation.sampling.generate_samples`). Prompts are rendered as TRL's
 ``GRPOTrainer`` renders them: the processor's ``apply_chat_template`` on conversational messages whose
 image blocks hold the images, with the image token suppressed during generation.
 
@@ -17,8 +19,10 @@ already there, and a line cut by a kill is dropped.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,19 +32,65 @@ from cpr.data.prompts import MODES
 from cpr.data.records import Record
 from cpr.errors import ConfigError, InputError, check_choice
 
-__all__ = ["BACKENDS", "Generated", "GenerationSettings", "TransformersGenerator", "VLLMGenerator",
-           "generate_completions", "load_model_for_eval", "resolve_model_and_adapter", "vllm_available"]
+__all__ = ["BACKENDS", "DECODING_MODES", "DecodingSettings", "Generated", "GenerationSettings", "TransformersGenerator", "VLLMGenerator",
+           "batch_seed", "generate_completions", "load_model_for_eval", "resolve_model_and_adapter", "vllm_available"]
 
 DEFAULT_MAX_NEW_TOKENS = 256
 BACKENDS: tuple[str, ...] = ("auto", "transformers", "vllm")
+DECODING_MODES: tuple[str, ...] = ("greedy", "sampled")
 Batch = Sequence[list[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class DecodingSettings:
+    """Evaluation decoding: ``greedy`` (the paper's protocol) or ``sampled``, which also draws ``samples``
+    completions per prompt at ``temperature`` with nucleus ``top_p`` (no top-k cut, as TRL's GRPO
+    generation), torch's generator seeded per batch from ``seed`` (:func:`batch_seed`). Greedy ignores
+    the sampling fields.
+
+    Raises:
+        ConfigError: an unknown mode, a temperature that is not a positive finite number, ``top_p``
+            outside (0, 1], ``samples < 1`` or ``seed < 0`` (the field named).
+    """
+
+    mode: str = "greedy"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    samples: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_choice(self.mode, DECODING_MODES, "mode")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"must be a positive number, got {value!r}", field=name)
+        if self.top_p > 1:
+            raise ConfigError(f"must be in (0, 1], got {self.top_p!r}", field="top_p")
+        for name, low in (("samples", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"must be an integer >= {low}, got {value!r}", field=name)
+
+    @property
+    def sampled(self) -> bool:
+        """True for ``sampled`` decoding."""
+        return self.mode == "sampled"
+
+
+def batch_seed(seed: int, first_id: str) -> int:
+    """The torch seed of a sampled batch: the first 8 bytes of SHA-256 of ``"<seed>:<first record id>"``
+    (below 2**63), so a batch draws the same samples whether or not a run was resumed before it."""
+    digest = hashlib.sha256(f"{seed}:{first_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 @dataclass(frozen=True)
 class GenerationSettings:
     """How completions are generated: the new-token budget, prompts per generation call (also the unit
     of resumability), ``prompt_mode`` ``eval`` (CRYSTAL evaluation prompt) or ``train``, ``backend``
-    (``auto``: vLLM when :func:`vllm_available`), and a progress bar.
+    (``auto``: vLLM when :func:`vllm_available`), a progress bar, and the ``decoding``
+    (:class:`DecodingSettings`, default greedy).
 
     Raises:
         ConfigError: a non-positive budget or batch size, an unknown mode or backend.
@@ -51,6 +101,7 @@ class GenerationSettings:
     prompt_mode: str = "eval"
     backend: str = "auto"
     progress: bool = True
+    decoding: DecodingSettings = DecodingSettings()
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "batch_size"):
@@ -59,6 +110,8 @@ class GenerationSettings:
                 raise ConfigError(f"must be a positive integer, got {value!r}", field=name)
         for name, known in (("prompt_mode", MODES), ("backend", BACKENDS)):
             check_choice(getattr(self, name), known, name)
+        if not isinstance(self.decoding, DecodingSettings):
+            raise ConfigError(f"must be a DecodingSettings, got {type(self.decoding).__name__}", field="decoding")
 
 
 @dataclass(frozen=True)
@@ -72,7 +125,7 @@ class Generated:
 
 
 class TransformersGenerator:
-    """Greedy batched generation with ``model.generate``.
+    """Batched generation with ``model.generate``: greedy (``generator(batch)``) or sampled (:meth:`sample`).
 
     Runs in eval mode under ``torch.no_grad()`` with ``use_cache=True`` and restores the model's mode.
     Generation is never collective (``synced_gpus=False``): under DeepSpeed ZeRO-3 transformers would
@@ -107,6 +160,25 @@ class TransformersGenerator:
 
     def __call__(self, batch: Batch) -> list[Generated]:
         """One greedy completion per conversation of ``batch``, in order."""
+        return self._generate(batch, do_sample=False, temperature=None, top_p=None, top_k=None)
+
+    def sample(self, batch: Batch, decoding: DecodingSettings, seed: int) -> list[list[Generated]]:
+        """``decoding.samples`` sampled completions per conversation of ``batch`` (``num_return_sequences``),
+        in order, drawn with torch's generators seeded with ``seed`` inside ``torch.random.fork_rng``, so
+        the caller's random state (e.g. training's) is left as it was."""
+        import torch
+
+        k = decoding.samples
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            flat = self._generate(batch, do_sample=True, temperature=float(decoding.temperature),
+                                  top_p=float(decoding.top_p), top_k=0, num_return_sequences=k)
+        return [flat[i * k: (i + 1) * k] for i in range(len(batch))]
+
+    def _generate(self, batch: Batch, **decoding: Any) -> list[Generated]:
+        """``model.generate`` on ``batch`` with the ``decoding`` keyword arguments; the completions in
+        output order."""
         import torch
 
         if not batch:
@@ -119,8 +191,8 @@ class TransformersGenerator:
         try:
             with torch.no_grad():
                 out = model.generate(
-                    **inputs, max_new_tokens=self.max_new_tokens, do_sample=False, temperature=None, top_p=None,
-                    top_k=None, use_cache=True, pad_token_id=self.processor.tokenizer.pad_token_id,
+                    **inputs, max_new_tokens=self.max_new_tokens, **decoding,
+                    use_cache=True, pad_token_id=self.processor.tokenizer.pad_token_id,
                     synced_gpus=False, suppress_tokens=None if image_token_id is None else [int(image_token_id)],
                 )
         finally:
@@ -145,7 +217,8 @@ def vllm_available() -> bool:
 
 
 class VLLMGenerator:  # pragma: no cover - needs vLLM and a GPU
-    """Greedy generation (``temperature=0``) with vLLM's offline engine on ``model_path`` (vLLM loads the
+    """Greedy generation (``temperature=0``; :meth:`sample`: ``n`` sampled completions per prompt, request
+    ``i`` of a batch seeded ``seed + i``) with vLLM's offline engine on ``model_path`` (vLLM loads the
     weights), the prompt rendered by ``processor``, an optional LoRA ``adapter`` folder, and vLLM's
     ``limit_mm_per_prompt`` and ``mm_processor_kwargs`` (``min_pixels`` / ``max_pixels``).
 
@@ -174,7 +247,7 @@ class VLLMGenerator:  # pragma: no cover - needs vLLM and a GPU
         self.processor = processor
         self.calls = 0
 
-    def __call__(self, batch: Batch) -> list[Generated]:
+    def _requests(self, batch: Batch) -> list[dict[str, Any]]:
         requests = []
         for messages in batch:
             request: dict[str, Any] = {
@@ -184,10 +257,22 @@ class VLLMGenerator:  # pragma: no cover - needs vLLM and a GPU
             if images:
                 request["multi_modal_data"] = {"image": images}
             requests.append(request)
-        outputs = self.llm.generate(requests, self.params, lora_request=self.lora_request, use_tqdm=False)
+        return requests
+
+    def __call__(self, batch: Batch) -> list[Generated]:
+        outputs = self.llm.generate(self._requests(batch), self.params, lora_request=self.lora_request, use_tqdm=False)
         self.calls += 1
         return [Generated(o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason == "stop")
                 for o in outputs]
+
+    def sample(self, batch: Batch, decoding: DecodingSettings, seed: int) -> list[list[Generated]]:
+        from vllm import SamplingParams
+
+        params = [SamplingParams(n=decoding.samples, temperature=decoding.temperature, top_p=decoding.top_p,
+                                 max_tokens=self.params.max_tokens, seed=(seed + i) % 2**63) for i in range(len(batch))]
+        outputs = self.llm.generate(self._requests(batch), params, lora_request=self.lora_request, use_tqdm=False)
+        self.calls += 1
+        return [[Generated(c.text, len(c.token_ids), c.finish_reason == "stop") for c in o.outputs] for o in outputs]
 
 
 def resolve_model_and_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:

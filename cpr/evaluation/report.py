@@ -11,7 +11,7 @@ from typing import Any
 
 from cpr.markdown import format_value, markdown_table, summary_table
 
-__all__ = ["flat_metrics", "format_value", "markdown_table", "render_markdown", "summary_table"]
+__all__ = ["flat_metrics", "format_value", "markdown_table", "render_markdown", "sampled_columns", "summary_table"]
 
 
 def render_markdown(metrics: Mapping[str, Any], *, model_label: str = "this model", title: str | None = None) -> str:
@@ -30,6 +30,18 @@ def render_markdown(metrics: Mapping[str, Any], *, model_label: str = "this mode
     if bench.name == "crystal":
         parts += ["Rows marked *paper* are the CRYSTAL paper's base-model numbers (arXiv 2603.13099, Table 4, "
                   "full CRYSTAL test set), copied for comparison, not computed here.", ""]
+    overall = metrics["overall"]
+    if isinstance(overall.get("lucky_guess_rate"), (int, float)):
+        parts += [f"Lucky-guess rate (correct answer, Match F1 below 0.5): {overall['lucky_guess_rate']:.2f}% of the "
+                  "greedy completions.", ""]
+    if metrics.get("sampled"):
+        k = int(metrics["sampled"]["samples_per_item"])
+        parts += [f"## Sampled decoding ({k} per item, temperature {metrics['sampled']['temperature']:g}, top_p "
+                  f"{metrics['sampled']['top_p']:g}, seed {metrics['sampled']['seed']})", "",
+                  summary_table(("Model",), [((model_label,), overall)], sampled_columns(bench.columns, k, overall)),
+                  "", f"mean@{k}: the mean over an item's {k} samples, then over items (pass@1 of reasoning-RL "
+                  f"papers); pass@{k}: percent of items with a correct sample; Lucky: the lucky-guess rate over all "
+                  "sampled completions.", ""]
     for kind in bench.group_kinds:
         groups = metrics.get("groups", {}).get(kind)
         if groups is None:
@@ -46,6 +58,15 @@ def render_markdown(metrics: Mapping[str, Any], *, model_label: str = "this mode
         if metrics.get(key):
             parts.append(f"{name}: " + ", ".join(f"{k}{sep}{v}" for k, v in metrics[key].items()) + ".")
     return "\n".join(parts).rstrip() + "\n"
+
+
+def sampled_columns(columns: Sequence[tuple[str, str, int]], k: int,
+                    overall: Mapping[str, Any] | None = None) -> list[tuple[str, str, int]]:
+    """The sampled-decoding columns of a benchmark's ``columns``: ``"<title> mean@<k>"`` of each
+    (``sampled_<key>``), ``"Acc pass@<k>"`` and ``"Lucky mean@<k>"``; with ``overall``, only the keys it holds."""
+    out = [(f"{title} mean@{k}", f"sampled_{key}", dec) for title, key, dec in columns]
+    out += [(f"Acc pass@{k}", "pass_at_k", 2), (f"Lucky mean@{k}", "sampled_lucky_guess_rate", 2)]
+    return [c for c in out if overall is None or c[1] in overall]
 
 
 def flat_metrics(metrics: Mapping[str, Any], *, groups: bool = False) -> dict[str, float]:

@@ -16,9 +16,18 @@ from cpr.data.records import Record
 from cpr.errors import ConfigError
 from cpr.evaluation.benchmarks import get_benchmark
 from cpr.evaluation.generation import GenerationSettings, TransformersGenerator, generate_completions
+from cpr.evaluation.sampling import (
+    SAMPLED_COMPLETIONS,
+    SAMPLED_SAMPLES,
+    add_sampled_metrics,
+    generate_samples,
+)
 from cpr.scoring import ScoringSettings
 
-__all__ = ["evaluate_model", "subset"]
+__all__ = ["ROW_KEYS", "evaluate_model", "subset"]
+
+#: Keys of a metrics dict holding per-completion rows (written as JSON lines, not into metrics.json).
+ROW_KEYS = ("samples", "sampled_samples")
 
 
 def subset(records: Sequence[Record], max_samples: int | None, seed: int = 0) -> list[Record]:
@@ -45,15 +54,20 @@ def evaluate_model(
     """Generate completions for ``records`` with ``model`` (plain, PEFT or a trainer's unwrapped model) or a
     ready ``generator`` (e.g. a :class:`~cpr.evaluation.generation.VLLMGenerator`), and score them on
     ``benchmark``. Defaults: greedy decoding of 256 new tokens with the evaluation prompt, the paper's
-    scoring, the packaged templates.
+    scoring, the packaged templates. ``generation.decoding`` ``sampled`` also draws ``samples`` seeded
+    completions per record (:mod:`cpr.evaluation.sampling`) and adds their mean@k and pass@k beside the
+    greedy numbers, which stay those of greedy decoding.
 
     With ``out_dir`` it writes ``completions.jsonl`` (resumed from when there), ``metrics.json`` (without
-    the samples), ``samples.jsonl`` and ``metrics.md`` (:func:`~cpr.evaluation.report.render_markdown`
-    with ``label`` and ``title``).
+    the rows), ``samples.jsonl`` and ``metrics.md`` (:func:`~cpr.evaluation.report.render_markdown`
+    with ``label`` and ``title``); sampled decoding adds ``sampled_completions.jsonl`` (resumed) and
+    ``sampled_samples.jsonl``.
 
     Returns:
-        The benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`) with ``extra``,
-        ``"generation"`` (the decoding settings) and ``"seconds"``.
+        The benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`; step-scoring benchmarks
+        include ``lucky_guess_rate``, :func:`cpr.scoring.lucky_guess_rate`), the sampled numbers
+        (:func:`~cpr.evaluation.sampling.add_sampled_metrics`), ``extra``, ``"generation"`` (the
+        decoding settings) and ``"seconds"``.
 
     Raises:
         ConfigError: an unknown benchmark, or backend ``vllm`` without a generator.
@@ -77,12 +91,23 @@ def evaluate_model(
         description=f"{bench.name}: generating",
     )
     metrics = bench.score(records, completions, scoring)
+    decoding = generation.decoding
+    if decoding.sampled:
+        samples = generate_samples(
+            generator, records, bench.messages(templates, generation.prompt_mode), decoding,
+            batch_size=generation.batch_size, output_path=None if out is None else out / SAMPLED_COMPLETIONS,
+            progress=generation.progress, description=f"{bench.name}: sampling {decoding.samples} per item",
+        )
+        scored = [bench.score(records, {rid: s[j] for rid, s in samples.items()}, scoring)
+                  for j in range(decoding.samples)]
+        add_sampled_metrics(metrics, scored, decoding)
     metrics.update(extra or {})
     metrics["generation"] = {k: v for k, v in asdict(generation).items() if k != "progress"}
     metrics["seconds"] = round(time.perf_counter() - start, 3)
     if out is not None:
-        atomic_write_json(out / "metrics.json", {k: v for k, v in metrics.items() if k != "samples"})
-        atomic_write_text(out / "samples.jsonl",
-                          "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in metrics["samples"]))
+        atomic_write_json(out / "metrics.json", {k: v for k, v in metrics.items() if k not in ROW_KEYS})
+        for key, name in (("samples", "samples.jsonl"), ("sampled_samples", SAMPLED_SAMPLES)):
+            if key in metrics:
+                atomic_write_text(out / name, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in metrics[key]))
         atomic_write_text(out / "metrics.md", render_markdown(metrics, model_label=label, title=title))
     return metrics

@@ -130,6 +130,18 @@ class EvalBenchmarkConfig(_Section):
 EVAL_SPLITS: tuple[str, ...] = ("test", "validation")
 
 
+class DecodingConfig(_Section):
+    """Evaluation decoding (checked as :class:`cpr.evaluation.generation.DecodingSettings`): ``greedy``, or
+    ``sampled``: also ``samples`` completions per item at ``temperature`` / ``top_p``, seeded with ``seed``,
+    reported as mean@k and pass@k beside the greedy numbers."""
+
+    mode: Literal["greedy", "sampled"] = "greedy"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    samples: int = 4  # k
+    seed: int = 0
+
+
 class EvaluationConfig(_Section):
     """Evaluation during and after training (:mod:`cpr.training.evaluate`)."""
 
@@ -137,8 +149,9 @@ class EvaluationConfig(_Section):
     eval_steps: int | None = Field(None, ge=1)  # eval hook every N optimizer steps (None: none)
     metric_for_best: str = "crystal/match_f1"  # eval hook metric that picks best_checkpoint.json
     greater_is_better: bool = True
-    max_new_tokens: int = Field(256, ge=1)  # greedy decoding length
-    batch_size: int = Field(8, ge=1)  # generation batch size
+    max_new_tokens: int = Field(256, ge=1)  # completion length (new tokens)
+    batch_size: int = Field(8, ge=1)  # generation batch size (prompts; sampled: x samples rows)
+    decoding: DecodingConfig = DecodingConfig()  # greedy, or sampled too (mean@k, pass@k); selection: greedy
     prompt_mode: Literal[MODES] = "train"  # train (the training prompt) or eval (CRYSTAL's evaluation prompt)
     answer_mode: str = "crystal"  # crystal (the paper's protocol, comparable tables) or strict
     final: bool = True  # score the final adapter on each of final_splits after the last phase
@@ -524,6 +537,7 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     one; resolve the phases and relative paths."""
     from cpr.answers import check_answer_mode
     from cpr.evaluation.benchmarks import get_benchmark
+    from cpr.evaluation.generation import DecodingSettings
     from cpr.models import resolve_dtype
     from cpr.training.sft import SFTSettings
 
@@ -572,6 +586,14 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError("the eval hook scores the validation split, which is empty: set data.validation or "
                           "data.validation_size, or evaluation.eval_steps: null", field="evaluation.eval_steps")
     check_answer_mode(ev.answer_mode, "evaluation.answer_mode")
+    try:
+        DecodingSettings(**ev.decoding.model_dump())
+    except ConfigError as e:
+        raise ConfigError(e.message, field=f"evaluation.decoding.{e.field}") from None
+    metric = ev.metric_for_best.partition("/")[2]
+    if ev.eval_steps is not None and ev.decoding.mode == "greedy" and (metric.startswith("sampled_") or metric == "pass_at_k"):
+        raise ConfigError(f"{ev.metric_for_best!r} is a metric of sampled decoding; set evaluation.decoding.mode: "
+                          "sampled or pick a greedy metric", field="evaluation.metric_for_best")
     if len(set(ev.final_splits)) != len(ev.final_splits):
         raise ConfigError(f"a split is listed twice: {ev.final_splits}", field="evaluation.final_splits")
     stages = ["untrained", *(["warm_start"] if cfg.warm_start.enabled else []), *cfg.phases]

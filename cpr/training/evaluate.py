@@ -1,7 +1,8 @@
 """Scoring a run's model or LoRA adapter on a split of its data, as every evaluation of a run does.
 
 Every number of a run and of the ablations is scored alike: the same model (:mod:`cpr.training.policy`),
-decoding (``evaluation``: ``max_new_tokens``, ``batch_size``, ``prompt_mode``) and scoring (``rewards``:
+decoding (``evaluation``: ``max_new_tokens``, ``batch_size``, ``prompt_mode``, ``decoding``: greedy, or
+greedy plus k samples per item reported as mean@k and pass@k) and scoring (``rewards``:
 encoder, tau, matching, alpha; ``evaluation.answer_mode``), through :func:`cpr.evaluation.evaluate_model`.
 The eval hook (:func:`eval_hook`), its ``best_checkpoint.json`` and checkpoint selection score the
 **validation** split only; the test split is scored once, by :func:`final_evaluation`, so no choice is
@@ -94,13 +95,17 @@ def scoring_settings(cfg: ExperimentConfig, answer_mode: str) -> Any:
     return dataclasses.replace(cfg.rewards, answer_mode=answer_mode)
 
 
-def generation_settings(cfg: ExperimentConfig, *, progress: bool, prompt_mode: str | None = None) -> Any:
-    """:class:`cpr.evaluation.GenerationSettings` of the ``evaluation`` section (``prompt_mode`` unless given)."""
+def generation_settings(cfg: ExperimentConfig, *, progress: bool, prompt_mode: str | None = None,
+                        greedy: bool = False) -> Any:
+    """:class:`cpr.evaluation.GenerationSettings` of the ``evaluation`` section (``prompt_mode`` unless given;
+    ``evaluation.decoding`` unless ``greedy``)."""
     from cpr.evaluation import GenerationSettings
+    from cpr.evaluation.generation import DecodingSettings
 
     ev = cfg.evaluation
+    decoding = DecodingSettings() if greedy else DecodingSettings(**ev.decoding.model_dump())
     return GenerationSettings(max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size,
-                              prompt_mode=prompt_mode or ev.prompt_mode, progress=progress)
+                              prompt_mode=prompt_mode or ev.prompt_mode, progress=progress, decoding=decoding)
 
 
 def eval_hook(cfg: ExperimentConfig, splits: DataSplits, templates: Any, output_dir: Path) -> Any:

@@ -26,9 +26,12 @@ __all__ = ["UNTRAINED", "WARM_START", "bucket_mix", "chance_accuracy", "closing_
 
 #: Stage names of ``evaluation.compare`` besides the phase names.
 UNTRAINED, WARM_START = "untrained", "warm_start"
-#: The closing table's columns: (title, metric key, decimals), in the paper's order.
+#: The closing table's columns: (title, metric key, decimals), in the paper's order, then the lucky-guess
+#: rate and, with ``evaluation.decoding`` ``sampled``, mean@k accuracy and Match F1 and pass@k accuracy.
+#: A column no row has a value for is left out.
 COLUMNS = (("Acc", "accuracy", 1), ("Match F1", "match_f1", 3), ("P", "precision", 3), ("R", "recall", 3),
-            ("Steps", "steps", 2), ("LIS", "lis", 3), ("Ord. F1", "ordered_f1", 3))
+            ("Steps", "steps", 2), ("LIS", "lis", 3), ("Ord. F1", "ordered_f1", 3), ("Lucky", "lucky_guess_rate", 1),
+            ("Acc m@k", "sampled_accuracy", 1), ("F1 m@k", "sampled_match_f1", 3), ("Acc p@k", "pass_at_k", 1))
 
 
 def stage_adapter(stage: str, summary: Mapping[str, Any]) -> str | None:
@@ -121,13 +124,17 @@ def closing_lines(summary: Mapping[str, Any]) -> list[str]:
     rows = summary.get("comparison") or []
     if rows:
         width = max(len(r["stage"]) for r in rows)
+        columns = [c for c in COLUMNS if any(isinstance(r.get(c[1]), (int, float)) for r in rows)]
         lines.append(f"  held-out test ({rows[0]['benchmark']}, n {rows[0].get('n', '?')}; chance accuracy "
                      f"{summary.get('chance_accuracy', float('nan')):.1f}%):")
-        lines.append("    " + "stage".ljust(width) + "".join(f"  {t:>8}" for t, _, _ in COLUMNS))
+        lines.append("    " + "stage".ljust(width) + "".join(f"  {t:>8}" for t, _, _ in columns))
         for r in rows:
             cells = "".join(f"  {r[k]:>8.{d}f}" if isinstance(r.get(k), (int, float)) else f"  {'-':>8}"
-                            for _, k, d in COLUMNS)
+                            for _, k, d in columns)
             lines.append("    " + r["stage"].ljust(width) + cells)
+        if any(key == "sampled_accuracy" for _, key, _ in columns):
+            lines.append("    (greedy decoding, then m@k: mean over the k sampled completions per item of "
+                         "evaluation.decoding, p@k: pass@k; Lucky: % of greedy completions right with Match F1 < 0.5)")
     for phase, mix in (summary.get("bucket_mix") or {}).items():
         spans = " -> ".join("/".join(f"{part[b]:.0f}" for b in DIFFICULTIES) for part in mix)
         lines.append(f"  phase {phase} bucket mix (% easy/medium/hard, thirds of the phase): {spans}")

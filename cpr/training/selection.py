@@ -23,7 +23,8 @@ def select_best(
     cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, templates: Any, model_path: str
 ) -> dict[str, Any]:
     """Score every complete checkpoint of the phase and its final adapter with ``crystal`` on the
-    validation split (training prompt, ``rewards.answer_mode``; the base model loaded once) and pick
+    validation split (greedy decoding whatever ``evaluation.decoding`` says, training prompt,
+    ``rewards.answer_mode``; the base model loaded once) and pick
     the highest ``phase.select_metric`` (``accuracy`` or ``match_f1``), ties to the later step.
 
     Returns:
@@ -48,7 +49,7 @@ def select_best(
     elif state.is_main_process:
         candidates = [(checkpoint_step(p), p) for p in checkpoints_of(phase_dir) if checkpoint_status(p) == "complete"]
         candidates.append((None, phase_dir / "adapter"))
-        generation = generation_settings(cfg, progress=False, prompt_mode="train")
+        generation = generation_settings(cfg, progress=False, prompt_mode="train", greedy=True)
         scoring = scoring_settings(cfg, cfg.rewards.answer_mode)
         overall = score_adapters(
             cfg, model_path, [path for _, path in candidates],
