@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from cpr.errors import CprError
+from cpr.errors import INTERRUPTED_EXIT_CODE, CprError, RunInterrupted
 
 # command name -> module defining register(subparsers)
 COMMANDS: dict[str, str] = {
@@ -35,12 +35,18 @@ def error_exit_code(error: CprError) -> int:
 def run_command(prog: str, func: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
     """Run a command's ``func(args)`` and return its exit code (``None`` counts as 0). A
     :class:`~cpr.errors.CprError` is printed as one line ``"<prog>: error: <message>"`` on standard
-    error and gives :func:`error_exit_code`. Used by ``cpr`` and the recipes."""
+    error and gives :func:`error_exit_code`; Ctrl-C (``KeyboardInterrupt``) gives exit code 130 and, unless the run
+    already said so (:class:`~cpr.errors.RunInterrupted`), the line ``"<prog>: interrupted"``, no traceback.
+    Used by ``cpr`` and the recipes."""
     try:
         return int(func(args) or 0)
     except CprError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return error_exit_code(e)
+    except KeyboardInterrupt as e:
+        if not isinstance(e, RunInterrupted):
+            print(f"{prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     except BrokenPipeError:  # output piped into a command that stopped reading (`| head`): not an error
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

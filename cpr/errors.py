@@ -50,6 +50,16 @@ def check_choice(value: object, allowed: Iterable[str], field: str) -> str:
     return value  # type: ignore[return-value]
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C (``KeyboardInterrupt``) that has already logged its one line (what was kept and
+    the command that continues it); :func:`cpr.cli.run_command` exits with :data:`INTERRUPTED_EXIT_CODE`
+    without printing more."""
+
+
+#: Exit code of a command stopped by Ctrl-C: 128 + SIGINT (2), as shells report it.
+INTERRUPTED_EXIT_CODE = 130
+
+
 class ModelNotAvailableError(CprError, OSError):
     """A model, processor or encoder is neither on disk nor downloadable; the message names what was
     asked for and how to supply a local path."""

@@ -37,7 +37,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from cpr.ablation.run_folder import DIVERGED, FINISHED, read_run
+from cpr.ablation.run_folder import DIVERGED, FINISHED, NOT_STARTED, read_run
 from cpr.errors import ConfigError
 
 __all__ = ["Ablation", "Table", "commands", "load_ablation", "main", "plan", "register", "run_ablation", "run_config"]
@@ -189,9 +189,11 @@ def _execute(ab: Ablation, run: Planned, resume: bool) -> str:
                               f"or fix the ablation file): {describe_differences(diffs)}", field=diffs[0][0])
         logger.info("run %s: %s already, skipping", run.name, folder.status)
         return "skipped"
-    logger.info("run %s: starting -> %s", run.name, folder.path)
-    try:
-        (run_sft_baseline if run.recipe == "sft_lora" else run_experiment)(cfg, resume=resume)
+    logger.info("run %s: %s -> %s", run.name, "continuing" if resume and folder.status != NOT_STARTED else "starting",
+                folder.path)
+    try:  # --resume continues an unfinished run and starts one not started yet
+        (run_sft_baseline if run.recipe == "sft_lora" else run_experiment)(
+            cfg, resume=resume and folder.status != NOT_STARTED)
     except TrainingDivergedError as e:  # a result of the comparison; summary.json says diverged
         logger.warning("run %s: %s", run.name, e)
         return "diverged"

@@ -26,9 +26,9 @@ from typing import Any
 
 import yaml
 
-from cpr.errors import ConfigError
+from cpr.errors import ConfigError, RunInterrupted
 from cpr.io import atomic_write_json, atomic_write_text
-from cpr.training.checkpoints import DIVERGED_MARKER, adapter_folder
+from cpr.training.checkpoints import DIVERGED_MARKER, adapter_folder, last_checkpoint
 from cpr.training.config import EVAL_SPLITS, ExperimentConfig, config_from_dict
 from cpr.training.splits import load_splits
 
@@ -77,6 +77,7 @@ def run_experiment(
     t_start = time.time()
     summary: dict[str, Any] = {"run_name": cfg.run_name, "output_dir": str(out), "model": cfg.model.name_or_path,
                                "phases": [], "status": "running"}
+    stage = "setup"  # what runs now, for the line of an interrupted run
 
     def write_summary() -> None:
         summary["wall_time_s"] = round(time.time() - t_start, 1)
@@ -97,6 +98,7 @@ def run_experiment(
 
         handover: Path | None = None
         if cfg.warm_start.enabled:
+            stage = "warm_start"
             handover = run_warm_start(
                 cfg, splits, out / "warm_start", templates=templates, model_path=model_path, resume=resume
             )
@@ -111,6 +113,7 @@ def run_experiment(
                 handover = Path(summary["phases"][-1]["handover_adapter"])
                 continue
             init = Path(phase.init_adapter) if phase.init_adapter else handover
+            stage = name
             result = train_phase(cfg, phase, splits, templates, model_path, init, resume, callbacks)
             summary["phases"].append(result)
             if result.get("status") == "diverged":
@@ -134,6 +137,7 @@ def run_experiment(
             write_summary()
 
         summary["final_adapter"] = str(handover) if handover else None
+        stage = "final evaluation"
         if cfg.evaluation.final:
             results = final_evaluation(
                 cfg, splits, adapter=handover, run_dir=out, label=cfg.run_name, templates=templates,
@@ -157,9 +161,36 @@ def run_experiment(
         summary["error"] = f"{type(e).__name__}: {' '.join(str(e).split()) or type(e).__name__}"[:2000]
         with contextlib.suppress(OSError):
             write_summary()
+        if isinstance(e, KeyboardInterrupt):
+            if state.is_main_process:
+                logger.warning("%s", interrupted_line(out, stage, resume_command(state.num_processes)))
+            raise RunInterrupted(str(e)) from None
         raise
     finally:
         close_run_log(handler)
+
+
+def resume_command(num_processes: int = 1, argv: Sequence[str] | None = None) -> str:
+    """The command line that continues this process's run: ``argv`` (default ``sys.argv``; a ``.py`` script as
+    ``python <script>``, a console script by its name) without ``--overwrite``, with ``--resume``; a distributed
+    run (``num_processes`` > 1) is started again by its launcher."""
+    import shlex
+    import sys
+
+    argv = list(sys.argv if argv is None else argv)
+    head = ["python", argv[0]] if argv and argv[0].endswith(".py") else [Path(argv[0]).name] if argv else ["cpr", "train"]
+    rest = [a for a in argv[1:] if a not in ("--overwrite", "--resume")]
+    line = shlex.join([*head, *rest, "--resume"])
+    return f"{line} (under the same launcher, {num_processes} processes)" if num_processes > 1 else line
+
+
+def interrupted_line(out: Path, stage: str, command: str) -> str:
+    """The one line an interrupted run logs: where it stopped (``stage``: ``setup``, ``warm_start``, a phase or
+    ``final evaluation``; the latest complete checkpoint of the warm start or phase, in ``out``), that what was
+    written is kept, and ``command``, which continues it."""
+    ckpt = last_checkpoint(out / stage) if stage not in ("setup", "final evaluation") else None
+    where = f"{stage} (last complete checkpoint {ckpt})" if ckpt else stage
+    return f"interrupted (Ctrl-C) during {where}; everything written so far is kept in {out}; continue with: {command}"
 
 
 #: Files whose presence means ``output_dir`` holds a run (what the runner writes first).
@@ -235,10 +266,14 @@ def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) ->
     training. Every rank looks before any rank writes, so all raise or none does.
 
     Raises:
-        ConfigError: ``out`` holds a run and ``overwrite`` is not set; or ``overwrite`` would delete the working
-            directory or a folder above it.
+        ConfigError: ``out`` holds a run and ``overwrite`` is not set; ``overwrite`` would delete the working
+            directory or a folder above it; or ``resume`` and ``out`` holds no run (a mistyped folder would
+            otherwise train from scratch).
     """
     if resume:
+        if previous_run(out) is None:
+            raise ConfigError(f"--resume: {out} holds no run to continue (no {', '.join(_RUN_MARKERS)}); check the "
+                              "output_dir, or start the run without --resume", field="output_dir")
         return False
     found = previous_run(out)
     names = {p.name for p in out.iterdir()} if out.is_dir() else set()
