@@ -30,7 +30,7 @@ from cpr.errors import ConfigError, RunInterrupted
 from cpr.io import atomic_write_json, atomic_write_text
 from cpr.training.checkpoints import DIVERGED_MARKER, adapter_folder, last_checkpoint
 from cpr.training.config import EVAL_SPLITS, ExperimentConfig, config_from_dict
-from cpr.training.splits import load_splits
+from cpr.training.splits import load_run_data
 
 logger = logging.getLogger("cpr.training")
 
@@ -314,7 +314,6 @@ def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = Tru
         ModelNotAvailableError: the model or the step encoder cannot be had.
         InputError: a dataset that does not load.
     """
-    from cpr.data import load_templates
     from cpr.training.phase import grpo_config
     from cpr.training.policy import check_base
     from cpr.training.preflight import preflight
@@ -323,8 +322,7 @@ def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = Tru
         for name in cfg.phases:
             grpo_config(cfg, cfg.phase(name))
     preflight(cfg, str(state.device))
-    splits = load_splits(cfg.data)
-    templates = load_templates(cfg.data.prompts)
+    splits, templates = load_run_data(cfg)
     model_path = cfg.model.name_or_path
     for name in cfg.phases:
         if cfg.phase(name).init_adapter:
