@@ -101,7 +101,7 @@ def test_demo_config_and_warm_start_settings(monkeypatch):
     ws = warm_start_settings(demo)
     assert (ws.max_steps, ws.learning_rate, ws.per_device_train_batch_size, ws.max_length, ws.seed) == (
         150, 5e-3, 8, 512, 42)
-    assert ws.logging_steps == 7 and ws.save_strategy == "no"
+    assert ws.logging_steps == 7 and (ws.save_strategy, ws.save_steps) == ("steps", 37)  # a quarter of max_steps
 
 
 @pytest.mark.slow

@@ -114,6 +114,7 @@ class WarmStartConfig(_Section):
     warmup_ratio: float = 0.05
     per_device_train_batch_size: int = 8
     max_length: int = 512
+    save_steps: int | None = Field(None, ge=1)  # a checkpoint every this many steps (None: a quarter of max_steps)
     extra: dict[str, Any] = {}  # other SFTSettings fields
 
 
