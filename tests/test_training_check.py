@@ -243,6 +243,19 @@ def test_check_loads_the_data_as_the_run_does(tmp_path, capsys):
     assert code == 0 and "data: not loaded (--skip-data)" in out
 
 
+def test_check_warns_of_an_empty_curriculum_bucket(capsys):
+    """demo_tabmwp.yaml's TabMWP samples are all grades 3-4: every record easy, so its staged phase never
+    trains on medium or hard."""
+    code, out, err = _check(capsys, "--config", str(REPO / "recipes/configs/demo_tabmwp.yaml"),
+                            "--set", f"model.name_or_path={tiny_model(data=True)}")
+    assert code == 0, err
+    assert "data: train 16, validation 4, test 8 records, loaded and validated" in out
+    warnings = [ln for ln in out.splitlines() if ln.startswith("warning: phase")]
+    assert warnings == ["warning: phase cpr: curriculum buckets 'medium', 'hard' have no training records (easy 16, "
+                        "medium 0, hard 0); the staged schedule trains on the other buckets only (check data.buckets "
+                        "or the data's difficulty)"]
+
+
 def test_the_run_names_the_file_and_key_of_an_unknown_source_option(tmp_path, capsys):
     unknown = _demo_with_data(tmp_path, [{"source": "synthetic", "split": "train", "options": {"size": 60, "colours": 4}}])
     assert main(["train", "--config", str(unknown), "--output-dir", str(tmp_path / "out")]) == 2

@@ -366,12 +366,17 @@ def run_check(args: argparse.Namespace) -> int:
     n = n or 1
     with unittest.mock.patch.dict(os.environ, {"WORLD_SIZE": str(n)}):  # validated as on n processes
         cfg = config_from_args(args)
-    data_line = "data: not loaded (--skip-data)"
+    data_lines = ["data: not loaded (--skip-data)"]
     if not args.skip_data:  # as the run loads it, so that a data error the run would hit is one here
+        from cpr.curriculum import CurriculumConfig, empty_buckets_message
         from cpr.training.splits import load_run_data
 
         splits = load_run_data(cfg)[0]
-        data_line = "data: " + ", ".join(f"{k} {v}" for k, v in splits.counts().items()) + " records, loaded and validated"
+        data_lines = ["data: " + ", ".join(f"{k} {v}" for k, v in splits.counts().items()) + " records, loaded and validated"]
+        for name in cfg.phases:
+            curriculum = CurriculumConfig.from_dict(cfg.phase(name).curriculum)
+            if empty := empty_buckets_message(curriculum, splits.train.column("difficulty"), name):
+                data_lines.append(f"warning: {empty}")
     folder = config_folder(cfg.model.name_or_path)
     arch, config = load_architecture(folder, policy.lora_config(cfg, str(folder)), include_vision=cfg.lora.include_vision)
     from cpr.models import resolve_dtype
@@ -380,7 +385,7 @@ def run_check(args: argparse.Namespace) -> int:
     image = _image_sizes(arch, config, folder, cfg)
     shapes = _phase_shapes(cfg, n, image, args.prompt_tokens)
     print(f"config {args.config}: valid for {n} process{'es' if n > 1 else ''}; phases {', '.join(cfg.phases)}")
-    print(data_line)
+    print("\n".join(data_lines))
     print(f"model {cfg.model.name_or_path}: {arch.family}, config from {folder}, {'bf16' if wb == 2 else 'fp32'} weights")
     lm = [m for m in arch.lora_modules if _part(m) == "language"]
     kinds = sorted({m.rsplit(".", 1)[-1] for m in arch.lora_modules})

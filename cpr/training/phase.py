@@ -147,7 +147,7 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
         ConfigError: an invalid ``training`` section (TRL's checks).
         TrainingOutOfMemoryError: out of memory in training or generation.
     """
-    from cpr.curriculum import CurriculumConfig
+    from cpr.curriculum import CurriculumConfig, empty_buckets_message
     from cpr.data import to_grpo_dataset
     from cpr.distributed import process_state
     from cpr.rewards import get_reward_set, set_completion_recorder
@@ -164,6 +164,8 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
     shared = _reward_shared(cfg.rewards)
     funcs, weights = get_reward_set(phase.rewards, args.reward_weights, phase.reward_params, **shared)
     curriculum = CurriculumConfig.from_dict(phase.curriculum, prefix=f"phase_settings.{phase.name}.curriculum")
+    if empty := empty_buckets_message(curriculum, splits.train.column("difficulty"), phase.name):
+        logger.warning("%s", empty)
     ckpt = prepare_resume(phase_dir, resume, state)
 
     model, processor = policy.load_policy(cfg, model_path)
