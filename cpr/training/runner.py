@@ -3,13 +3,16 @@
 A phase starts from its ``init_adapter``, else the adapter the previous phase handed on (its best checkpoint on
 the validation split with ``select_best``, else its final adapter), else the warm start's, else a new one. The
 run folder holds ``config.yaml`` (every default filled in, and ``training_effective``), ``run.log``,
-``summary.json`` (``status`` running, finished, diverged, failed or interrupted), ``warm_start/adapter/``,
+``summary.json`` (``status`` running, finished, diverged, failed or interrupted), ``warm_start/`` (its
+``checkpoint-N/`` folders and ``adapter/``),
 ``final_eval/`` (``stages/<stage>/``: earlier stages, ``evaluation.compare``), and per phase its
 ``checkpoint-N/`` folders (:mod:`cpr.training.checkpoints`), final ``adapter/``, ``log.jsonl``, ``scored_completions.jsonl``, ``eval_history.jsonl``, ``best_checkpoint.json``,
 ``guard_events.jsonl``, ``selection.json``, ``phase_done.json`` and ``abandoned-checkpoint-N-<time>/``.
-Resume skips finished phases and continues the current one from its last complete, not diverged checkpoint;
+Resume (refused for a folder that holds no run) continues an unfinished warm start from its last complete
+checkpoint, skips finished phases and continues the current one from its last complete, not diverged checkpoint;
 on CPU with a fixed ``torch_threads`` it ends with the uninterrupted run's adapter and prompt order
-(tests/test_reliability_resume.py); on GPU only with ``training.full_determinism: true``.
+(tests/test_reliability_resume.py); on GPU only with ``training.full_determinism: true``. Ctrl-C logs one line
+(:func:`interrupted_line`: where, the last checkpoint, the ``--resume`` command) and raises ``RunInterrupted``.
 """
 
 from __future__ import annotations
