@@ -328,3 +328,39 @@ def test_an_interrupted_warm_start_resumes_from_its_checkpoint_exactly(tmp_path,
 
     assert [s for s, _ in losses(killed)] == [s for s, _ in losses(full)] == [1, 2, 3, 4, 5, 6]
     assert [v for _, v in losses(killed)] == pytest.approx([v for _, v in losses(full)], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_sigint_in_the_warm_start_is_one_line_and_keeps_the_checkpoints(tmp_path):
+    """A real Ctrl-C (SIGINT) through the recipe: exit 130, no traceback, one line (console and run.log)
+    naming the last checkpoint and the --resume command; the checkpoints stay."""
+    import re
+
+    cfg = tiny_run_config(
+        "sigint", tmp_path / "unused", seed=5, lora_r=8, limit=8, heldout=0, phases=[], evaluation={"final": False},
+        warm_start={"enabled": True, "max_steps": 200, "save_steps": 2, "learning_rate": 5e-3,
+                    "per_device_train_batch_size": 2, "max_length": 512},
+    )
+    config, out = tmp_path / "sigint.yaml", tmp_path / "run"
+    config.write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    command = ["recipes/cpr_curriculum.py", "--config", str(config), "--output-dir", str(out)]
+    p = subprocess.Popen([sys.executable, *command], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, cwd=REPO)
+    deadline = time.time() + 240
+    while not (out / "warm_start" / "checkpoint-2" / COMPLETE_MARKER).is_file():
+        assert p.poll() is None, p.stderr.read()[-3000:]
+        assert time.time() < deadline, "the warm start never saved checkpoint-2"
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    lines = [x for x in err.splitlines() if "interrupted" in x]
+    assert len(lines) == 1, err[-3000:]
+    pattern = (rf"\[cpr\] interrupted \(Ctrl-C\) during warm_start \(last complete checkpoint "
+               rf"{re.escape(str(out / 'warm_start'))}/checkpoint-(\d+)\); everything written so far is kept in "
+               rf"{re.escape(str(out))}; continue with: python {re.escape(' '.join(command))} --resume")
+    step = int(re.fullmatch(pattern, lines[0]).group(1))
+    assert lines[0][len("[cpr] "):] in (out / "run.log").read_text()
+    assert checkpoint_status(out / "warm_start" / f"checkpoint-{step}") == "complete"
+    assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"

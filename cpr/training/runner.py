@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -166,6 +167,8 @@ def run_experiment(
             write_summary()
         if isinstance(e, KeyboardInterrupt):
             if state.is_main_process:
+                if stage not in ("setup", "final evaluation"):  # the trainer's progress bar stops mid-line
+                    print(file=sys.stderr, flush=True)
                 logger.warning("%s", interrupted_line(out, stage, resume_command(state.num_processes)))
             raise RunInterrupted(str(e)) from None
         raise
@@ -178,7 +181,6 @@ def resume_command(num_processes: int = 1, argv: Sequence[str] | None = None) ->
     ``python <script>``, a console script by its name) without ``--overwrite``, with ``--resume``; a distributed
     run (``num_processes`` > 1) is started again by its launcher."""
     import shlex
-    import sys
 
     argv = list(sys.argv if argv is None else argv)
     head = ["python", argv[0]] if argv and argv[0].endswith(".py") else [Path(argv[0]).name] if argv else ["cpr", "train"]
