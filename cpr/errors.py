@@ -56,6 +56,16 @@ def check_choice(value: object, allowed: Iterable[str], field: str) -> str:
     return value  # type: ignore[return-value]
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C (``KeyboardInterrupt``) that has already logged its one line (what was kept and
+    the command that continues it); :func:`run_command` exits with :data:`INTERRUPTED_EXIT_CODE`
+    without printing more."""
+
+
+#: Exit code of a command stopped by Ctrl-C: 128 + SIGINT (2), as shells report it.
+INTERRUPTED_EXIT_CODE = 130
+
+
 class ModelNotAvailableError(CprError, OSError):
     """A model, processor or encoder is neither on disk nor downloadable; the message names what was
     asked for and how to supply a local path."""
@@ -70,12 +80,18 @@ def error_exit_code(error: CprError) -> int:
 def run_command(prog: str, func: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
     """Run a command's ``func(args)`` and return its exit code (``None`` counts as 0). A
     :class:`~cpr.errors.CprError` is printed as one line ``"<prog>: error: <message>"`` on standard
-    error and gives :func:`error_exit_code`. Used by ``cpr`` and the recipes."""
+    error and gives :func:`error_exit_code`; Ctrl-C (``KeyboardInterrupt``) gives exit code 130 and, unless the run
+    already said so (:class:`RunInterrupted`), the line ``"<prog>: interrupted"``, no traceback.
+    Used by ``cpr`` and the recipes."""
     try:
         return int(func(args) or 0)
     except CprError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return error_exit_code(e)
+    except KeyboardInterrupt as e:
+        if not isinstance(e, RunInterrupted):
+            print(f"{prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
     except BrokenPipeError:  # output piped into a command that stopped reading (`| head`): not an error
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

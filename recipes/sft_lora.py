@@ -1,7 +1,7 @@
 """LoRA fine-tuning baseline (the M3CoT paper's): supervised LoRA on the reference steps and answers in
 the output JSON format (the config's warm_start section, no GRPO phase), scored like the GRPO runs.
 
-    python recipes/sft_lora.py --config recipes/configs/sft_lora_demo.yaml          # offline CPU demo
+    python recipes/sft_lora.py --config recipes/configs/sft_lora_demo.yaml --ranges warn   # offline CPU demo
     python recipes/sft_lora.py --config X.yaml --set warm_start.learning_rate=5e-5 --resume
 """
 

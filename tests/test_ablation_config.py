@@ -67,16 +67,16 @@ def test_shipped_files_list_commands_that_build_the_runs_configs(name, tmp_path,
         if any(str(v) == f"@{run.name}" for r in runs for _, v in r.pairs):
             _finish(tmp_path / "abl" / run.name)
     assert main(["--config", str(path), "--list"]) == 0
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
+    out = capsys.readouterr().out.splitlines()
+    lines = [ln for ln in out if not ln.startswith("#")]
+    described = {ln.split(": ", 1)[0][2:]: ln.split(": ", 1)[1] for ln in out if ln.startswith("# ") and ": " in ln}
     assert lines[-1] == f"python recipes/reward_ablation.py --config {path} --table-only"
-    assert len(lines) == len(runs) + 1
+    assert len(lines) == len(runs) + 1 and starters <= set(described)
     for run, line in zip(runs, lines, strict=False):
-        if run.name in starters:
-            assert line.endswith(f"recipes/reward_ablation.py --config {path} --only {run.name}")
+        assert line.endswith(f"recipes/reward_ablation.py --config {path} --only {run.name} --resume")
         built = run_config(ab, run)
         assert built.output_dir == str(tmp_path / "abl" / run.name) and built.run_name == f"{ab.name}-{run.name}"
-        if run.name not in starters:
-            assert _parse_recipe(line) == built.to_dict(), run.name
+        assert _parse_recipe(described[run.name]) == built.to_dict(), run.name
         # every run scores the table's split itself (its final evaluation)
         assert built.evaluation.final and ab.table.split in built.evaluation.final_splits, run.name
 
@@ -171,17 +171,35 @@ def test_list_only_and_unknown_names(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = _write(tmp_path, name="w", launcher="accelerate launch --num_processes 2")
     assert main(["--config", str(path), "--list", "--only", "aw0.50_sw0.50"]) == 0
-    out = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
+    out = capsys.readouterr().out.splitlines()[1:]
     assert out == [
-        shlex.join(["accelerate", "launch", "--num_processes", "2", "recipes/cpr_curriculum.py",
-                    "--config", str(tmp_path / "base.yaml"), "--set", "phases=[cpr]",
-                    "--set", "phase_settings.cpr.reward_params.cpr.answer_weight=0.5",
-                    "--set", f"output_dir={tmp_path / 'o' / 'aw0.50_sw0.50'}", "--set", "run_name=w-aw0.50_sw0.50"]),
+        "# aw0.50_sw0.50: " + shlex.join([
+            "recipes/cpr_curriculum.py", "--config", str(tmp_path / "base.yaml"), "--set", "phases=[cpr]",
+            "--set", "phase_settings.cpr.reward_params.cpr.answer_weight=0.5",
+            "--set", f"output_dir={tmp_path / 'o' / 'aw0.50_sw0.50'}", "--set", "run_name=w-aw0.50_sw0.50"]),
+        shlex.join(["accelerate", "launch", "--num_processes", "2", "recipes/reward_ablation.py", "--config", str(path),
+                    "--only", "aw0.50_sw0.50", "--resume"]),
+        "# when they have finished: the table",
         f"python recipes/reward_ablation.py --config {path} --table-only",
     ]
     for argv in (["--list", "--only", "aw0.10_sw0.90"], ["--only", "aw0.10_sw0.90"]):
         assert main(["--config", str(path), *argv]) == 2
         assert "no run named 'aw0.10_sw0.90'; runs: aw0.80_sw0.20, aw0.50_sw0.50" in capsys.readouterr().err
+
+
+def test_a_run_overriding_a_shared_key_lists_it_once(tmp_path, capsys, monkeypatch):
+    """set: {phases: [cpr]} for every run, phases: [answer_only] for one: its line says answer_only only."""
+    monkeypatch.chdir(tmp_path)
+    path = _write(tmp_path, runs=[{"name": "phase1", "set": {"phases": ["answer_only"]}},
+                                  {"name": "cpr", "set": {"phase_settings.cpr.init_adapter": "@phase1"}}])
+    assert main(["--config", str(path), "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    phase1 = next(ln for ln in out if ln.startswith("# phase1: "))
+    assert phase1.count("phases=") == 1 and "--set 'phases=[answer_only]'" in phase1
+    assert _parse_recipe(phase1.split(": ", 1)[1])["phases"] == ["answer_only"]
+    # a run from another run's adapter, before that one finished: named by its @
+    assert "--set phase_settings.cpr.init_adapter=@phase1" in next(ln for ln in out if ln.startswith("# cpr: "))
+    assert f"python recipes/reward_ablation.py --config {path} --only phase1 --resume" in out
 
 
 def test_seeds_give_one_run_each_except_runs_without_phases(tmp_path):

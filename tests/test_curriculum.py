@@ -26,6 +26,7 @@ from cpr.training.curriculum import (
     CurriculumConfig,
     CurriculumSampler,
     CurriculumStateCallback,
+    empty_buckets_message,
     total_generation_batches,
 )
 
@@ -132,6 +133,17 @@ def test_validate_catches_mutation():
 # --------------------------------------------------------------------------------------------------
 # Step arithmetic
 # --------------------------------------------------------------------------------------------------
+
+
+def test_empty_buckets_message_names_the_phase_and_bucket():
+    staged, linear = CurriculumConfig(schedule="staged"), CurriculumConfig(schedule="linear")
+    assert empty_buckets_message(staged, ["easy", "hard", "easy"], "cpr") == (
+        "phase cpr: curriculum bucket 'medium' has no training records (easy 2, medium 0, hard 1); the staged "
+        "schedule trains on the other buckets only (check data.buckets or the data's difficulty)")
+    assert empty_buckets_message(linear, ["easy"], "p2").startswith(
+        "phase p2: curriculum buckets 'medium', 'hard' have no training records (easy 1, medium 0, hard 0); the linear")
+    assert empty_buckets_message(staged, ["easy", "medium", "hard"], "cpr") is None
+    assert empty_buckets_message(CurriculumConfig(schedule="none"), ["easy"], "cpr") is None  # buckets unused
 
 
 def test_total_generation_batches_by_hand():

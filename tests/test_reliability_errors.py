@@ -376,6 +376,67 @@ def test_resume_with_a_different_config_is_refused(tmp_path, monkeypatch, capsys
                                             "that differs from the run's") and "torch_threads was 1, now 2;" in errors[0]
 
 
+def test_resume_of_a_folder_without_a_run_is_refused(tmp_path, monkeypatch, capsys, no_model_load):
+    """A mistyped --output-dir with --resume would otherwise train from scratch, silently."""
+    config = _write(tmp_path, _config(tmp_path))
+    typo = tmp_path / "runn"
+    for make in (False, True):  # a folder that does not exist, then an empty one
+        if make:
+            typo.mkdir()
+        rc, errors, err = _run_recipe(monkeypatch, capsys, config, "--resume", "--output-dir", str(typo))
+        assert rc == 2 and "Traceback" not in err
+        assert errors == [
+            f"cpr_curriculum: error: field 'output_dir': --resume: {typo} holds no run to continue (no config.yaml, "
+            "summary.json, run.log); check the output_dir, or start the run without --resume"
+        ]
+        assert not typo.exists() if not make else list(typo.iterdir()) == []  # nothing written
+
+
+def test_ctrl_c_is_one_line_naming_the_resume_command(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in a phase: exit 130, one line on the console and in run.log (where it stopped, the command
+    that continues it), no traceback; the phase's checkpoint and the run's files stay."""
+    import cpr.training.phase
+
+    def interrupted(cfg, phase, *args):
+        ckpt = Path(cfg.output_dir) / phase.name / "checkpoint-2"
+        ckpt.mkdir(parents=True)
+        (ckpt / "checkpoint_complete.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cpr.training.phase, "train_phase", interrupted)
+    config = _write(tmp_path, _config(tmp_path))
+    run = tmp_path / "run"
+    rc, errors, err = _run_recipe(monkeypatch, capsys, config, "--overwrite")
+    line = (f"interrupted (Ctrl-C) during cpr (last complete checkpoint {run / 'cpr' / 'checkpoint-2'}); everything "
+            f"written so far is kept in {run}; continue with: python cpr_curriculum.py --config {config} --resume")
+    assert rc == 130 and "Traceback" not in err and errors == []
+    assert [x for x in err.splitlines() if "interrupted" in x] == [f"[cpr] {line}"]
+    assert [x for x in (run / "run.log").read_text().splitlines() if "interrupted" in x][0].endswith(f"WARNING cpr.training: {line}")
+    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
+    assert (run / "cpr" / "checkpoint-2" / "checkpoint_complete.json").is_file() and (run / "config.yaml").is_file()
+
+
+def test_ctrl_c_outside_a_run_exits_130_without_a_traceback(capsys):
+    from cpr.cli import run_command
+
+    def stopped(args):
+        raise KeyboardInterrupt
+
+    assert run_command("cpr data", stopped, None) == 130
+    assert capsys.readouterr().err == "cpr data: interrupted\n"
+
+
+def test_resume_command_drops_overwrite():
+    from cpr.training.runner import resume_command
+
+    assert resume_command(1, ["recipes/cpr_curriculum.py", "--config", "a b.yaml", "--overwrite"]) == (
+        "python recipes/cpr_curriculum.py --config 'a b.yaml' --resume")
+    assert resume_command(1, ["/venv/bin/cpr", "train", "--config", "x.yaml", "--resume"]) == (
+        "cpr train --config x.yaml --resume")
+    assert resume_command(4, ["recipes/cpr_curriculum.py"]) == (
+        "python recipes/cpr_curriculum.py --resume (under the same launcher, 4 processes)")
+
+
 def test_a_closed_pipe_is_not_an_error():
     from cpr.cli import run_command
 

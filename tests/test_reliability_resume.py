@@ -264,3 +264,103 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, schedule, limit, ste
         return saved["CurriculumStateCallback"]["attributes"]["curriculum_state"]["fingerprint"]
 
     assert fingerprint(phase) == fingerprint(full / "cpr")
+
+
+# --------------------------------------------------------------------------------------
+# the supervised warm start: checkpoints, Ctrl-C, --resume
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_an_interrupted_warm_start_resumes_from_its_checkpoint_exactly(tmp_path, monkeypatch, one_thread):
+    """Ctrl-C during step 3 of a 6-step warm start (checkpoints every 2 steps): --resume trains steps 3-6 only,
+    from checkpoint-2, and ends with the uninterrupted warm start's adapter and losses."""
+    from safetensors.torch import load_file
+    from transformers import TrainerCallback
+
+    import cpr.training.sft
+    from cpr.training.config import config_from_dict
+    from cpr.training.runner import run_experiment
+
+    run_sft, steps_run = cpr.training.sft.run_sft, []
+
+    class Steps(TrainerCallback):
+        def __init__(self, stop_at):
+            self.stop_at = stop_at
+
+        def on_step_end(self, args, state, control, **kwargs):
+            steps_run.append(state.global_step)
+            if state.global_step == self.stop_at:
+                raise KeyboardInterrupt  # as Ctrl-C would, between two checkpoints
+
+    def run(out: Path, *, stop_at: int | None = None, resume: bool = False) -> dict:
+        steps_run.clear()
+        monkeypatch.setattr(cpr.training.sft, "run_sft",
+                            lambda *a, **k: run_sft(*a, **k, callbacks=[Steps(stop_at)]))
+        cfg = tiny_run_config(
+            "warm", out, seed=5, lora_r=8, limit=8, heldout=0, phases=[], evaluation={"final": False},
+            warm_start={"enabled": True, "max_steps": 6, "save_steps": 2, "learning_rate": 5e-3,
+                        "per_device_train_batch_size": 2, "max_length": 512},
+        )
+        return run_experiment(config_from_dict(cfg), resume=resume)
+
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    assert run(full)["status"] == "finished" and steps_run == [1, 2, 3, 4, 5, 6]
+    assert [p.name for p in sorted((full / "warm_start").glob("checkpoint-*"))] == [
+        "checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    with pytest.raises(KeyboardInterrupt):
+        run(killed, stop_at=3)
+    ws = killed / "warm_start"
+    assert checkpoint_status(ws / "checkpoint-2") == "complete" and not (ws / "checkpoint-4").exists()
+    assert not (ws / "adapter").exists() and not (ws / WARM_START_DONE).exists()
+    assert json.loads((killed / "summary.json").read_text())["status"] == "interrupted"
+
+    assert run(killed, resume=True)["status"] == "finished"
+    assert steps_run == [3, 4, 5, 6]  # from checkpoint-2, not from the start
+    a = load_file(str(full / "warm_start" / "adapter" / "adapter_model.safetensors"))
+    b = load_file(str(ws / "adapter" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-6
+    assert any(k.endswith("lora_B.weight") and float(v.abs().max()) > 0 for k, v in a.items())  # it learned
+
+    def losses(root: Path) -> list[tuple[int, float]]:
+        history = json.loads((root / "warm_start" / "trainer_state.json").read_text())["log_history"]
+        return [(r["step"], r["loss"]) for r in history if "loss" in r]
+
+    assert [s for s, _ in losses(killed)] == [s for s, _ in losses(full)] == [1, 2, 3, 4, 5, 6]
+    assert [v for _, v in losses(killed)] == pytest.approx([v for _, v in losses(full)], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_sigint_in_the_warm_start_is_one_line_and_keeps_the_checkpoints(tmp_path):
+    """A real Ctrl-C (SIGINT) through the recipe: exit 130, no traceback, one line (console and run.log)
+    naming the last checkpoint and the --resume command; the checkpoints stay."""
+    import re
+
+    cfg = tiny_run_config(
+        "sigint", tmp_path / "unused", seed=5, lora_r=8, limit=8, heldout=0, phases=[], evaluation={"final": False},
+        warm_start={"enabled": True, "max_steps": 200, "save_steps": 2, "learning_rate": 5e-3,
+                    "per_device_train_batch_size": 2, "max_length": 512},
+    )
+    config, out = tmp_path / "sigint.yaml", tmp_path / "run"
+    config.write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    command = ["recipes/cpr_curriculum.py", "--config", str(config), "--output-dir", str(out)]
+    p = subprocess.Popen([sys.executable, *command], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True, cwd=REPO)
+    deadline = time.time() + 240
+    while not (out / "warm_start" / "checkpoint-2" / COMPLETE_MARKER).is_file():
+        assert p.poll() is None, p.stderr.read()[-3000:]
+        assert time.time() < deadline, "the warm start never saved checkpoint-2"
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    lines = [x for x in err.splitlines() if "interrupted" in x]
+    assert len(lines) == 1, err[-3000:]
+    pattern = (rf"\[cpr\] interrupted \(Ctrl-C\) during warm_start \(last complete checkpoint "
+               rf"{re.escape(str(out / 'warm_start'))}/checkpoint-(\d+)\); everything written so far is kept in "
+               rf"{re.escape(str(out))}; continue with: python {re.escape(' '.join(command))} --resume")
+    step = int(re.fullmatch(pattern, lines[0]).group(1))
+    assert lines[0][len("[cpr] "):] in (out / "run.log").read_text()
+    assert checkpoint_status(out / "warm_start" / f"checkpoint-{step}") == "complete"
+    assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"

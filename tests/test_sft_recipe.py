@@ -93,15 +93,23 @@ def test_demo_config_and_warm_start_settings(monkeypatch):
     monkeypatch.chdir(REPO)
     cfg = load_sft_config(REPO / "recipes" / "configs" / "sft_lora_demo.yaml", ["warm_start.max_steps=7"])
     settings = warm_start_settings(cfg)
-    assert settings.max_steps == 7 and settings.learning_rate == 8e-5 and check_m3cot_ranges(settings) == []
-    assert cfg.data.test_size == 8 and cfg.evaluation.benchmarks[0].name == "crystal"
+    # demo.yaml's task, test items and warm-start settings: the tiny model needs a learning rate past M3CoT's
+    assert settings.max_steps == 7 and settings.learning_rate == 2e-3
+    assert check_m3cot_ranges(settings, mode="warn") == [
+        "learning rate 0.002 is outside the M3CoT baseline's range [1e-06, 8e-05]"]
     from cpr.training.config import load_config
+
+    task = load_config(REPO / "recipes" / "configs" / "demo.yaml")
+    assert cfg.data.model_dump() == task.data.model_dump() and cfg.rewards == task.rewards
+    assert cfg.model.name_or_path == task.model.name_or_path and cfg.evaluation.benchmarks[0].name == "crystal"
+    assert {k: getattr(cfg.warm_start, k) for k in ("learning_rate", "per_device_train_batch_size", "warmup_ratio")} == {
+        k: getattr(task.warm_start, k) for k in ("learning_rate", "per_device_train_batch_size", "warmup_ratio")}
 
     demo = load_config(REPO / "recipes" / "configs" / "demo_tabmwp.yaml")
     ws = warm_start_settings(demo)
     assert (ws.max_steps, ws.learning_rate, ws.per_device_train_batch_size, ws.max_length, ws.seed) == (
         150, 5e-3, 8, 512, 42)
-    assert ws.logging_steps == 7 and ws.save_strategy == "no"
+    assert ws.logging_steps == 7 and (ws.save_strategy, ws.save_steps) == ("steps", 37)  # a quarter of max_steps
 
 
 @pytest.mark.slow

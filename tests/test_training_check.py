@@ -3,9 +3,11 @@ the memory estimate, and its activation part against tensors measured on the tin
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import tiny_model
 
 from cpr.cli import main
@@ -150,7 +152,7 @@ def _check(capsys, *argv):
 
 
 def test_check_prints_parameters_and_memory_tables_for_the_paper_configs(capsys):
-    code, out, err = _check(capsys, "--config", QWEN_YAML, "--num-processes", "4")
+    code, out, err = _check(capsys, "--config", QWEN_YAML, "--num-processes", "4", "--skip-data")  # a hub dataset
     assert code == 0, err
     assert "valid for 4 processes" in out
     assert "252 in the language model, 0 in vision / projector" in out
@@ -161,7 +163,7 @@ def test_check_prints_parameters_and_memory_tables_for_the_paper_configs(capsys)
         assert out.count(row) == 2, row  # one table a phase
     assert "DDP   ZeRO-2   ZeRO-3" in out
 
-    code, out, err = _check(capsys, "--config", INTERNVL_YAML, "--num-processes", "4")
+    code, out, err = _check(capsys, "--config", INTERNVL_YAML, "--num-processes", "4", "--skip-data")
     assert code == 0, err
     assert "4,732.5 M" in out
     assert "warning: no tile limit set (model.max_pixels): up to 13 tiles an image" in out
@@ -169,7 +171,7 @@ def test_check_prints_parameters_and_memory_tables_for_the_paper_configs(capsys)
 
 
 def test_check_exit_code_follows_the_gpu_memory(capsys):
-    args = ["--config", QWEN_YAML, "--num-processes", "4", "--accelerate-config",
+    args = ["--config", QWEN_YAML, "--num-processes", "4", "--skip-data", "--accelerate-config",
             str(REPO / "accelerate_configs/deepspeed_zero3.yaml")]
     code, out, _ = _check(capsys, *args, "--gpu-memory", "80")
     assert code == 0 and "fits in 80 GiB a GPU with ZeRO-3" in out
@@ -200,6 +202,65 @@ def test_check_refuses_vision_targets_without_include_vision_and_unknown_targets
     assert code == 0 and "0 in the language model, 2 in vision / projector" in out
     code, _, err = _check(capsys, "--config", DEMO_YAML, "--set", "lora.target_modules=[no_such_proj]")
     assert code == 2 and "field 'lora.target_modules': no module matches the LoRA targets" in err
+
+
+def _demo_with_data(tmp_path: Path, train: list) -> Path:
+    """demo.yaml on the tiny model with ``train`` as its training data."""
+    data = yaml.safe_load(Path(DEMO_YAML).read_text())
+    data["model"]["name_or_path"] = tiny_model()
+    data["data"]["train"] = train
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_check_loads_the_data_as_the_run_does(tmp_path, capsys):
+    """A data error the run would hit in its first seconds is one for --check too, with the run's message."""
+    code, out, err = _check(capsys, "--config", DEMO_YAML)
+    assert code == 0, err
+    assert "data: train 600, validation 45, test 90 records, loaded and validated" in out
+
+    unknown = _demo_with_data(tmp_path, [{"source": "synthetic", "split": "train", "options": {"size": 60, "colours": 4}}])
+    code, out, err = _check(capsys, "--config", str(unknown))
+    assert code == 2 and "valid" not in out
+    line = err.strip()
+    assert line.startswith(f"cpr train: error: {unknown} field 'data.train[0].options': ") and "'colours'" in line
+    assert "\n" not in line
+
+    from PIL import Image
+
+    Image.new("RGB", (28, 28), "red").save(tmp_path / "red.png")
+    rows = [{"id": f"r{i}", "image": image, "question": "Which colour?", "options": ["red", "blue"], "answer": "A",
+             "reference_steps": ["The image is red."]} for i, image in enumerate(["red.png", "missing.png"])]
+    records = tmp_path / "records.jsonl"
+    records.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    missing = _demo_with_data(tmp_path, [{"source": "jsonl", "path": str(records)}])
+    code, out, err = _check(capsys, "--config", str(missing))
+    assert code == 2 and "valid" not in out
+    assert err.startswith(f"cpr train: error: {records}:2 (id r1) field 'image'") and "missing.png" in err
+
+    code, out, err = _check(capsys, "--config", str(missing), "--skip-data")  # only the model and memory
+    assert code == 0 and "data: not loaded (--skip-data)" in out
+
+
+def test_check_warns_of_an_empty_curriculum_bucket(capsys):
+    """demo_tabmwp.yaml's TabMWP samples are all grades 3-4: every record easy, so its staged phase never
+    trains on medium or hard."""
+    code, out, err = _check(capsys, "--config", str(REPO / "recipes/configs/demo_tabmwp.yaml"),
+                            "--set", f"model.name_or_path={tiny_model(data=True)}")
+    assert code == 0, err
+    assert "data: train 16, validation 4, test 8 records, loaded and validated" in out
+    warnings = [ln for ln in out.splitlines() if ln.startswith("warning: phase")]
+    assert warnings == ["warning: phase cpr: curriculum buckets 'medium', 'hard' have no training records (easy 16, "
+                        "medium 0, hard 0); the staged schedule trains on the other buckets only (check data.buckets "
+                        "or the data's difficulty)"]
+
+
+def test_the_run_names_the_file_and_key_of_an_unknown_source_option(tmp_path, capsys):
+    unknown = _demo_with_data(tmp_path, [{"source": "synthetic", "split": "train", "options": {"size": 60, "colours": 4}}])
+    assert main(["train", "--config", str(unknown), "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith(f"cpr train: error: {unknown} field 'data.train[0].options': ") and "'colours'" in err[-1]
 
 
 def test_launcher_from_the_shipped_accelerate_configs(tmp_path):

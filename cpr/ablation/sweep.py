@@ -6,7 +6,7 @@ An ablation file (``recipes/configs/ablation_*.yaml``, ``reproduce_*.yaml``; :cl
     name: reward_weights          # table title; run X is called <name>-X, in <output_dir>/X
     base_config: recipes/configs/qwen2_5_vl_3b_cpr_curriculum.yaml
     output_dir: outputs/ablation_weights
-    launcher: python              # what --list puts before a recipe (e.g. accelerate launch ...)
+    launcher: python              # what --list puts before each command (e.g. accelerate launch ...)
     seeds: [1, 2, 3]              # runs not set to phases: [] run once per seed: X-s<seed>, seed=<seed>
     set: {phases: [cpr]}          # overrides of every run (dotted keys, YAML values, as --set)
     table: {split: validation, kl_limit: 2.0, phases: [cpr]}
@@ -37,7 +37,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from cpr.ablation.run_folder import DIVERGED, FINISHED, read_run
+from cpr.ablation.run_folder import DIVERGED, FINISHED, NOT_STARTED, read_run
 from cpr.errors import ConfigError
 
 __all__ = ["Ablation", "Table", "commands", "load_ablation", "main", "plan", "register", "run_ablation", "run_config"]
@@ -136,20 +136,23 @@ def load_ablation(path: str | Path) -> Ablation:
 
 
 def plan(ab: Ablation) -> list[Planned]:
-    """Every run of ``ab`` in order, once per seed unless its overrides say ``phases: []``."""
+    """Every run of ``ab`` in order, once per seed unless its overrides say ``phases: []``; a key set both for
+    every run and by the run has the run's value (one override a key)."""
     out = []
     for run in ab.runs:
         for seed in ab.seeds if ab.seeds and {**ab.set, **run.set}.get("phases") != [] else [None]:
             name = run.name if seed is None else f"{run.name}-s{seed}"
-            pairs = [*ab.set.items(), *run.set.items(), *([("seed", seed)] if seed is not None else []),
-                     ("output_dir", str(Path(ab.output_dir) / name)), ("run_name", f"{ab.name}-{name}")]
+            merged = {**ab.set, **run.set, **({"seed": seed} if seed is not None else {}),  # a run's own value wins
+                      "output_dir": str(Path(ab.output_dir) / name), "run_name": f"{ab.name}-{name}"}
+            pairs = list(merged.items())
             out.append(Planned(name, run.label or run.name, run.name, run.recipe, pairs, seed))
     return out
 
 
-def overrides(ab: Ablation, run: Planned, *, strict: bool = True) -> list[str]:
+def overrides(ab: Ablation, run: Planned, *, strict: bool = True, keep_unfinished: bool = False) -> list[str]:
     """The run's ``key=value`` overrides (values as one-line YAML), each ``"@X"`` replaced by run X's final
-    adapter. Raises ConfigError when run X has not finished (``strict``; else that override is left out)."""
+    adapter. Raises ConfigError when run X has not finished (``strict``; else that override is left out, or
+    with ``keep_unfinished`` kept as ``"@X"``)."""
     out = []
     for key, value in run.pairs:
         if isinstance(value, str) and value.startswith("@"):
@@ -158,6 +161,8 @@ def overrides(ab: Ablation, run: Planned, *, strict: bool = True) -> list[str]:
                 raise ConfigError(f"run {run.name!r} starts from run {value[1:]!r}'s adapter, and that run has not "
                                   f"finished: run it first (--only {value[1:]})", field=key)
             if value.startswith("@"):
+                if keep_unfinished:
+                    out.append(f"{key}={value}")  # named, not a value to pass on
                 continue
         text = yaml.safe_dump(value, default_flow_style=True, width=10**9, sort_keys=False).strip()
         out.append(f"{key}={text.removesuffix('...').strip()}")
@@ -189,9 +194,11 @@ def _execute(ab: Ablation, run: Planned, resume: bool) -> str:
                               f"or fix the ablation file): {describe_differences(diffs)}", field=diffs[0][0])
         logger.info("run %s: %s already, skipping", run.name, folder.status)
         return "skipped"
-    logger.info("run %s: starting -> %s", run.name, folder.path)
-    try:
-        (run_sft_baseline if run.recipe == "sft_lora" else run_experiment)(cfg, resume=resume)
+    logger.info("run %s: %s -> %s", run.name, "continuing" if resume and folder.status != NOT_STARTED else "starting",
+                folder.path)
+    try:  # --resume continues an unfinished run and starts one not started yet
+        (run_sft_baseline if run.recipe == "sft_lora" else run_experiment)(
+            cfg, resume=resume and folder.status != NOT_STARTED)
     except TrainingDivergedError as e:  # a result of the comparison; summary.json says diverged
         logger.warning("run %s: %s", run.name, e)
         return "diverged"
@@ -238,16 +245,17 @@ def run_ablation(ab: Ablation, *, only: Sequence[str] = (), resume: bool = False
 
 
 def commands(ab: Ablation, only: Sequence[str] = ()) -> list[str]:
-    """``--list``'s lines: per run (those in ``only``, else all), in order, its recipe with one ``--set`` per
-    override, or this tool's ``--only X`` for a run starting from another's adapter; then ``--table-only``."""
+    """``--list``'s lines: per run (those in ``only``, else all), in order, a comment with what it runs (its recipe
+    with one ``--set`` per override; ``@X`` for a run starting from run X's adapter until X finished) and the
+    command ``--only NAME --resume`` of this tool, which starts the run, continues it after a crash and skips it
+    once finished (run it again as it is); then ``--table-only``."""
     launcher, config = shlex.split(ab.launcher), ab.path or "ABLATION.yaml"
-    lines = ["# runs, in order (one that starts from another run's adapter needs that run finished)"]
+    lines = ["# runs, in order (one that starts from another run's adapter needs that run finished); each command "
+             "starts its run, continues it when run again after a crash, and skips it once finished"]
     for run in _select(plan(ab), only):
-        if any(isinstance(v, str) and v.startswith("@") for _, v in run.pairs):
-            lines.append(shlex.join([*launcher, ABLATION_RECIPE, "--config", config, "--only", run.name]))
-        else:
-            sets = [x for item in overrides(ab, run) for x in ("--set", item)]
-            lines.append(shlex.join([*launcher, RECIPES[run.recipe], "--config", ab.base_config, *sets]))
+        sets = [x for item in overrides(ab, run, strict=False, keep_unfinished=True) for x in ("--set", item)]
+        lines.append(f"# {run.name}: " + shlex.join([RECIPES[run.recipe], "--config", ab.base_config, *sets]))
+        lines.append(shlex.join([*launcher, ABLATION_RECIPE, "--config", config, "--only", run.name, "--resume"]))
     return [*lines, "# when they have finished: the table",
             shlex.join(["python", ABLATION_RECIPE, "--config", config, "--table-only"])]
 

@@ -348,9 +348,11 @@ def _fmt_params(n: int) -> str:
 
 def run_check(args: argparse.Namespace) -> int:
     """``cpr train --check``: print the validation, the parameter table and the memory tables.
-    Returns 0, or 1 when ``--gpu-memory`` is given and no shown launcher fits in it. Raises
-    ``ConfigError`` (an invalid config for N processes, bad LoRA targets or option) and
-    ``ModelNotAvailableError`` (no ``config.json`` for the model)."""
+    The datasets are loaded and validated as the run loads them (:func:`cpr.training.splits.load_run_data`)
+    unless ``--skip-data``. Returns 0, or 1 when ``--gpu-memory`` is given and no shown launcher fits in it.
+    Raises ``ConfigError`` (an invalid config for N processes, bad LoRA targets or option, a source refusing
+    its options), ``InputError`` (an invalid record: missing image, bad field) and ``ModelNotAvailableError``
+    (no ``config.json`` for the model)."""
     from cpr.training import policy
     from cpr.training.config import config_from_args, phase_training_args
 
@@ -363,6 +365,17 @@ def run_check(args: argparse.Namespace) -> int:
     n = n or 1
     with unittest.mock.patch.dict(os.environ, {"WORLD_SIZE": str(n)}):  # validated as on n processes
         cfg = config_from_args(args)
+    data_lines = ["data: not loaded (--skip-data)"]
+    if not args.skip_data:  # as the run loads it, so that a data error the run would hit is one here
+        from cpr.training.curriculum import CurriculumConfig, empty_buckets_message
+        from cpr.training.splits import load_run_data
+
+        splits = load_run_data(cfg)[0]
+        data_lines = ["data: " + ", ".join(f"{k} {v}" for k, v in splits.counts().items()) + " records, loaded and validated"]
+        for name in cfg.phases:
+            curriculum = CurriculumConfig.from_dict(cfg.phase(name).curriculum)
+            if empty := empty_buckets_message(curriculum, splits.train.column("difficulty"), name):
+                data_lines.append(f"warning: {empty}")
     folder = config_folder(cfg.model.name_or_path)
     arch, config = load_architecture(folder, policy.lora_config(cfg, str(folder)), include_vision=cfg.lora.include_vision)
     from cpr.models import resolve_dtype
@@ -371,6 +384,7 @@ def run_check(args: argparse.Namespace) -> int:
     image = _image_sizes(arch, config, folder, cfg)
     shapes = _phase_shapes(cfg, n, image, args.prompt_tokens)
     print(f"config {args.config}: valid for {n} process{'es' if n > 1 else ''}; phases {', '.join(cfg.phases)}")
+    print("\n".join(data_lines))
     print(f"model {cfg.model.name_or_path}: {arch.family}, config from {folder}, {'bf16' if wb == 2 else 'fp32'} weights")
     lm = [m for m in arch.lora_modules if _part(m) == "language"]
     kinds = sorted({m.rsplit(".", 1)[-1] for m in arch.lora_modules})
@@ -423,5 +437,7 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-memory", type=float, default=None, metavar="GIB", help="exit 1 when the estimate exceeds this")
     g.add_argument("--accelerate-config", default=None, help="the launch's accelerate config: its DDP / ZeRO-2 / ZeRO-3 "
                    "column only (default: all three)")
+    g.add_argument("--skip-data", action="store_true", help="do not load the datasets (by default they are loaded "
+                   "and validated as the run does: every record, image and source option)")
     g.add_argument("--prompt-tokens", type=int, default=256, help="text tokens of a prompt besides the image (default 256)")
 

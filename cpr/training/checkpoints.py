@@ -1,4 +1,4 @@
-"""A GRPO phase's ``checkpoint-N`` folders (N = optimizer step): the state cpr adds, which are whole, which one a
+"""A GRPO phase's (and the warm start's) ``checkpoint-N`` folders (N = optimizer step): the state cpr adds, which are whole, which one a
 resume continues from. The state of cpr's callbacks (curriculum position, guard counters, TRL's position in a
 generation batch) goes into the checkpoint's ``trainer_state.json`` through transformers' ``ExportableState``
 (:class:`CheckpointState`); only TRL's buffered generation batch, tensors, is a file (:data:`GENERATION_BUFFER_FILE`).
@@ -117,6 +117,33 @@ def prepare_resume(phase_dir: Path, resume: bool, state: Any) -> Path | None:
     return ckpt
 
 
+def mark_complete(args: Any, state: Any) -> None:
+    """Write :data:`COMPLETE_MARKER` (``{"step", "files", "time"}``) into the checkpoint just saved, on the process
+    that saves (``args.should_save``); call it once every process has written its files.
+
+    Raises:
+        FileNotFoundError: the checkpoint folder is missing.
+    """
+    folder = checkpoint_folder(args, state)
+    if not args.should_save:
+        return
+    if not folder.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {folder} not found; cannot mark it complete")
+    marker = {"step": state.global_step, "files": sorted(os.listdir(folder)), "time": time.time()}
+    atomic_write_json(folder / COMPLETE_MARKER, marker)
+
+
+class CompleteMarkerCallback(TrainerCallback):
+    """Marks each checkpoint of a trainer complete (:func:`mark_complete`) once every process saved it: the
+    supervised warm start's checkpoints, which hold nothing else of cpr's."""
+
+    def on_save(self, args, state, control, **kwargs):  # noqa: D102
+        from cpr.distributed import process_state
+
+        process_state().wait_for_everyone()
+        mark_complete(args, state)
+
+
 class CheckpointState(TrainerCallback, ExportableState):
     """A callback whose ``state_dict()`` transformers saves in every checkpoint's ``trainer_state.json``
     (``ExportableState``: ``stateful_callbacks[<class name>] = {"args": {}, "attributes": state_dict()}``);
@@ -173,13 +200,7 @@ class CheckpointCallback(CheckpointState):
             torch.save(generation_buffer(self.trainer), path.with_suffix(".tmp"))
             os.replace(path.with_suffix(".tmp"), path)
         self.trainer.accelerator.wait_for_everyone()
-        folder = checkpoint_folder(args, state)
-        if not args.should_save:
-            return
-        if not folder.is_dir():
-            raise FileNotFoundError(f"checkpoint folder {folder} not found; cannot mark it complete")
-        marker = {"step": state.global_step, "files": sorted(os.listdir(folder)), "time": time.time()}
-        atomic_write_json(folder / COMPLETE_MARKER, marker)
+        mark_complete(args, state)
 
     def on_train_begin(self, args, state, control, **kwargs):  # noqa: D102
         saved = self.saved_state(state)

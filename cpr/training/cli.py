@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         from cpr.training.check import run_check
 
         return run_check(args)
-    for option in ("num_processes", "gpu_memory", "accelerate_config"):
+    for option in ("num_processes", "gpu_memory", "accelerate_config", "skip_data"):
         if getattr(args, option):
             name = "--" + option.replace("_", "-")
             raise ConfigError(f"{name} belongs to --check (the launcher sets the processes of a training run)", field=name)

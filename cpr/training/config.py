@@ -101,6 +101,7 @@ class WarmStartConfig(_Section):
     warmup_ratio: float = 0.05
     per_device_train_batch_size: int = 8
     max_length: int = 512
+    save_steps: int | None = Field(None, ge=1)  # a checkpoint every this many steps (None: a quarter of max_steps)
     extra: dict[str, Any] = {}  # other SFTSettings fields
 
 
@@ -519,14 +520,15 @@ def _rekey(key: str, check: Any, *args: Any) -> None:
 def warm_start_settings(cfg: ExperimentConfig) -> Any:
     """The :class:`~cpr.training.sft.SFTSettings` of an experiment's warm start: the ``warm_start``
     section's values and ``extra`` fields, the experiment's seed, a log line every 1/20 of the steps,
-    no intermediate checkpoints, no reports. Raises ``ConfigError`` (field ``warm_start.<key>``)."""
+    a checkpoint every ``warm_start.save_steps`` (default: a quarter of ``max_steps``, as a phase), no reports.
+    Raises ``ConfigError`` (field ``warm_start.<key>``)."""
     from cpr.training.sft import SFTSettings
 
     ws = cfg.warm_start
     settings = SFTSettings(
         max_steps=ws.max_steps, learning_rate=ws.learning_rate, per_device_train_batch_size=ws.per_device_train_batch_size,
         max_length=ws.max_length, warmup_ratio=ws.warmup_ratio, seed=cfg.seed, logging_steps=max(1, ws.max_steps // 20),
-        save_strategy="no", report_to="none", **ws.extra,
+        save_strategy="steps", save_steps=ws.save_steps or max(1, ws.max_steps // 4), report_to="none", **ws.extra,
     )
     settings.validate(prefix="warm_start")
     return settings

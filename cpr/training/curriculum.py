@@ -143,6 +143,27 @@ def total_generation_batches(
     return full_epochs * batches_per_epoch + math.ceil(rest * gradient_accumulation_steps / repeat_count)
 
 
+def empty_buckets_message(config: CurriculumConfig, difficulties: Sequence[str | None], phase: str) -> str | None:
+    """One line naming ``phase`` and each bucket of ``config`` that none of the training records'
+    ``difficulties`` falls in (with every bucket's count), or ``None``: every bucket has records, or the
+    schedule is ``none`` (which ignores buckets). An ``easy -> hard`` schedule over such data never leaves the
+    buckets it has (e.g. 28 TabMWP records of grades 3-4: all easy, bucket mix 100/0/0 throughout)."""
+    if config.schedule == "none":
+        return None
+    counts = {b: 0 for b in config.buckets}
+    for d in difficulties:
+        if d in counts:
+            counts[d] += 1
+    empty = [b for b, n in counts.items() if n == 0]
+    if not empty:
+        return None
+    names = ", ".join(repr(b) for b in empty)
+    sizes = ", ".join(f"{b} {n}" for b, n in counts.items())
+    return (f"phase {phase}: curriculum bucket{'s' if len(empty) > 1 else ''} {names} "
+            f"{'have' if len(empty) > 1 else 'has'} no training records ({sizes}); the {config.schedule} schedule "
+            "trains on the other buckets only (check data.buckets or the data's difficulty)")
+
+
 class CurriculumSampler(Sampler[int]):
     """Easy-to-hard drop-in for TRL's ``RepeatSampler`` (same GRPO structure and length).
 

@@ -152,7 +152,7 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
     from cpr.rewards import get_reward_set, set_completion_recorder
     from cpr.training import guards
     from cpr.training.checkpoints import CheckpointCallback
-    from cpr.training.curriculum import CurriculumConfig
+    from cpr.training.curriculum import CurriculumConfig, empty_buckets_message
     from cpr.training.evaluate import eval_hook
     from cpr.training.logs import JsonlLogCallback, ScoredCompletionLog, quiet_console, read_log
     from cpr.training.oom import explain_oom
@@ -164,6 +164,8 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
     shared = _reward_shared(cfg.rewards)
     funcs, weights = get_reward_set(phase.rewards, args.reward_weights, phase.reward_params, **shared)
     curriculum = CurriculumConfig.from_dict(phase.curriculum, prefix=f"phase_settings.{phase.name}.curriculum")
+    if empty := empty_buckets_message(curriculum, splits.train.column("difficulty"), phase.name):
+        logger.warning("%s", empty)
     ckpt = prepare_resume(phase_dir, resume, state)
 
     model, processor = policy.load_policy(cfg, model_path)

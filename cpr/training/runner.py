@@ -3,13 +3,16 @@
 A phase starts from its ``init_adapter``, else the adapter the previous phase handed on (its best checkpoint on
 the validation split with ``select_best``, else its final adapter), else the warm start's, else a new one. The
 run folder holds ``config.yaml`` (every default filled in, and ``training_effective``), ``run.log``,
-``summary.json`` (``status`` running, finished, diverged, failed or interrupted), ``warm_start/adapter/``,
+``summary.json`` (``status`` running, finished, diverged, failed or interrupted), ``warm_start/`` (its
+``checkpoint-N/`` folders and ``adapter/``),
 ``final_eval/`` (``stages/<stage>/``: earlier stages, ``evaluation.compare``), and per phase its
 ``checkpoint-N/`` folders (:mod:`cpr.training.checkpoints`), final ``adapter/``, ``log.jsonl``, ``scored_completions.jsonl``, ``eval_history.jsonl``, ``best_checkpoint.json``,
 ``guard_events.jsonl``, ``selection.json``, ``phase_done.json`` and ``abandoned-checkpoint-N-<time>/``.
-Resume skips finished phases and continues the current one from its last complete, not diverged checkpoint;
+Resume (refused for a folder that holds no run) continues an unfinished warm start from its last complete
+checkpoint, skips finished phases and continues the current one from its last complete, not diverged checkpoint;
 on CPU with a fixed ``torch_threads`` it ends with the uninterrupted run's adapter and prompt order
-(tests/test_reliability_resume.py); on GPU only with ``training.full_determinism: true``.
+(tests/test_reliability_resume.py); on GPU only with ``training.full_determinism: true``. Ctrl-C logs one line
+(:func:`interrupted_line`: where, the last checkpoint, the ``--resume`` command) and raises ``RunInterrupted``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import logging
 import math
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,11 +30,11 @@ from typing import Any
 
 import yaml
 
-from cpr.errors import ConfigError
+from cpr.errors import ConfigError, RunInterrupted
 from cpr.io import atomic_write_json, atomic_write_text
-from cpr.training.checkpoints import DIVERGED_MARKER, adapter_folder
+from cpr.training.checkpoints import DIVERGED_MARKER, adapter_folder, last_checkpoint
 from cpr.training.config import EVAL_SPLITS, ExperimentConfig, config_from_dict
-from cpr.training.splits import load_splits
+from cpr.training.splits import load_run_data
 
 logger = logging.getLogger("cpr.training")
 
@@ -78,6 +82,7 @@ def run_experiment(
     t_start = time.time()
     summary: dict[str, Any] = {"run_name": cfg.run_name, "output_dir": str(out), "model": cfg.model.name_or_path,
                                "phases": [], "status": "running"}
+    stage = "setup"  # what runs now, for the line of an interrupted run
 
     def write_summary() -> None:
         summary["wall_time_s"] = round(time.time() - t_start, 1)
@@ -98,6 +103,7 @@ def run_experiment(
 
         handover: Path | None = None
         if cfg.warm_start.enabled:
+            stage = "warm_start"
             handover = run_warm_start(
                 cfg, splits, out / "warm_start", templates=templates, model_path=model_path, resume=resume
             )
@@ -112,6 +118,7 @@ def run_experiment(
                 handover = Path(summary["phases"][-1]["handover_adapter"])
                 continue
             init = Path(phase.init_adapter) if phase.init_adapter else handover
+            stage = name
             result = train_phase(cfg, phase, splits, templates, model_path, init, resume, callbacks)
             summary["phases"].append(result)
             if result.get("status") == "diverged":
@@ -135,6 +142,7 @@ def run_experiment(
             write_summary()
 
         summary["final_adapter"] = str(handover) if handover else None
+        stage = "final evaluation"
         if cfg.evaluation.final:
             results = final_evaluation(
                 cfg, splits, adapter=handover, run_dir=out, label=cfg.run_name, templates=templates,
@@ -158,9 +166,37 @@ def run_experiment(
         summary["error"] = f"{type(e).__name__}: {' '.join(str(e).split()) or type(e).__name__}"[:2000]
         with contextlib.suppress(OSError):
             write_summary()
+        if isinstance(e, KeyboardInterrupt):
+            if state.is_main_process:
+                if stage not in ("setup", "final evaluation"):  # the trainer's progress bar stops mid-line
+                    print(file=sys.stderr, flush=True)
+                logger.warning("%s", interrupted_line(out, stage, resume_command(state.num_processes)))
+            raise RunInterrupted(str(e)) from None
         raise
     finally:
         close_run_log(handler)
+
+
+def resume_command(num_processes: int = 1, argv: Sequence[str] | None = None) -> str:
+    """The command line that continues this process's run: ``argv`` (default ``sys.argv``; a ``.py`` script as
+    ``python <script>``, a console script by its name) without ``--overwrite``, with ``--resume``; a distributed
+    run (``num_processes`` > 1) is started again by its launcher."""
+    import shlex
+
+    argv = list(sys.argv if argv is None else argv)
+    head = ["python", argv[0]] if argv and argv[0].endswith(".py") else [Path(argv[0]).name] if argv else ["cpr", "train"]
+    rest = [a for a in argv[1:] if a not in ("--overwrite", "--resume")]
+    line = shlex.join([*head, *rest, "--resume"])
+    return f"{line} (under the same launcher, {num_processes} processes)" if num_processes > 1 else line
+
+
+def interrupted_line(out: Path, stage: str, command: str) -> str:
+    """The one line an interrupted run logs: where it stopped (``stage``: ``setup``, ``warm_start``, a phase or
+    ``final evaluation``; the latest complete checkpoint of the warm start or phase, in ``out``), that what was
+    written is kept, and ``command``, which continues it."""
+    ckpt = last_checkpoint(out / stage) if stage not in ("setup", "final evaluation") else None
+    where = f"{stage} (last complete checkpoint {ckpt})" if ckpt else stage
+    return f"interrupted (Ctrl-C) during {where}; everything written so far is kept in {out}; continue with: {command}"
 
 
 #: Files whose presence means ``output_dir`` holds a run (what the runner writes first).
@@ -236,10 +272,14 @@ def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) ->
     training. Every rank looks before any rank writes, so all raise or none does.
 
     Raises:
-        ConfigError: ``out`` holds a run and ``overwrite`` is not set; or ``overwrite`` would delete the working
-            directory or a folder above it.
+        ConfigError: ``out`` holds a run and ``overwrite`` is not set; ``overwrite`` would delete the working
+            directory or a folder above it; or ``resume`` and ``out`` holds no run (a mistyped folder would
+            otherwise train from scratch).
     """
     if resume:
+        if previous_run(out) is None:
+            raise ConfigError(f"--resume: {out} holds no run to continue (no {', '.join(_RUN_MARKERS)}); check the "
+                              "output_dir, or start the run without --resume", field="output_dir")
         return False
     found = previous_run(out)
     names = {p.name for p in out.iterdir()} if out.is_dir() else set()
@@ -280,7 +320,6 @@ def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = Tru
         ModelNotAvailableError: the model or the step encoder cannot be had.
         InputError: a dataset that does not load.
     """
-    from cpr.data import load_templates
     from cpr.training.phase import grpo_config
     from cpr.training.policy import check_base
     from cpr.training.preflight import preflight
@@ -289,8 +328,7 @@ def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = Tru
         for name in cfg.phases:
             grpo_config(cfg, cfg.phase(name))
     preflight(cfg, str(state.device))
-    splits = load_splits(cfg.data)
-    templates = load_templates(cfg.data.prompts)
+    splits, templates = load_run_data(cfg)
     model_path = cfg.model.name_or_path
     for name in cfg.phases:
         if cfg.phase(name).init_adapter:

@@ -219,14 +219,17 @@ def sft_precision(dtype: Any, extra: Mapping[str, Any]) -> dict[str, Any]:
 def run_sft(
     model: PreTrainedModel, processor: ProcessorMixin, records: Sequence[Record], templates: PromptTemplates,
     settings: SFTSettings, output_dir: str | Path, *, peft_config: peft.PeftConfig | None = None,
-    callbacks: Sequence[TrainerCallback] = (), prefix: str = "sft",
+    callbacks: Sequence[TrainerCallback] = (), prefix: str = "sft", resume_from_checkpoint: str | Path | None = None,
 ) -> Path:
     """Train a LoRA adapter on ``records`` (each with an answer) with ``trl.SFTTrainer`` and save it.
 
     ``model`` is a vision-language model with ``peft_config`` (:func:`cpr.models.build_lora_config`;
     PEFT injects the LoRA layers in place) or a ``peft.PeftModel`` with a trainable adapter.
-    ``output_dir`` receives checkpoints (``save_strategy``), ``trainer_state.json`` (the log history)
-    and the adapter. ``prefix``: the config section its settings come from, in error fields.
+    ``output_dir`` receives checkpoints (``save_strategy``; each marked complete,
+    :class:`cpr.training.checkpoints.CompleteMarkerCallback`), ``trainer_state.json`` (the log history)
+    and the adapter; ``resume_from_checkpoint`` (one of those checkpoints) continues a run where it stopped
+    (transformers restores the adapter, optimizer, scheduler, RNG states and data position).
+    ``prefix``: the config section its settings come from, in error fields.
 
     Returns:
         ``output_dir / "adapter"`` (the adapter and the processor files, for
@@ -241,6 +244,7 @@ def run_sft(
     from peft import PeftModel
     from trl import SFTTrainer
 
+    from cpr.training.checkpoints import CompleteMarkerCallback
     from cpr.training.logs import quiet_console
 
     settings.validate(prefix)
@@ -262,9 +266,10 @@ def run_sft(
     if settings.check_lengths and settings.max_length is not None:
         check_example_lengths(dataset, processor, settings.max_length, prefix=prefix)
     trainer = SFTTrainer(model=model, args=build_sft_config(settings, output_dir, model), train_dataset=dataset,
-                         processing_class=processor, peft_config=peft_config, callbacks=list(callbacks) or None)
+                         processing_class=processor, peft_config=peft_config,
+                         callbacks=[*callbacks, CompleteMarkerCallback()])
     quiet_console(trainer)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=str(resume_from_checkpoint) if resume_from_checkpoint else None)
     adapter_dir = output_dir / ADAPTER_DIRNAME
     trainer.save_model(str(adapter_dir))
     if trainer.is_world_process_zero():

@@ -12,10 +12,14 @@ import random
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cpr.data import BucketConfig, Records, load_records
 from cpr.errors import ConfigError, InputError
-from cpr.training.config import DataConfig, DataSourceConfig
+from cpr.training.config import DataConfig, DataSourceConfig, ExperimentConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cpr.data import PromptTemplates
 
 logger = logging.getLogger("cpr.training")
 
@@ -34,18 +38,29 @@ class DataSplits:
 
 
 def load_sources(sources: Sequence[DataSourceConfig], data: DataConfig, *, key: str,
-                 validate_images: bool | None = None) -> Records:
-    """Load and concatenate datasets (``key`` names them in the log). Raises ``InputError`` for
-    invalid records or an id present in two datasets."""
+                 validate_images: bool | None = None, config_path: str | None = None) -> Records:
+    """Load and concatenate datasets (``key`` names them in the log and in errors).
+
+    Raises:
+        InputError: invalid records or an id present in two datasets.
+        ConfigError: a source refuses its settings (an unknown option, a bad split); the field is the config
+            key (``<key>[i].options``, ``<key>[i].split``) and the path ``config_path``, the YAML file.
+    """
     buckets = BucketConfig.from_dict(data.buckets)
     out: list[Records] = []
     seen: dict[str, str] = {}
     for i, src in enumerate(sources):
-        recs = load_records(
-            src.source, src.path, split=src.split, on_invalid=data.on_invalid, buckets=buckets, limit=src.limit,
-            validate_images=data.validate_images if validate_images is None else validate_images,
-            options=src.options or None,
-        )
+        try:
+            recs = load_records(
+                src.source, src.path, split=src.split, on_invalid=data.on_invalid, buckets=buckets, limit=src.limit,
+                validate_images=data.validate_images if validate_images is None else validate_images,
+                options=src.options or None,
+            )
+        except ConfigError as e:
+            if e.path is not None or (e.field or "").startswith(f"{key}["):
+                raise
+            field = f"{key}[{i}].{e.field}" if e.field else f"{key}[{i}]"
+            raise ConfigError(e.message, field=field, path=config_path) from None
         where = src.path or f"split {src.split or 'train'}, options {src.options or {}}"  # generated: no path
         for rid in recs.column("id"):
             if rid in seen:
@@ -83,18 +98,27 @@ def hold_out(records: Records, size: float, seed: int) -> tuple[Records, Records
     return records.select(i for i in range(len(records)) if i not in chosen), records.select(sorted(chosen))
 
 
-def load_splits(data: DataConfig, seed_offset: int = 0) -> DataSplits:
-    """Read every dataset of ``data`` and make the held-out splits it asks for."""
-    train = load_sources(data.train, data, key="data.train")
+def load_splits(data: DataConfig, seed_offset: int = 0, *, config_path: str | None = None) -> DataSplits:
+    """Read every dataset of ``data`` and make the held-out splits it asks for (errors: :func:`load_sources`;
+    ``config_path``: the YAML file they name)."""
+    train = load_sources(data.train, data, key="data.train", config_path=config_path)
     if not train:
         raise ConfigError("the training datasets hold no valid records", field="data.train")
     seed = data.split_seed + seed_offset
     if data.test:
-        test = load_sources(data.test, data, key="data.test")
+        test = load_sources(data.test, data, key="data.test", config_path=config_path)
     else:
         train, test = hold_out(train, data.test_size, seed)
     if data.validation:
-        validation = load_sources(data.validation, data, key="data.validation")
+        validation = load_sources(data.validation, data, key="data.validation", config_path=config_path)
     else:
         train, validation = hold_out(train, data.validation_size, seed + 1)
     return DataSplits(train=train, validation=validation, test=test)
+
+
+def load_run_data(cfg: ExperimentConfig) -> tuple[DataSplits, PromptTemplates]:
+    """The splits (:func:`load_splits`, errors naming ``cfg``'s YAML file) and prompt templates of a run: what the
+    run loads before anything trains, and what ``cpr train --check`` loads to validate the data the same way."""
+    from cpr.data import load_templates
+
+    return load_splits(cfg.data, config_path=cfg.config_path), load_templates(cfg.data.prompts)

@@ -1,7 +1,9 @@
 """The supervised LoRA warm start before GRPO (:func:`cpr.training.sft.run_sft` on the training records'
 target JSON, so that a model that never writes the output format earns rewards at all), and
-:func:`train_lora` (the SFT baseline is a run of the warm start alone). Output folder: ``adapter/``,
-``trainer_state.json`` and ``warm_start_done.json`` (written once the adapter is saved)."""
+:func:`train_lora` (the SFT baseline is a run of the warm start alone). Output folder: ``checkpoint-N/``
+(every ``warm_start.save_steps``, marked complete as a phase's: :mod:`cpr.training.checkpoints`; a resumed
+warm start continues from the last complete one), ``adapter/``, ``trainer_state.json`` and
+``warm_start_done.json`` (written once the adapter is saved)."""
 
 from __future__ import annotations
 
@@ -41,10 +43,11 @@ def warm_start_finished(adapter: Path, done: Path) -> bool:
 
 
 def train_lora(cfg: ExperimentConfig, settings: Any, out_dir: str | Path, records: Sequence[Any], *, templates: Any,
-               model_path: str, oom_stage: str = "warm start") -> Path:
+               model_path: str, oom_stage: str = "warm start", resume_from_checkpoint: str | Path | None = None) -> Path:
     """Train a new LoRA adapter (``cfg.lora``) on ``records`` with :func:`cpr.training.sft.run_sft`
     (``settings``: its :class:`~cpr.training.sft.SFTSettings`) into ``out_dir``, on
-    ``model_path`` with the GRPO training prompt of ``templates``; the model is then released.
+    ``model_path`` with the GRPO training prompt of ``templates``, continuing from ``resume_from_checkpoint``
+    (a ``checkpoint-N`` folder of ``out_dir``) when given; the model is then released.
 
     Returns the adapter folder (``<out_dir>/adapter``). Raises what ``run_sft`` raises (setting errors name
     ``warm_start.<key>``), and ``TrainingOutOfMemoryError`` naming ``oom_stage`` (:func:`cpr.training.oom.explain_oom`).
@@ -57,7 +60,8 @@ def train_lora(cfg: ExperimentConfig, settings: Any, out_dir: str | Path, record
     t0 = time.time()
     with explain_oom(cfg, oom_stage):
         path = run_sft(model, processor, records, templates, settings, out_dir,
-                       peft_config=policy.lora_config(cfg, model_path), prefix="warm_start")
+                       peft_config=policy.lora_config(cfg, model_path), prefix="warm_start",
+                       resume_from_checkpoint=resume_from_checkpoint)
     logger.info("supervised LoRA: done in %.1f s -> %s", time.time() - t0, path)
     del model
     policy.free_memory()
@@ -68,12 +72,15 @@ def run_warm_start(cfg: ExperimentConfig, splits: DataSplits | None, out_dir: st
                    model_path: str | None = None, resume: bool = False) -> Path:
     """Run ``cfg``'s warm start into ``out_dir`` and return ``<out_dir>/adapter``: a seeded subset of
     ``warm_start.max_records`` training records (all when unset), :func:`warm_start_settings`; with
-    ``resume``, an adapter :func:`warm_start_finished` accepts is reused. ``splits``, ``templates`` and
+    ``resume``, an adapter :func:`warm_start_finished` accepts is reused, else training continues from the last
+    complete checkpoint (:func:`cpr.training.checkpoints.prepare_resume`; later ones are moved aside) and ends
+    with the adapter of an uninterrupted warm start (tests/test_reliability_resume.py). ``splits``, ``templates`` and
     ``model_path`` default to those of ``cfg``. Raises ``ConfigError`` (invalid settings) or
     ``TrainingOutOfMemoryError`` (naming the ``warm_start`` settings to lower)."""
     from cpr.data import load_templates
     from cpr.distributed import process_state
     from cpr.evaluation import subset
+    from cpr.training.checkpoints import prepare_resume
     from cpr.training.splits import load_splits
 
     out = Path(out_dir)
@@ -87,7 +94,11 @@ def run_warm_start(cfg: ExperimentConfig, splits: DataSplits | None, out_dir: st
     model_path = model_path or cfg.model.name_or_path
     records = subset(splits.train, cfg.warm_start.max_records, cfg.seed)
     logger.info("warm start: %d records, %d steps", len(records), settings.max_steps)
-    path = train_lora(cfg, settings, out, records, templates=templates, model_path=model_path)
+    ckpt = prepare_resume(out, resume, process_state())
+    if ckpt is not None:
+        logger.info("warm start: resuming from %s", ckpt)
+    path = train_lora(cfg, settings, out, records, templates=templates, model_path=model_path,
+                      resume_from_checkpoint=ckpt)
     if process_state().is_main_process:
         atomic_write_json(done, {"adapter": str(path), "max_steps": settings.max_steps, "time": time.time()})
     return path
