@@ -40,8 +40,8 @@ def evaluate_model(
     model: Any, processor: Any, benchmark: str, records: Sequence[Record], *,
     generation: GenerationSettings | None = None, scoring: ScoringSettings | None = None,
     templates: PromptTemplates | None = None, out_dir: str | Path | None = None, label: str = "this model",
-    title: str | None = None, extra: Mapping[str, Any] | None = None, generator: Any = None,
-) -> dict[str, Any]:
+    title: str | None = None, extra: Mapping[str, Any] | None = None, generator: Any = None, shard: Any = None,
+) -> dict[str, Any] | None:
     """Generate completions for ``records`` with ``model`` (plain, PEFT or a trainer's unwrapped model) or a
     ready ``generator`` (e.g. a :class:`~cpr.evaluation.generation.VLLMGenerator`), and score them on
     ``benchmark``. Defaults: greedy decoding of 256 new tokens with the evaluation prompt, the paper's
@@ -51,9 +51,14 @@ def evaluate_model(
     the samples), ``samples.jsonl`` and ``metrics.md`` (:func:`~cpr.evaluation.report.render_markdown`
     with ``label`` and ``title``).
 
+    With ``shard`` (the process state, every process of the group calling this alike) each process
+    generates its share of the records (:func:`~cpr.evaluation.generation.generate_completions`); the
+    main process scores them and writes the files, on a folder every process sees.
+
     Returns:
         The benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`) with ``extra``,
-        ``"generation"`` (the decoding settings) and ``"seconds"``.
+        ``"generation"`` (the decoding settings) and ``"seconds"``; ``None`` on the other processes
+        of a ``shard``.
 
     Raises:
         ConfigError: an unknown benchmark, or backend ``vllm`` without a generator.
@@ -74,8 +79,10 @@ def evaluate_model(
     completions = generate_completions(
         generator, records, bench.messages(templates, generation.prompt_mode), batch_size=generation.batch_size,
         output_path=None if out is None else out / "completions.jsonl", progress=generation.progress,
-        description=f"{bench.name}: generating",
+        description=f"{bench.name}: generating", shard=shard,
     )
+    if shard is not None and not shard.is_main_process:
+        return None
     metrics = bench.score(records, completions, scoring)
     metrics.update(extra or {})
     metrics["generation"] = {k: v for k, v in asdict(generation).items() if k != "progress"}
