@@ -240,6 +240,7 @@ def final_evaluation(
                 print("\n" + "\n\n".join(tables))
 
     if specs:
+        logger.info("%s: final evaluation of %s on the %s split(s)", label, adapter or "the base model", ", ".join(specs))
         score_adapters(cfg, model_path, [adapter], score)
     state.wait_for_everyone()
     return results
