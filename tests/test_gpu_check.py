@@ -68,3 +68,26 @@ def test_gpu_check_runs_on_cpu_with_the_tiny_model():
     assert re.search(r"prompt: \d+ tokens \(\d+ image tokens\), 4 sequences generated at once", out)
     assert "peak GPU memory: n/a on CPU" in out and "process peak RSS:" in out
     assert re.search(r"reward on 4 well-formed completions \(\d+ steps\): [\d.]+ s = [\d.]+ % of the mean step", out)
+
+
+@pytest.mark.slow
+def test_gpu_check_recipe_mode_launches_ddp_and_zero3_on_cpu_processes():
+    """``--recipe``: the recipe on 2 gloo processes under DDP and ZeRO-3 (one step a phase, the eval hook,
+    selection, the final evaluation on images above the tiny model's pixel limit), every launch exit 0."""
+    pytest.importorskip("deepspeed")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--recipe", "--model", "tiny:qwen2_5_vl",
+                           "--steps", "1", "--timeout", "600"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1300)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    assert "gpu_check --recipe: all launches exited 0" in out
+    for launch, device in (("ddp", "cpu"), ("zero3", "cpu:0")):
+        block = out.split(f"\n{launch} on 2 processes: exit 0, ")[1].split("\n\n")[0]
+        stages = re.findall(r"^  (.+?)\s+(\d+\.\d) s   (\S+)$", block, flags=re.M)
+        assert [s for s, _, _ in stages] == ["phase answer_only: training", "phase answer_only: selection",
+                                             "phase cpr: training", "final evaluation"], block
+        assert all(d == device and float(t) > 0 for _, t, d in stages), block
+        assert "phase answer_only: eval hook at steps [1]; selected" in block
+        assert "phase cpr: eval hook at steps [1]" in block
+        assert "status finished; final evaluation on 3 test records (images above 12544 pixels)" in block

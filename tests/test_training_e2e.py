@@ -51,8 +51,8 @@ def record_loads(monkeypatch):
     loaded, wrapped = [], []
     real_load, real_wrap = policy.load_policy, policy.with_adapter
 
-    def load(cfg, path):
-        model, processor = real_load(cfg, path)
+    def load(cfg, path, device=None):
+        model, processor = real_load(cfg, path, device=device)
         base = {k: v.detach().clone() for k, v in model.state_dict().items()}
         loaded.append((model, base))
         return model, processor

@@ -89,8 +89,8 @@ def test_cpr_alone_raises_step_match_f1_of_sampled_completions(tmp_path, one_thr
     loaded = []
     real_load = policy.load_policy
 
-    def load(c, path):
-        model, processor = real_load(c, path)
+    def load(c, path, device=None):
+        model, processor = real_load(c, path, device=device)
         loaded.append((model, {k: v.detach().clone() for k, v in model.state_dict().items()}))
         return model, processor
 

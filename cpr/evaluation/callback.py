@@ -2,8 +2,9 @@
 
 It runs every ``eval_steps`` optimizer steps and at the last one. All ranks enter TRL's
 ``unwrap_model_for_generation`` (ZeRO-3 parameters gathered, gradient checkpointing off) and
-``DistributedBackend.summon_full_params`` (FSDP v1; v2 is refused); the main process generates and
-scores while the others wait, then the metrics, or the error, are broadcast so every rank logs or raises.
+``DistributedBackend.summon_full_params`` (FSDP v1; v2 is refused); every rank generates its share of the
+records (``evaluate_model(..., shard=...)``; under ZeRO-3 with ``synced_gpus``, as TRL generates), the main
+process scores them, then the metrics and any rank's error are gathered so every rank logs or raises.
 Metrics go through the base ``Trainer.log`` as ``eval_<benchmark>/<metric>`` (TRL's ``GRPOTrainer.log``
 would flush the training metrics it accumulates; ``control.should_log`` is restored). The main process
 writes ``eval_history.jsonl`` (one line per evaluation and benchmark), ``eval/step-<step>/<benchmark>/``
@@ -29,7 +30,7 @@ from cpr.data.prompts import PromptTemplates
 from cpr.data.records import Record
 from cpr.errors import ConfigError
 from cpr.evaluation.benchmarks import get_benchmark
-from cpr.evaluation.generation import GenerationSettings
+from cpr.evaluation.generation import GenerationSettings, TransformersGenerator
 from cpr.evaluation.report import flat_metrics, sampled_columns
 from cpr.evaluation.runner import ROW_KEYS, evaluate_model, subset
 from cpr.io import append_jsonl, atomic_write_json
@@ -158,7 +159,7 @@ class EvalCallback(TrainerCallback):
         return control
 
     def _evaluate(self, args: Any, state: Any, processor: Any) -> None:
-        from accelerate.utils import broadcast_object_list
+        from accelerate.utils import gather_object
         from trl.distributed import DistributedBackend
         from trl.models.utils import unwrap_model_for_generation
 
@@ -169,47 +170,59 @@ class EvalCallback(TrainerCallback):
         trainer, accelerator = self.trainer, self.trainer.accelerator
         dist = DistributedBackend(accelerator)
         if dist.fsdp_version == 2:
-            raise ConfigError("the evaluation hook generates on the main process only, which FSDP v2 cannot do "
-                              "(every forward pass communicates); use DeepSpeed ZeRO-3, FSDP v1 or DDP", field="eval")
+            raise ConfigError("the evaluation hook generates with the full parameters on each process, which FSDP v2 "
+                              "cannot give (every forward pass communicates); use DeepSpeed ZeRO-3, FSDP v1 or DDP", field="eval")
         results: dict[str, dict[str, Any]] = {}
         error: BaseException | None = None
+        plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+        synced = accelerator.num_processes > 1 and plugin is not None and plugin.zero_stage == 3
         with (
             unwrap_model_for_generation(trainer.model_wrapped, accelerator, gather_deepspeed3_params=True,
                                         gradient_checkpointing_kwargs=getattr(args, "gradient_checkpointing_kwargs",
                                                                               None)) as unwrapped,
             dist.summon_full_params(trainer.model_wrapped, recurse=False),
         ):
-            if accelerator.is_main_process:
-                try:
-                    results = self._run_benchmarks(unwrapped, processor or trainer.processing_class, args, step)
-                except Exception as e:  # raised below on every rank, after the barrier
-                    error = e
-            accelerator.wait_for_everyone()
-        payload: list[Any] = [None if error is None else f"{type(error).__name__}: {error}",
-                              {k: {kk: vv for kk, vv in v.items() if kk not in ROW_KEYS} for k, v in results.items()}]
-        broadcast_object_list(payload, from_process=0)
+            try:
+                results = self._run_benchmarks(unwrapped, processor or trainer.processing_class, args, step,
+                                               accelerator, synced)
+            except Exception as e:  # raised below on every rank, after the gather
+                error = e
+        payload = gather_object([(None if error is None else f"{type(error).__name__}: {error}",
+                                  {k: {kk: vv for kk, vv in v.items() if kk not in ROW_KEYS} for k, v in results.items()})])
         if error is not None:
             raise error
-        if payload[0] is not None:
-            raise RuntimeError(f"evaluation failed on the main process at step {step}: {payload[0]}")
+        failed = [(k, e) for k, (e, _) in enumerate(payload) if e is not None]
+        if failed:
+            raise RuntimeError(f"evaluation failed on process {failed[0][0]} at step {step}: {failed[0][1]}")
+        metrics = payload[0][1]
         self.evaluated_steps.append(step)
-        logs = {f"eval_{k}": v for m in payload[1].values() for k, v in flat_metrics(m).items() if not k.endswith("/n")}
+        logs = {f"eval_{k}": v for m in metrics.values() for k, v in flat_metrics(m).items() if not k.endswith("/n")}
         # the base Trainer.log (module docstring); its on_log event clears control.should_log: restore it
         should_log = trainer.control.should_log
         log_as_trainer(trainer, logs)
         trainer.control.should_log = should_log
-        self._update_best(payload[1], args, state)
+        self._update_best(metrics, args, state)
 
-    def _run_benchmarks(self, model: Any, processor: Any, args: Any, step: int) -> dict[str, dict[str, Any]]:
+    def _run_benchmarks(self, model: Any, processor: Any, args: Any, step: int, accelerator: Any,
+                        synced: bool) -> dict[str, dict[str, Any]]:
+        """Every rank generates its share; the main process scores, writes and returns the metrics
+        (``{}`` elsewhere)."""
+        from cpr.distributed import process_state
+
         out = self._out(args)
+        main = accelerator.is_main_process
         results = {}
         for spec in self.benchmarks:
             folder = out / "eval" / f"step-{step}" / spec.name if self.save_completions else None
-            if folder is not None and folder.exists():  # a stale folder of an earlier run: never resume from it
+            if main and folder is not None and folder.exists():  # a stale folder of an earlier run: never resume
                 shutil.rmtree(folder)
+            accelerator.wait_for_everyone()  # the folder is gone before any rank reads it
+            generator = TransformersGenerator(model, processor, self.generation.max_new_tokens, synced_gpus=synced)
             metrics = evaluate_model(model, processor, spec.name, spec.selected, generation=self.generation,
                                      scoring=self.scoring, templates=self.templates, out_dir=folder,
-                                     label=f"step {step}")
+                                     label=f"step {step}", generator=generator, shard=process_state())
+            if metrics is None:
+                continue
             append_jsonl(out / HISTORY_FILE, {"step": step, "benchmark": spec.name,
                                               "epoch": getattr(self.trainer.state, "epoch", None),
                                               "seconds": metrics["seconds"], **metrics["overall"],

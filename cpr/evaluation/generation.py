@@ -15,6 +15,13 @@ present; the CPU test suite cannot exercise it).
 Resumability (:func:`generate_completions`): each finished batch is appended (fsync'ed) to the output
 file, one ``{"id", "completion", "num_tokens", "finished"}`` line per prompt; a rerun skips the ids
 already there, and a line cut by a kill is dropped.
+
+Sharding (``generate_completions(..., shard=process_state())``): the prompts are cut into the batches one
+process would make, and in each round every process generates one of them (process ``k`` batch
+``round * N + k``; a process past the last batch generates a padding batch and drops it), so all processes
+call ``generate`` equally often (what ZeRO-3's lock-step ``synced_gpus`` needs) and each batch holds the
+prompts it holds on one process (the same greedy completions). After each round the completions are
+gathered on every process; the main process appends them to the file.
 """
 
 from __future__ import annotations
@@ -128,21 +135,24 @@ class TransformersGenerator:
     """Batched generation with ``model.generate``: greedy (``generator(batch)``) or sampled (:meth:`sample`).
 
     Runs in eval mode under ``torch.no_grad()`` with ``use_cache=True`` and restores the model's mode.
-    Generation is never collective (``synced_gpus=False``): under DeepSpeed ZeRO-3 transformers would
-    otherwise step every rank in lock-step, while cpr generates on the main process only (the eval
-    hook gathers the full parameters first), so it would hang.
+    ``synced_gpus`` (transformers' lock-step decoding: every process runs forward passes until all have
+    finished) is off unless asked for: the eval hook asks for it under ZeRO-3 with several processes,
+    as TRL's generation does, and then every process must call it equally often (the rounds of
+    :func:`generate_completions` with ``shard``).
 
     Args:
         model: a transformers vision-language model, a ``PeftModel`` around one, or a trainer's
             unwrapped model.
         processor: its processor (tokenizer padding side ``"left"``, a pad token).
         max_new_tokens: new-token budget.
+        synced_gpus: ``generate``'s ``synced_gpus``.
 
     Raises:
         ConfigError: the tokenizer does not pad on the left.
     """
 
-    def __init__(self, model: Any, processor: Any, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> None:
+    def __init__(self, model: Any, processor: Any, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *,
+                 synced_gpus: bool = False) -> None:
         if processor.tokenizer.padding_side != "left":
             raise ConfigError("batched generation needs a left-padding tokenizer (padding_side='left'); load the "
                               "processor with cpr.models.load_model_and_processor", field="processor")
@@ -150,6 +160,7 @@ class TransformersGenerator:
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos = processor.tokenizer.eos_token_id if eos is None else eos
         self.eos_ids = set() if eos is None else {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+        self.synced_gpus = synced_gpus
         self.calls = 0
 
     def _inputs(self, batch: Batch) -> Any:
@@ -193,7 +204,7 @@ class TransformersGenerator:
                 out = model.generate(
                     **inputs, max_new_tokens=self.max_new_tokens, **decoding,
                     use_cache=True, pad_token_id=self.processor.tokenizer.pad_token_id,
-                    synced_gpus=False, suppress_tokens=None if image_token_id is None else [int(image_token_id)],
+                    synced_gpus=self.synced_gpus, suppress_tokens=None if image_token_id is None else [int(image_token_id)],
                 )
         finally:
             model.train(was_training)
@@ -346,6 +357,7 @@ def generate_completions(
     generator: Callable[[Batch], list[Generated]], records: Sequence[Record],
     messages_fn: Callable[[Record], list[dict[str, Any]]], *, batch_size: int = 8,
     output_path: str | Path | None = None, progress: bool = True, description: str = "generating",
+    shard: Any = None,
 ) -> dict[str, str]:
     """Generate a completion for every record, appending each finished batch to ``output_path``.
 
@@ -354,13 +366,19 @@ def generate_completions(
         records: the records (unique ids), in the order batches are formed.
         messages_fn: record -> conversational prompt with its images.
         output_path: JSON-lines file to resume from and append to; ``None`` keeps nothing.
+        shard: the process state (``process_index``, ``num_processes``, ``is_main_process``;
+            :func:`cpr.distributed.process_state`) when every process of a group calls this with the same
+            arguments: each generates its share (module docstring), the main process alone writes
+            ``output_path`` (on a folder every process sees); ``None``: this process generates all.
 
     Returns:
-        id -> completion for every record, those read back from the file included.
+        id -> completion for every record, those read back from the file included (on every process).
 
     Raises:
         ValueError: duplicate record ids, or a generator returning the wrong number of completions.
         InputError: a malformed completions file (:func:`cpr.scoring.load_predictions`).
+        RuntimeError: with ``shard``, generation failed on another process (its error named; the failing
+            process raises its own), so that no process waits for the others' next round.
     """
     from tqdm.auto import tqdm
 
@@ -375,16 +393,44 @@ def generate_completions(
         done = load_predictions(output_path, skip_truncated_tail=True)[0]
     results = {rid: done[rid] for rid in ids if rid in done}
     todo = [r for r in records if r.id not in done]
-    with tqdm(total=len(ids), initial=len(results), desc=description, disable=not progress, unit="sample") as bar:
-        for start in range(0, len(todo), batch_size):
-            batch = todo[start: start + batch_size]
-            outputs = generator([messages_fn(r) for r in batch])
-            if len(outputs) != len(batch):
-                raise ValueError(f"generator returned {len(outputs)} completions for {len(batch)} prompts")
-            rows = [{"id": r.id, "completion": g.text, "num_tokens": g.num_tokens, "finished": g.finished}
-                    for r, g in zip(batch, outputs, strict=True)]
-            if output_path is not None:
+    batches = [todo[start: start + batch_size] for start in range(0, len(todo), batch_size)]
+    rank, world = (0, 1) if shard is None else (shard.process_index, shard.num_processes)
+    main = shard is None or shard.is_main_process
+    with tqdm(total=len(ids), initial=len(results), desc=description, disable=not (progress and main),
+              unit="sample") as bar:
+        for first in range(0, len(batches), world):
+            mine = first + rank
+            batch = batches[mine] if mine < len(batches) else batches[0][:1]  # padding: generated, dropped
+            rows, error = [], None
+            try:
+                outputs = generator([messages_fn(r) for r in batch])
+                if len(outputs) != len(batch):
+                    raise ValueError(f"generator returned {len(outputs)} completions for {len(batch)} prompts")
+                rows = [{"id": r.id, "completion": g.text, "num_tokens": g.num_tokens, "finished": g.finished}
+                        for r, g in zip(batch, outputs, strict=True)] if mine < len(batches) else []
+            except Exception as e:
+                if world == 1:
+                    raise
+                error = e
+            if world > 1:
+                rows = gather_round(rows, error, rank)
+            if output_path is not None and main:
                 append_jsonl_many(output_path, rows)
             results.update((row["id"], row["completion"]) for row in rows)
-            bar.update(len(batch))
+            bar.update(len(rows))
     return {rid: results[rid] for rid in ids}
+
+
+def gather_round(rows: list[dict[str, Any]], error: BaseException | None, rank: int) -> list[dict[str, Any]]:
+    """Every process's ``rows`` of one round, in process order, on every process; raises on every process
+    when one failed (its own error where it failed)."""
+    from accelerate.utils import gather_object
+
+    gathered = gather_object([(rows, None if error is None else f"{type(error).__name__}: {error}")])
+    if error is not None:
+        raise error
+    failed = [(k, e) for k, (_, e) in enumerate(gathered) if e is not None]
+    if failed:
+        k, e = failed[0]
+        raise RuntimeError(f"generation failed on process {k}: {e}")
+    return [row for part, _ in gathered for row in part]

@@ -49,8 +49,8 @@ def evaluate_model(
     model: Any, processor: Any, benchmark: str, records: Sequence[Record], *,
     generation: GenerationSettings | None = None, scoring: ScoringSettings | None = None,
     templates: PromptTemplates | None = None, out_dir: str | Path | None = None, label: str = "this model",
-    title: str | None = None, extra: Mapping[str, Any] | None = None, generator: Any = None,
-) -> dict[str, Any]:
+    title: str | None = None, extra: Mapping[str, Any] | None = None, generator: Any = None, shard: Any = None,
+) -> dict[str, Any] | None:
     """Generate completions for ``records`` with ``model`` (plain, PEFT or a trainer's unwrapped model) or a
     ready ``generator`` (e.g. a :class:`~cpr.evaluation.generation.VLLMGenerator`), and score them on
     ``benchmark``. Defaults: greedy decoding of 256 new tokens with the evaluation prompt, the paper's
@@ -63,11 +63,15 @@ def evaluate_model(
     with ``label`` and ``title``); sampled decoding adds ``sampled_completions.jsonl`` (resumed) and
     ``sampled_samples.jsonl``.
 
+    With ``shard`` (the process state, every process of the group calling this alike) each process
+    generates its share of the records (:func:`~cpr.evaluation.generation.generate_completions`); the
+    main process scores them and writes the files, on a folder every process sees.
+
     Returns:
         The benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`; step-scoring benchmarks
         include ``lucky_guess_rate``, :func:`cpr.scoring.lucky_guess_rate`), the sampled numbers
         (:func:`~cpr.evaluation.sampling.add_sampled_metrics`), ``extra``, ``"generation"`` (the
-        decoding settings) and ``"seconds"``.
+        decoding settings) and ``"seconds"``; ``None`` on the other processes of a ``shard``.
 
     Raises:
         ConfigError: an unknown benchmark, or backend ``vllm`` without a generator.
@@ -88,16 +92,21 @@ def evaluate_model(
     completions = generate_completions(
         generator, records, bench.messages(templates, generation.prompt_mode), batch_size=generation.batch_size,
         output_path=None if out is None else out / "completions.jsonl", progress=generation.progress,
-        description=f"{bench.name}: generating",
+        description=f"{bench.name}: generating", shard=shard,
     )
-    metrics = bench.score(records, completions, scoring)
     decoding = generation.decoding
-    if decoding.sampled:
+    samples = None
+    if decoding.sampled:  # every process of a shard samples its share too
         samples = generate_samples(
             generator, records, bench.messages(templates, generation.prompt_mode), decoding,
             batch_size=generation.batch_size, output_path=None if out is None else out / SAMPLED_COMPLETIONS,
             progress=generation.progress, description=f"{bench.name}: sampling {decoding.samples} per item",
+            shard=shard,
         )
+    if shard is not None and not shard.is_main_process:
+        return None
+    metrics = bench.score(records, completions, scoring)
+    if samples is not None:
         scored = [bench.score(records, {rid: s[j] for rid, s in samples.items()}, scoring)
                   for j in range(decoding.samples)]
         add_sampled_metrics(metrics, scored, decoding)

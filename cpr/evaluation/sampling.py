@@ -39,22 +39,27 @@ def sampled_key(key: str) -> str:
 def generate_samples(
     generator: Any, records: Sequence[Record], messages_fn: Callable[[Record], list[dict[str, Any]]],
     decoding: DecodingSettings, *, batch_size: int = 8, output_path: str | Path | None = None, progress: bool = True,
-    description: str = "sampling",
+    description: str = "sampling", shard: Any = None,
 ) -> dict[str, list[str]]:
     """``decoding.samples`` completions for every record with ``generator.sample(batch, decoding, seed)``
     (:meth:`cpr.evaluation.generation.TransformersGenerator.sample`), each finished batch appended to
-    ``output_path`` (module docstring).
+    ``output_path`` (module docstring). With ``shard`` (the process state, every process calling this alike)
+    the batches are shared out in rounds as :func:`cpr.evaluation.generation.generate_completions` does: each
+    process samples its batch of a round (a padding batch past the last, dropped), the rows are gathered,
+    and the main process alone writes ``output_path``.
 
     Returns:
-        id -> its completions in sample order, those read back from the file included.
+        id -> its completions in sample order, those read back from the file included (on every process).
 
     Raises:
         ValueError: duplicate record ids, or a generator returning the wrong number of completions.
         InputError: a malformed file, or a sample index not below ``decoding.samples`` (file, line, field).
+        RuntimeError: with ``shard``, sampling failed on another process (its error named).
     """
     from tqdm.auto import tqdm
 
     from cpr.errors import InputError
+    from cpr.evaluation.generation import gather_round
     from cpr.io import append_jsonl_many
     from cpr.scoring import load_sampled_predictions
 
@@ -69,24 +74,38 @@ def generate_samples(
                 raise InputError(f"holds sample {max(by)}, but decoding draws {k} per item; use another output folder",
                                  path=output_path, line=lines[rid], record_id=rid, field="sample")
     complete = {rid for rid, by in done.items() if len(by) == k}
-    with tqdm(total=len(ids), initial=len(complete & set(ids)), desc=description, disable=not progress,
+    batches = [records[start: start + batch_size] for start in range(0, len(records), batch_size)]
+    batches = [b for b in batches if not all(r.id in complete for r in b)]
+    rank, world = (0, 1) if shard is None else (shard.process_index, shard.num_processes)
+    main = shard is None or shard.is_main_process
+    with tqdm(total=len(ids), initial=len(complete & set(ids)), desc=description, disable=not (progress and main),
               unit="sample") as bar:
-        for start in range(0, len(records), batch_size):
-            batch = records[start: start + batch_size]
-            if all(r.id in complete for r in batch):
-                continue
-            outputs = generator.sample([messages_fn(r) for r in batch], decoding, batch_seed(decoding.seed, batch[0].id))
-            if len(outputs) != len(batch) or any(len(o) != k for o in outputs):
-                raise ValueError(f"generator returned {[len(o) for o in outputs]} completions for {len(batch)} prompts "
-                                 f"x {k} samples")
-            rows = [{"id": r.id, "sample": j, "completion": g.text, "num_tokens": g.num_tokens, "finished": g.finished}
-                    for r, gens in zip(batch, outputs, strict=True) for j, g in enumerate(gens)
-                    if j not in done.get(r.id, {})]
-            if output_path is not None:
+        for first in range(0, len(batches), world):
+            mine = first + rank
+            batch = batches[mine] if mine < len(batches) else batches[0][:1]  # padding: sampled, dropped
+            rows, error = [], None
+            try:
+                outputs = generator.sample([messages_fn(r) for r in batch], decoding,
+                                           batch_seed(decoding.seed, batch[0].id))
+                if len(outputs) != len(batch) or any(len(o) != k for o in outputs):
+                    raise ValueError(f"generator returned {[len(o) for o in outputs]} completions for {len(batch)} "
+                                     f"prompts x {k} samples")
+                if mine < len(batches):
+                    rows = [{"id": r.id, "sample": j, "completion": g.text, "num_tokens": g.num_tokens,
+                             "finished": g.finished}
+                            for r, gens in zip(batch, outputs, strict=True) for j, g in enumerate(gens)
+                            if j not in done.get(r.id, {})]
+            except Exception as e:
+                if world == 1:
+                    raise
+                error = e
+            if world > 1:
+                rows = gather_round(rows, error, rank)
+            if output_path is not None and main:
                 append_jsonl_many(output_path, rows)
             for row in rows:
                 done.setdefault(row["id"], {})[row["sample"]] = row["completion"]
-            bar.update(sum(r.id not in complete for r in batch))
+            bar.update(len({row["id"] for row in rows} - complete))
     return {rid: [done[rid][j] for j in range(k)] for rid in ids}
 
 

@@ -130,8 +130,10 @@ def score_adapters(
     cfg: ExperimentConfig, model_path: str, adapters: Sequence[str | Path | None], score: Callable[[Any, Any], Any],
     *, field: str = "adapter", phase: Any = None,
 ) -> list[Any]:
-    """Load the policy once and return ``score(model, processor)`` with each LoRA adapter of ``adapters``
-    put on it in turn (``None``: the model as loaded). Call on the main process only.
+    """Load the policy once, on this process's accelerator (``process_state().device``), and return
+    ``score(model, processor)`` with each LoRA adapter of ``adapters`` put on it in turn (``None``: the
+    model as loaded). Every process of a run calls it, each with a whole model (ZeRO-3 is off while it
+    loads), so that ``score`` can shard the generation (``evaluate_model(..., shard=process_state())``).
 
     Raises:
         ConfigError: an adapter trained on another base model (:func:`cpr.training.policy.check_base`,
@@ -140,6 +142,7 @@ def score_adapters(
     """
     from peft import PeftModel
 
+    from cpr.distributed import process_state
     from cpr.matching import zero3_disabled
     from cpr.training.oom import explain_oom
 
@@ -148,7 +151,9 @@ def score_adapters(
             policy.check_base(adapter, model_path, cfg, field=field)
     results = []
     with zero3_disabled(), explain_oom(cfg, "evaluation", phase):
-        model, processor = policy.load_policy(cfg, model_path)
+        device = process_state().device
+        logger.info("evaluation: device %s", policy.device_memory(device))
+        model, processor = policy.load_policy(cfg, model_path, device=device)
         for adapter in adapters:
             if adapter is None:
                 results.append(score(model, processor))
@@ -175,9 +180,12 @@ def final_evaluation(
     ``splits`` default to those of ``cfg.data``, ``templates`` to ``cfg.data.prompts``, ``model_path`` to
     ``model.name_or_path``; ``skip_empty`` leaves out a split without records.
 
+    Every process generates its share of each benchmark (:func:`score_adapters`); the main process
+    scores and writes the files.
+
     Returns:
         ``{split: {benchmark: overall summary}}`` (``{}`` for a skipped split, and on every process but
-        the main one, which alone evaluates while the others wait).
+        the main one).
 
     Raises:
         ConfigError: an unknown split, a split without records, an adapter folder without
@@ -216,20 +224,26 @@ def final_evaluation(
         for split, found in specs.items():
             out, tables = final_eval_dir(run_dir, split), []
             for name, records, _hook_limit in found:
-                logger.info("%s: scoring %s on %d %s records", label, name, len(records), split)
+                logger.info("%s: scoring %s on %d %s records (%d processes)", label, name, len(records), split,
+                            state.num_processes)
                 metrics = evaluate_model(
                     model, processor, name, records, generation=generation, scoring=scoring,
                     templates=prompts,
                     out_dir=out / name, label=label, title=f"{label}: {name} ({split} split)",
-                    extra={"adapter": None if adapter is None else str(adapter), "split": split},
+                    extra={"adapter": None if adapter is None else str(adapter), "split": split}, shard=state,
                 )
+                if metrics is None:  # another process: the main one scores and writes
+                    continue
                 tables.append((out / name / "metrics.md").read_text(encoding="utf-8"))
                 results[split][name] = metrics["overall"]
+            if not state.is_main_process:
+                continue
             atomic_write_text(out / "metrics.md", "\n\n".join(tables) + "\n")
             if echo:
                 print("\n" + "\n\n".join(tables))
 
-    if specs and state.is_main_process:
+    if specs:
+        logger.info("%s: final evaluation of %s on the %s split(s)", label, adapter or "the base model", ", ".join(specs))
         score_adapters(cfg, model_path, [adapter], score)
     state.wait_for_everyone()
     return results

@@ -168,6 +168,7 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
         logger.warning("%s", empty)
     ckpt = prepare_resume(phase_dir, resume, state)
 
+    logger.info("phase %s: device %s", phase.name, policy.device_memory(state.device))
     model, processor = policy.load_policy(cfg, model_path)
     if args.use_vllm:  # TRL's vLLM path does not suppress the vision placeholders (cpr.training.vllm)
         args.generation_kwargs = vllm_generation_kwargs(model.config, processor.tokenizer, args.generation_kwargs)
@@ -226,6 +227,7 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
         marked = str(folder) if (folder / DIVERGED_MARKER).is_file() else None
         result.update(status="diverged", adapter=None,
                       diverged={"phase": phase.name, **stopped.to_dict(), "checkpoint": marked})
+    policy.free_vllm_engine(trainer)  # before the next phase builds its own
     del trainer, model
     policy.free_memory()
     return result

@@ -14,8 +14,10 @@ from typing import Any
 from cpr.training.config import ExperimentConfig
 
 
-def load_policy(cfg: ExperimentConfig, model_path: str) -> tuple[Any, Any]:
-    """Load ``(model, processor)`` from ``model_path`` with the config's ``model`` settings.
+def load_policy(cfg: ExperimentConfig, model_path: str, device: Any = None) -> tuple[Any, Any]:
+    """Load ``(model, processor)`` from ``model_path`` with the config's ``model`` settings, moved to
+    ``device`` (a ``torch.device`` or name; ``None``: left where ``from_pretrained`` puts it, as a
+    trainer wants it; evaluation passes the process's accelerator).
 
     Raises:
         ModelNotAvailableError: neither local nor downloadable (:func:`cpr.models.load_model_and_processor`).
@@ -26,7 +28,7 @@ def load_policy(cfg: ExperimentConfig, model_path: str) -> tuple[Any, Any]:
     return load_model_and_processor(
         model_path, dtype=m.dtype, gradient_checkpointing=m.gradient_checkpointing,
         attn_implementation=m.attn_implementation, min_pixels=m.min_pixels, max_pixels=m.max_pixels,
-        trust_remote_code=m.trust_remote_code,
+        trust_remote_code=m.trust_remote_code, device=None if device is None else str(device),
     )
 
 
@@ -45,7 +47,10 @@ def lora_config(cfg: ExperimentConfig, model_path: str) -> Any:
 
 def with_adapter(model: Any, adapter: Path | None, cfg: ExperimentConfig, *, field: str = "init_adapter") -> Any:
     """``model`` wrapped with a trainable copy of the LoRA adapter in folder ``adapter`` (a
-    ``peft.PeftModel``), or ``model`` unchanged when ``adapter`` is ``None``.
+    ``peft.PeftModel``), or ``model`` unchanged when ``adapter`` is ``None``. The adapter keeps the
+    dtype it was saved in (``autocast_adapter_dtype=False``, as TRL creates a phase's new adapter):
+    a bf16 phase 1 hands phase 2 a bf16 adapter, not PEFT's default fp32 upcast, which DeepSpeed
+    0.19.2-0.19.7 fails on at the first optimizer step under ZeRO-3 (DeepSpeed #8072).
 
     Raises:
         ConfigError: the adapter was trained on another base model (:func:`check_base`).
@@ -55,7 +60,7 @@ def with_adapter(model: Any, adapter: Path | None, cfg: ExperimentConfig, *, fie
     from peft import PeftModel
 
     check_base(adapter, model.name_or_path, cfg, field=field)
-    return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+    return PeftModel.from_pretrained(model, str(adapter), is_trainable=True, autocast_adapter_dtype=False)
 
 
 def check_base(adapter: str | Path, base: str, cfg: ExperimentConfig, *, field: str) -> None:
@@ -66,6 +71,30 @@ def check_base(adapter: str | Path, base: str, cfg: ExperimentConfig, *, field: 
     check_adapter_base(
         adapter, base, allow_mismatch=cfg.model.allow_base_mismatch, field=field, override="model.allow_base_mismatch"
     )
+
+
+def device_memory(device: Any) -> str:
+    """``device`` in words for the run log: ``"cuda:0, 61.2 of 79.2 GiB free"`` (``torch.cuda.mem_get_info``
+    of that device) when CUDA is available, else its name (``"cpu"``)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return str(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return f"{device}, {free / 2**30:.1f} of {total / 2**30:.1f} GiB free"
+
+
+def free_vllm_engine(trainer: Any) -> bool:
+    """Drop the vLLM colocate engine of a TRL trainer (``trainer.vllm_generation.llm``) and free its GPU
+    memory (:func:`free_memory`), so that the next phase's engine finds it; ``False`` when the trainer has
+    none (transformers generation, or vLLM server mode)."""
+    generation = getattr(trainer, "vllm_generation", None)
+    if getattr(generation, "llm", None) is None:
+        return False
+    generation.llm = None  # the trainer and its callbacks may live on a while: the engine goes now
+    free_memory()
+    return True
 
 
 def free_memory() -> None:

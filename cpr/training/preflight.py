@@ -139,6 +139,21 @@ def preflight(cfg: ExperimentConfig, device: str) -> None:
         encoder.max_cached_completions = cfg.rewards.max_cached_completions
 
 
+def process_group_timeout(cfg: Any) -> float:
+    """The process group's timeout (seconds) for a run of ``cfg``: the largest ``ddp_timeout`` of its phases'
+    ``training`` and of ``warm_start.extra`` (``TrainingArguments``' default 1800 where unset), which the
+    trainers would use if they created the group (cpr creates it before them)."""
+    from transformers import TrainingArguments
+
+    from cpr.training.config import phase_training_args
+
+    default = TrainingArguments.__dataclass_fields__["ddp_timeout"].default
+    values = [phase_training_args(cfg, name).get("ddp_timeout", default) for name in cfg.phases]
+    if cfg.warm_start.enabled:
+        values.append(cfg.warm_start.extra.get("ddp_timeout", default))
+    return float(max(values, default=default))
+
+
 def check_launch(cfg: Any) -> None:
     """Refuse, before anything loads, launcher settings that would fail later with another library's message.
 
@@ -146,7 +161,8 @@ def check_launch(cfg: Any) -> None:
         ConfigError: ``ACCELERATE_USE_CPU`` with a DeepSpeed launch (plain DDP around a ZeRO-partitioned
             model); under DeepSpeed, accelerate's ``mixed_precision`` (``ACCELERATE_MIXED_PRECISION``) unlike
             the ``bf16`` / ``fp16`` of a trainer of the run (the warm start's follows the model's dtype on a GPU;
-            a phase's, named by the key that sets it); ``training.use_vllm`` without an importable ``vllm``.
+            a phase's, named by the key that sets it); ``training.use_vllm`` with image-size limits vLLM would
+            not use (:func:`cpr.training.vllm.check_vllm_pixels`) or without an importable ``vllm``.
     """
     import torch
 
@@ -183,6 +199,10 @@ def check_launch(cfg: Any) -> None:
                 f"config), or set {' and '.join(f'{k}.{mixed}: true' for k in keys)}",
                 field=keys[0],
             )
+    if any(args.get("use_vllm") for args in phases.values()):
+        from cpr.training.vllm import check_vllm_pixels
+
+        check_vllm_pixels(cfg)
     if any(args.get("use_vllm") for args in phases.values()) and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             "training.use_vllm is true but vLLM is not installed (pip install vllm; it needs a CUDA GPU): "

@@ -59,12 +59,12 @@ def run_experiment(
     """
     import torch
 
-    from cpr.distributed import process_state
+    from cpr.distributed import check_shared_output_dir, process_state
     from cpr.training.evaluate import final_evaluation, summary_entries
     from cpr.training.guards import TrainingDivergedError
     from cpr.training.logs import close_run_log, open_run_log
     from cpr.training.phase import resolved_config, train_phase
-    from cpr.training.preflight import check_launch
+    from cpr.training.preflight import check_launch, process_group_timeout
     from cpr.training.report import chance_accuracy, compare_stages, phase_bucket_mixes
     from cpr.training.selection import select_best
     from cpr.training.warm_start import run_warm_start
@@ -72,8 +72,9 @@ def run_experiment(
     check_launch(cfg)  # before the process group forms: every process refuses alike
     if cfg.torch_threads is not None:
         torch.set_num_threads(cfg.torch_threads)
-    state = process_state()
+    state = process_state(timeout_s=process_group_timeout(cfg))  # ranks wait at most ddp_timeout for each other
     out = Path(cfg.output_dir)
+    check_shared_output_dir(out, state)  # multi-node: every rank reads what the main process writes
     checked = None
     if claim_output_dir(out, resume=resume, overwrite=overwrite, state=state):
         checked = check_before_training(cfg, state)  # nothing of the previous run is touched before this passed

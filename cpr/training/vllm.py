@@ -4,12 +4,23 @@ TRL's transformers generation suppresses the image placeholder token (``suppress
 does not (TRL issue 3847), and a placeholder sampled inside a completion breaks the next forward pass's
 image features. TRL passes ``GRPOConfig.generation_kwargs`` to vLLM's ``SamplingParams``, so the
 placeholders go into its ``bad_words`` there (banned outright).
+
+Image-size limits: the trainer's processor expands each image into the placeholder count of
+``model.min_pixels`` / ``model.max_pixels``, and vLLM processes the raw image again with the processor of
+the model it loads. TRL 1.16 builds its colocate engine from ``model.name_or_path`` alone (no
+``mm_processor_kwargs``, no GRPOConfig field for it), and a server loads what it was started with; so an
+image outside the model folder's own limits gives vLLM another placeholder count than the prompt's
+(:func:`check_vllm_pixels` refuses such a launch).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
+
+from cpr.errors import ConfigError
 
 
 def placeholder_tokens(model_config: Any, tokenizer: Any) -> list[str]:
@@ -27,3 +38,75 @@ def vllm_generation_kwargs(model_config: Any, tokenizer: Any, generation_kwargs:
     words = list(kwargs.get("bad_words") or [])
     kwargs["bad_words"] = words + [t for t in placeholder_tokens(model_config, tokenizer) if t not in words]
     return kwargs
+
+
+def _limits(image_processor: Any, family: str) -> dict[str, Any]:
+    if family == "qwen2_5_vl":
+        size = image_processor.size
+        return {"min_pixels": size["shortest_edge"], "max_pixels": size["longest_edge"]}
+    return {"min_patches": image_processor.min_patches, "max_patches": image_processor.max_patches}
+
+
+def vllm_image_limits(model_path: str, min_pixels: int | None, max_pixels: int | None,
+                      trust_remote_code: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(what vLLM uses, what the trainer uses)``: the image-size limits of the image processor saved with
+    ``model_path`` (vLLM loads it) and those of the same processor under
+    :func:`cpr.models.apply_pixel_limits` (Qwen2.5-VL: ``min_pixels`` / ``max_pixels``; InternVL:
+    ``min_patches`` / ``max_patches``).
+
+    Raises:
+        ModelNotAvailableError: the model's processor is neither local nor downloadable.
+    """
+    from transformers import AutoImageProcessor
+
+    from cpr.models import _not_available, apply_pixel_limits, detect_family, resolve_model_path
+
+    path = resolve_model_path(model_path)
+    family = detect_family(path)
+    try:
+        saved = AutoImageProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        raise _not_available(model_path, "processor of model", err) from None
+    limited = copy.deepcopy(saved)
+    apply_pixel_limits(SimpleNamespace(image_processor=limited), family, min_pixels, max_pixels)
+    return _limits(saved, family), _limits(limited, family)
+
+
+def check_vllm_pixels(cfg: Any) -> None:
+    """Refuse ``training.use_vllm`` when vLLM would process images with other limits than the trainer
+    (module docstring): ``model.min_pixels`` / ``max_pixels`` must be the model folder's own.
+
+    Raises:
+        ConfigError: one line (field ``model.max_pixels``) saying what vLLM would use, what the config
+            asks for, and how to give vLLM the same (colocate: a model folder saved with these limits;
+            server: also serve that folder, or start ``trl vllm-serve`` with ``--mm-processor-kwargs``).
+        ModelNotAvailableError: see :func:`vllm_image_limits`.
+    """
+    import json
+
+    from cpr.training.config import training_values
+
+    m = cfg.model
+    modes = {training_values(cfg, name).get("vllm_mode", "colocate") for name in cfg.phases
+             if training_values(cfg, name).get("use_vllm")}
+    if not modes or (m.min_pixels is None and m.max_pixels is None):
+        return
+    vllm, trainer = vllm_image_limits(m.name_or_path, m.min_pixels, m.max_pixels, m.trust_remote_code)
+    if vllm == trainer:
+        return
+    said = ", ".join(f"{k} {v}" for k, v in vllm.items())
+    wanted = ", ".join(f"{k} {v}" for k, v in trainer.items())
+    folder = ("point model.name_or_path at a copy of the model whose processor was saved with them "
+              "(cpr.models.load_model_and_processor(..., min_pixels=, max_pixels=), then processor.save_pretrained"
+              " into the copy)")
+    if "server" in modes:
+        how = (f"{folder} and serve that folder (trl vllm-serve --model <copy>; --mm-processor-kwargs "
+               f"'{json.dumps(trainer)}' after it is forwarded to vllm serve, but cpr cannot see a server's settings)")
+    else:
+        how = folder
+    raise ConfigError(
+        f"training.use_vllm: vLLM processes images with the limits saved with {m.name_or_path} ({said}), not the "
+        f"trainer's ({wanted}), and TRL passes it no mm_processor_kwargs: a larger image gets another number of "
+        f"placeholder tokens in vLLM than in the prompt; {how}, or set training.use_vllm: false",
+        field="model.max_pixels" if m.max_pixels is not None else "model.min_pixels",
+    )
