@@ -67,12 +67,13 @@ def test_process_group_timeout_comes_from_ddp_timeout(monkeypatch):
     import accelerate
 
     import cpr.distributed as D
+    from cpr.training.preflight import process_group_timeout
     from cpr.training.runner import run_experiment
 
-    assert D.process_group_timeout(_cfg()) == 1800.0  # TrainingArguments' default
+    assert process_group_timeout(_cfg()) == 1800.0  # TrainingArguments' default
     cfg = _cfg(training={"ddp_timeout": 7200}, phases=["answer_only", "cpr"],
                phase_settings={"cpr": {"training": {"ddp_timeout": 9000}}})
-    assert D.process_group_timeout(cfg) == 9000.0  # the largest of the phases'
+    assert process_group_timeout(cfg) == 9000.0  # the largest of the phases'
 
     made = {}
     monkeypatch.setattr(accelerate, "PartialState", lambda **kwargs: made.update(kwargs) or "state")
@@ -160,7 +161,7 @@ def _vllm_cfg(model: str, mode: str = "colocate", **pixels):
 
 @pytest.mark.parametrize("mode", ["colocate", "server"])
 def test_vllm_with_other_pixel_limits_than_the_model_folder_is_refused(mode):
-    from cpr.distributed import check_launch
+    from cpr.training.preflight import check_launch
 
     path = tiny_model()  # its processor was saved with min_pixels 3136, max_pixels 12544
     with pytest.raises(ConfigError) as e:
@@ -176,7 +177,7 @@ def test_vllm_with_other_pixel_limits_than_the_model_folder_is_refused(mode):
 
 
 def test_vllm_with_the_model_folders_own_limits_passes_the_pixel_check(tmp_path):
-    from cpr.distributed import check_launch
+    from cpr.training.preflight import check_launch
     from cpr.models import load_model_and_processor
     from cpr.training.vllm import vllm_image_limits
 
