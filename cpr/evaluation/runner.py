@@ -3,7 +3,6 @@ final evaluation and checkpoint selection alike."""
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -60,7 +59,7 @@ def evaluate_model(
         InputError: invalid records or a malformed completions file.
     """
     from cpr.evaluation.report import render_markdown
-    from cpr.io import atomic_write_json, atomic_write_text
+    from cpr.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
 
     start = time.perf_counter()
     generation, scoring = generation or GenerationSettings(), scoring or ScoringSettings()
@@ -82,7 +81,6 @@ def evaluate_model(
     metrics["seconds"] = round(time.perf_counter() - start, 3)
     if out is not None:
         atomic_write_json(out / "metrics.json", {k: v for k, v in metrics.items() if k != "samples"})
-        atomic_write_text(out / "samples.jsonl",
-                          "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in metrics["samples"]))
+        atomic_write_jsonl(out / "samples.jsonl", metrics["samples"])
         atomic_write_text(out / "metrics.md", render_markdown(metrics, model_label=label, title=title))
     return metrics
