@@ -46,9 +46,11 @@ def evaluate_model(
     ``benchmark``. Defaults: greedy decoding of 256 new tokens with the evaluation prompt, the paper's
     scoring, the packaged templates.
 
-    With ``out_dir`` it writes ``completions.jsonl`` (resumed from when there), ``metrics.json`` (without
+    With ``out_dir`` it writes ``references.jsonl`` (the benchmark's reference rows of ``records``: for
+    CRYSTAL and M3CoT ``cpr score``'s REFS file, so ``cpr score`` on it and ``completions.jsonl``
+    recomputes ``overall``), ``completions.jsonl`` (resumed from when there), ``metrics.json`` (without
     the samples), ``samples.jsonl`` and ``metrics.md`` (:func:`~cpr.evaluation.report.render_markdown`
-    with ``label`` and ``title``).
+    with ``label`` and ``title``): the files of ``cpr eval``, in every folder an evaluation writes.
 
     Returns:
         The benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`) with ``extra``,
@@ -70,6 +72,8 @@ def evaluate_model(
                               field="backend")
         generator = TransformersGenerator(model, processor, generation.max_new_tokens)
     out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        atomic_write_jsonl(out / "references.jsonl", bench.references(records))
     completions = generate_completions(
         generator, records, bench.messages(templates, generation.prompt_mode), batch_size=generation.batch_size,
         output_path=None if out is None else out / "completions.jsonl", progress=generation.progress,
