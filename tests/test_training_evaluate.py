@@ -220,3 +220,17 @@ def test_hand_over_and_final_evaluation_refuse_an_adapter_of_another_base(tmp_pa
                          model_path="org/base-b")
     assert e.value.field == "adapter" and "model.allow_base_mismatch" in e.value.message
     assert not (tmp_path / "ev").exists()
+
+
+def test_the_paper_rows_go_only_beside_crystals_test_set():
+    from cpr.training.evaluate import on_crystal_test
+
+    held_out = _cfg()  # the test split a share of the TabMWP training records
+    assert not on_crystal_test(held_out, "crystal", "test")
+    data = copy.deepcopy(BASE)
+    data["data"]["test"] = [{"source": "crystal", "path": "waybarrios/CRYSTAL", "split": "test"}]
+    crystal = config_from_dict(data)
+    assert on_crystal_test(crystal, "crystal", "test")
+    assert not on_crystal_test(crystal, "crystal", "validation") and not on_crystal_test(crystal, "m3cot", "test")
+    data["evaluation"] = {"benchmarks": [{"name": "crystal", "data": [{"source": "tabmwp", "path": str(TABMWP)}]}]}
+    assert not on_crystal_test(config_from_dict(data), "crystal", "test")  # the benchmark's own data decides

@@ -243,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
     from cpr.evaluation import runner
     from cpr.evaluation.benchmarks import get_benchmark
     from cpr.evaluation.generation import GenerationSettings
+    from cpr.evaluation.report import is_crystal_test
     from cpr.io import atomic_write_json
     from cpr.scoring import flag_errors
 
@@ -260,12 +261,16 @@ def run(args: argparse.Namespace) -> int:
     bench = get_benchmark(args.benchmark or "crystal")
     options = parse_options(args.option)
     if args.run_split is not None:
+        from cpr.training.evaluate import on_crystal_test
+
         records = _run_split_records(args, settings, bench.name)
         source, data, split = "run", str(settings["run_config"].parent), args.run_split
+        paper_rows = on_crystal_test(settings["cfg"], bench.name, split)
     else:
         source = args.source or bench.default_source
         data, split = source_path(source, args.data, "--data"), args.split
         records = load_records(source, data, split=split, limit=args.limit, options=options or None)
+        paper_rows = is_crystal_test([(source, split)])
     if not records:
         raise InputError(f"no records to evaluate (source {source})", path=data or None)
     templates = load_templates(settings["prompts"])
@@ -287,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
     label = settings["model"] if settings["adapter"] is None else f"{settings['model']} + {settings['adapter']}"
     runner.evaluate_model(
         model, processor, bench.name, records, generation=generation, scoring=scoring, templates=templates,
-        out_dir=out, label=label, title=f"{bench.name} evaluation of {label}", generator=generator,
+        out_dir=out, label=label, title=f"{bench.name} evaluation of {label}", generator=generator, paper_rows=paper_rows,
         extra={"config": {**config, "scoring": asdict(scoring), "references_format": bench.references_format}},
     )
     print((out / "metrics.md").read_text(encoding="utf-8"))

@@ -40,6 +40,7 @@ def evaluate_model(
     generation: GenerationSettings | None = None, scoring: ScoringSettings | None = None,
     templates: PromptTemplates | None = None, out_dir: str | Path | None = None, label: str = "this model",
     title: str | None = None, extra: Mapping[str, Any] | None = None, generator: Any = None,
+    paper_rows: bool = False,
 ) -> dict[str, Any]:
     """Generate completions for ``records`` with ``model`` (plain, PEFT or a trainer's unwrapped model) or a
     ready ``generator`` (e.g. a :class:`~cpr.evaluation.generation.VLLMGenerator`), and score them on
@@ -50,7 +51,8 @@ def evaluate_model(
     CRYSTAL and M3CoT ``cpr score``'s REFS file, so ``cpr score`` on it and ``completions.jsonl``
     recomputes ``overall``), ``completions.jsonl`` (resumed from when there), ``metrics.json`` (without
     the samples), ``samples.jsonl`` and ``metrics.md`` (:func:`~cpr.evaluation.report.render_markdown`
-    with ``label`` and ``title``): the files of ``cpr eval``, in every folder an evaluation writes.
+    with ``label`` and ``title``; ``paper_rows`` for records of CRYSTAL's test set only): the files of
+    ``cpr eval``, in every folder an evaluation writes.
 
     Returns:
         The benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`) with ``extra``,
@@ -86,5 +88,6 @@ def evaluate_model(
     if out is not None:
         atomic_write_json(out / "metrics.json", {k: v for k, v in metrics.items() if k != "samples"})
         atomic_write_jsonl(out / "samples.jsonl", metrics["samples"])
-        atomic_write_text(out / "metrics.md", render_markdown(metrics, model_label=label, title=title))
+        atomic_write_text(out / "metrics.md", render_markdown(metrics, model_label=label, title=title,
+                                                                  paper_rows=paper_rows))
     return metrics
