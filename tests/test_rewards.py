@@ -146,16 +146,26 @@ def test_log_metric_receives_batch_statistics():
 
 
 def test_recorder_gets_one_row_per_completion():
+    from types import SimpleNamespace
+
+    from cpr.rewards import RECORDED_COMPLETION_CHARS
+
     rows = []
     set_completion_recorder(rows.extend)
+    long = "y" * (RECORDED_COMPLETION_CHARS + 5)
     try:
         cpr = get_reward_function("cpr", encoder=ENC)
-        cpr(prompts=None, completions=[js(REF, "318"), "x"], answer=["318"] * 2, reference_steps=[REF] * 2)
+        # TRL passes its state before the optimizer step: global_step 6 while it computes step 7's rewards
+        cpr(prompts=None, completions=[js(REF, "318"), [{"role": "assistant", "content": long}]],
+            answer=["318"] * 2, reference_steps=[REF] * 2, trainer_state=SimpleNamespace(global_step=6))
     finally:
         set_completion_recorder(None)
     assert [r["correct"] for r in rows] == [True, False]
     assert rows[0]["reward"] == pytest.approx(1.0) and rows[0]["match_f1"] == pytest.approx(1.0)
     assert rows[1]["format"] == "none"
+    assert [r["step"] for r in rows] == [7, 7]  # log.jsonl's step of the same batch (1-based)
+    assert rows[0]["completion"] == js(REF, "318") and rows[0]["completion_chars"] == len(js(REF, "318"))
+    assert rows[1]["completion"] == long[:RECORDED_COMPLETION_CHARS] and rows[1]["completion_chars"] == len(long)
 
 
 def test_missing_column_and_bad_reference_rows_raise():
