@@ -306,3 +306,14 @@ def test_a_runs_adapter_is_rescored_on_its_own_test_split_as_the_run_scored_it(t
     assert main([*argv, "--data", "x"]) == 2
     assert f"field '--data': --run-split reads the run's own data ({run / 'config.yaml'}); leave out --data" in \
         capsys.readouterr().err
+
+
+def test_a_generated_source_needs_no_data_path(tmp_path, encoder):
+    out = tmp_path / "out"
+    args = ("--source", "synthetic", "--split", "test", "--option", "size=2", "--option", "seed=1")
+    assert main(["eval", "--model", tiny_model(), "--benchmark", "crystal", "--output", str(out), "--batch-size", "2",
+                 "--max-new-tokens", "4", "--encoder", encoder, "--device", "cpu", "--no-progress", *args]) == 0
+    expected = [r.id for r in load_records("synthetic", "", split="test", options={"size": 2, "seed": 1})]
+    assert [r["id"] for r in _rows(out / "references.jsonl")] == expected
+    saved = json.loads((out / "eval_config.json").read_text())
+    assert (saved["data"], saved["options"]) == ("", {"size": 2, "seed": 1})
