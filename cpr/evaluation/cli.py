@@ -140,8 +140,8 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     if model is None:
         model = cfg.model.name_or_path if cfg is not None and cfg.model.name_or_path else None
         if model is None:
-            raise InputError(f"give the base model (--model): the adapter's run folder has {'no config.yaml' if cfg is None else 'no model.name_or_path in ' + str(config_path)}",
-                             field="--model")
+            where = "its folder holds no run (no config.yaml)" if cfg is None else f"{config_path} has no model.name_or_path"
+            raise InputError(f"give the base model the adapter was trained on: {where}", field="--model")
         taken["model"] = model
     m, ev, r = (cfg.model, cfg.evaluation, cfg.rewards) if cfg is not None else (None, None, None)
     out: dict[str, Any] = {"model": model, "adapter": adapter, "run_config": config_path, "cfg": cfg, "taken": taken}
