@@ -21,7 +21,6 @@ reference steps stay pinned (they are the dataset's unique strings, a fixed set)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -227,7 +226,9 @@ def main() -> int:
             frames = [f"{Path(f.filename).name}:{f.lineno}" for f in st.traceback][:4]
             print(f"  {st.size_diff / 2**10:+9.1f} KiB {st.count_diff:+7d} blocks  {' <- '.join(frames)}")
     if args.json is not None:
-        args.json.write_text(json.dumps({"rows": rows, "report": report, "wall_s": wall}, indent=2))
+        from cpr.io import atomic_write_json
+
+        atomic_write_json(args.json, {"rows": rows, "report": report, "wall_s": wall})
     return 1 if grew else 0
 
 

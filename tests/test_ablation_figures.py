@@ -36,7 +36,7 @@ def _two_phase_run(folder: Path, nan_at: int | None = 2) -> Path:
     return write_run(folder, phases={
         "answer_only": {"steps": 4, "log": ao,
                         "eval_history": [{"step": 2, "benchmark": "crystal", "accuracy": 50.0, "match_f1": 0.2}]},
-        "cpr": {"steps": 3, "log": cpr, "scored": [scored(0, 1.0, True, 1.0)]},
+        "cpr": {"steps": 3, "log": cpr, "scored": [scored(1, 1.0, True, 1.0)]},
     })
 
 
@@ -44,7 +44,7 @@ def test_global_steps_follow_the_phases(tmp_path):
     ao, cpr = read_run(_two_phase_run(tmp_path / "r")).phase_logs()
     assert (ao.offset, cpr.offset) == (0, 4)
     assert [r["global_step"] for r in cpr.train] == [5, 6, 7]
-    # a scored completion's step is the global step before the optimizer step it trains
+    # a scored completion's step is the optimizer step it trains (cpr's step 1: global step 5)
     assert ao.eval_history[0]["global_step"] == 2 and cpr.scored[0]["global_step"] == 5
 
 
@@ -98,10 +98,10 @@ def _run_with_data(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     records = load_records("tabmwp", SAMPLES / "tabmwp", limit=12)
     difficulty = {r.id: r.difficulty for r in records}
     ids = [r.id for r in records]
-    rows = [scored(0, 1.0, True, 1.0, rid=ids[0]), scored(0, 0.0, False, 0.0, rid=ids[1]),
-            scored(0, 0.5, True, 0.5, rid=ids[1], fn="step_f1"),  # another function: not counted twice
-            scored(1, 0.2, False, 0.2, rid=ids[2]), scored(1, 0.4, False, 0.4, rid=ids[3]),
-            scored(1, 0.4, False, 0.4, rid=ids[4])]
+    rows = [scored(1, 1.0, True, 1.0, rid=ids[0]), scored(1, 0.0, False, 0.0, rid=ids[1]),
+            scored(1, 0.5, True, 0.5, rid=ids[1], fn="step_f1"),  # another function: not counted twice
+            scored(2, 0.2, False, 0.2, rid=ids[2]), scored(2, 0.4, False, 0.4, rid=ids[3]),
+            scored(2, 0.4, False, 0.4, rid=ids[4])]
     folder = write_run(tmp_path / "run", phases={"cpr": {"steps": 2, "log": [train_row(1), train_row(2)], "scored": rows}})
     config = yaml.safe_load((folder / "config.yaml").read_text())
     config["model"] = {"name_or_path": "models/unused"}
@@ -121,7 +121,7 @@ def test_bucket_mix_from_scored_completion_ids(tmp_path):
     assert mix[0]["counts"] == dict(Counter(difficulty[i] for i in ids[:2]))
     assert mix[1]["counts"] == dict(Counter(difficulty[i] for i in ids[3:]))
     assert sum(mix[1]["shares"].values()) == pytest.approx(1.0)
-    with pytest.raises(InputError, match=r"scored completion of record '.*' \(step 0\): no such record") as e:
+    with pytest.raises(InputError, match=r"scored completion of record '.*' \(step 1\): no such record") as e:
         figures.bucket_mix_from_completions(run, {k: v for k, v in difficulty.items() if k != ids[0]})
     assert e.value.record_id == ids[0]
 

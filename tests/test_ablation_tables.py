@@ -177,14 +177,14 @@ def test_resumed_logs_keep_the_latest_attempt(tmp_path):
     checkpoint-1 and logged 2-4."""
     from cpr.training.logs import rollback_logs
 
-    rows = [scored(0, 1.0, True, 1.0), scored(1, 0.0, False, 0.0), scored(2, 0.5, True, 0.5)]
+    rows = [scored(1, 1.0, True, 1.0), scored(2, 0.0, False, 0.0), scored(3, 0.5, True, 0.5)]
     folder = write_run(tmp_path / "r", phases={"cpr": {"steps": 4, "scored": rows,
                                                        "log": [train_row(1, kl=0.1), train_row(2, kl=0.9), train_row(3, kl=5.0)]}})
     rollback_logs(folder / "cpr", 1)
     with open(folder / "cpr" / "log.jsonl", "a") as f:
         f.write("".join(json.dumps(train_row(s, kl=k)) + "\n" for s, k in ((2, 0.2), (3, 0.3), (4, 0.4))))
     with open(folder / "cpr" / "scored_completions.jsonl", "a") as f:
-        f.write(json.dumps(scored(1, 0.7, True, 0.7)) + "\n")
+        f.write(json.dumps(scored(2, 0.7, True, 0.7)) + "\n")
     (logs,) = read_run(folder).phase_logs()
     assert [r["kl"] for r in logs.train] == [0.1, 0.2, 0.3, 0.4]
     assert [r["reward"] for r in logs.scored] == [1.0, 0.7]

@@ -108,3 +108,18 @@ def test_inspect_with_bucket_and_template_files(tmp_path, samples_dir, capsys):
     out = capsys.readouterr().out
     assert "buckets: easy 80, medium 0, hard 20" in out
     assert "[user]\n<image>\nProblem: In $\\triangle ABC$, what is the value of $x + y$?\n" in out
+
+
+def test_inspect_option_values_are_yaml_and_synthetic_needs_no_path(capsys):
+    from cpr.data.synthetic import generate
+
+    # size=9 is the integer 9 (as --set reads it), not the string '9' the adapter refuses
+    argv = ["data", "inspect", "--source", "synthetic", "--split", "test", "--option", "size=9", "--option", "seed=2"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    expected = list(generate(9, seed=2, split="test"))
+    assert "records: 9" in out.splitlines() and f"first record: id {expected[0].id} " in out
+    assert main(["data", "inspect", "--source", "synthetic", "--option", "size=[1"]) == 2
+    assert "field '--option': 'size=[1': the value is not valid YAML" in capsys.readouterr().err
+    assert main(["data", "inspect", "--source", "mathvision"]) == 2  # a source that reads files needs --path
+    assert "field '--path': source 'mathvision' reads a dataset: give its path" in capsys.readouterr().err

@@ -114,7 +114,8 @@ def test_crystal_eval_matches_cpr_score(source, rel, samples_dir, tmp_path, enco
     if source is None:  # the CRYSTAL items' own sources
         assert set(metrics["groups"]["source"]) <= {"MathVision", "ScienceQA", "RealWorldQA", "MMVP", "PlotQA"}
     markdown = (out / "metrics.md").read_text()
-    assert TABLE_HEADER in markdown and "| Qwen2.5-VL-3B base | paper" in markdown
+    # the paper's rows are CRYSTAL test-set numbers: not beside ours on other records (the gallery included)
+    assert TABLE_HEADER in markdown and "paper" not in markdown
 
     # references.jsonl is a REFS file, and cpr score on the command's own files gives its numbers.
     assert [r["id"] for r in load_references(out / "references.jsonl")] == [r.id for r in records]
@@ -234,3 +235,85 @@ def test_adapter_base_and_the_runs_image_size(samples_dir, tmp_path, encoder, ca
             "the adapter was trained at") in capsys.readouterr().err
     # another base on purpose
     assert _eval(tmp_path / "forced", "crystal", data, encoder, *args, "--allow-base-mismatch") == 0
+
+
+def test_a_runs_adapter_is_rescored_on_its_own_test_split_as_the_run_scored_it(tmp_path, encoder, capsys):
+    """``cpr eval --adapter RUN/cpr/adapter --run-split test`` takes the run's model, prompts, decoding and
+    scoring and its own test records: the completions and numbers of the run's ``final_eval/crystal/``,
+    which also holds ``references.jsonl``, so ``cpr score`` recomputes them from the folder."""
+    import shutil
+
+    import yaml
+    from conftest import tiny_run_config
+    from peft import get_peft_model
+
+    from cpr.matching import DEFAULT_ALPHA
+    from cpr.training import policy
+    from cpr.training.config import config_from_dict
+    from cpr.training.evaluate import final_evaluation
+    from cpr.training.phase import resolved_config
+
+    run = tmp_path / "run"
+    system = "Answer with JSON: reasoning_steps and answer."
+    raw = tiny_run_config("rescore", run, limit=6, heldout=2, phases=["cpr"],
+                          training={"max_steps": 1, "per_device_train_batch_size": 2, "num_generations": 2},
+                          rewards={"encoder": encoder, "threshold": 0.7},
+                          evaluation={"max_new_tokens": 6, "batch_size": 2})
+    raw["data"]["prompts"] = {"system": system}
+    cfg = config_from_dict(raw)
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(resolved_config(cfg), sort_keys=False))
+    model, _ = policy.load_policy(cfg, cfg.model.name_or_path)
+    lora = policy.lora_config(cfg, cfg.model.name_or_path)
+    lora.init_lora_weights = False  # a random adapter that changes the completions (the default one is a no-op)
+    adapter = run / "cpr" / "adapter"
+    get_peft_model(model, lora).save_pretrained(str(adapter))
+    final = final_evaluation(cfg, None, adapter=adapter, run_dir=run, label="rescore")["test"]["crystal"]
+    run_out = run / "final_eval" / "crystal"
+
+    out = tmp_path / "rescore"
+    argv = ["eval", "--adapter", str(adapter), "--run-split", "test", "--output", str(out), "--device", "cpu",
+            "--no-progress"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert (f"cpr eval: from the adapter's run ({run / 'config.yaml'}): model {cfg.model.name_or_path}, dtype "
+            f"float32, prompts {{'system': '{system}'}}, prompt_mode train, max_new_tokens 6, batch_size 2, backend "
+            f"transformers, encoder {encoder}, threshold 0.7, alpha {DEFAULT_ALPHA}, matching greedy, answer_mode crystal "
+            "(a flag overrides each)") in err
+    assert _rows(out / "completions.jsonl") == _rows(run_out / "completions.jsonl")
+    assert len(_rows(out / "completions.jsonl")) == 2  # the run's 2 test records
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["overall"] == final == json.loads((run / "final_eval" / "crystal" / "metrics.json").read_text())["overall"]
+    assert _rows(out / "samples.jsonl") == _rows(run_out / "samples.jsonl")
+    assert metrics["scoring"]["threshold"] == 0.7 and metrics["generation"]["prompt_mode"] == "train"
+
+    # the run's final_eval/crystal/ holds references.jsonl: cpr score recomputes the run's numbers from it
+    assert _rows(run_out / "references.jsonl") == _rows(out / "references.jsonl")
+    rc = main(["score", "--references", str(run_out / "references.jsonl"), "--predictions",
+               str(run_out / "completions.jsonl"), "--output", str(tmp_path / "score.json"), "--encoder", encoder,
+               "--threshold", "0.7", "--device", "cpu"])
+    assert rc == 0 and json.loads((tmp_path / "score.json").read_text())["summary"] == final
+
+    # a flag overrides the run's value (and is not listed as taken); the completions are resumed
+    (tmp_path / "flag").mkdir()
+    shutil.copy(out / "completions.jsonl", tmp_path / "flag" / "completions.jsonl")
+    capsys.readouterr()
+    assert main([*argv[:6], str(tmp_path / "flag"), *argv[7:], "--threshold", "0.95"]) == 0
+    err = capsys.readouterr().err
+    assert "matching greedy, answer_mode crystal" in err and "threshold" not in err.split("from the adapter's run")[1]
+    assert json.loads((tmp_path / "flag" / "metrics.json").read_text())["scoring"]["threshold"] == 0.95
+    # --run-split reads the run's data: a --data is refused
+    assert main([*argv, "--data", "x"]) == 2
+    assert f"field '--data': --run-split reads the run's own data ({run / 'config.yaml'}); leave out --data" in \
+        capsys.readouterr().err
+
+
+def test_a_generated_source_needs_no_data_path(tmp_path, encoder):
+    out = tmp_path / "out"
+    args = ("--source", "synthetic", "--split", "test", "--option", "size=2", "--option", "seed=1")
+    assert main(["eval", "--model", tiny_model(), "--benchmark", "crystal", "--output", str(out), "--batch-size", "2",
+                 "--max-new-tokens", "4", "--encoder", encoder, "--device", "cpu", "--no-progress", *args]) == 0
+    expected = [r.id for r in load_records("synthetic", "", split="test", options={"size": 2, "seed": 1})]
+    assert [r["id"] for r in _rows(out / "references.jsonl")] == expected
+    saved = json.loads((out / "eval_config.json").read_text())
+    assert (saved["data"], saved["options"]) == ("", {"size": 2, "seed": 1})

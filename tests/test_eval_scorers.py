@@ -25,7 +25,7 @@ from cpr.evaluation.benchmarks.vlrmbench import (
     set_f1,
     step_error_messages,
 )
-from cpr.evaluation.report import flat_metrics, render_markdown
+from cpr.evaluation.report import flat_metrics, is_crystal_test, render_markdown
 from cpr.evaluation.runner import subset
 from cpr.paper import PAPER_TABLE4, paper_rows
 
@@ -349,7 +349,7 @@ def test_registry_entries():
 
 def test_markdown_report_columns_and_paper_rows(settings):
     metrics = score_crystal(CRYSTAL_RECORDS, CRYSTAL_COMPLETIONS, settings)
-    text = render_markdown(metrics, model_label="my-model")
+    text = render_markdown(metrics, model_label="my-model", paper_rows=True)  # records of CRYSTAL's test set
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("| Model"))
     assert header == "| Model | Numbers | n | Acc | Match F1 | P | R | Steps | LIS | Ord. F1 |"
@@ -361,6 +361,12 @@ def test_markdown_report_columns_and_paper_rows(settings):
     assert any(line.startswith("| InternVL3.5-4B base | paper") for line in lines)
     assert "| ScienceQA | 2 | 50.00 | 0.500 | 0.500 | 0.500 | 1.00 | 0.750 | 0.425 |" in lines
     assert "## By difficulty" in text
+    # other records: no paper rows beside ours (they were measured on CRYSTAL's test set)
+    other = render_markdown(metrics, model_label="my-model")
+    assert "paper" not in other and ours in other.splitlines()
+    assert is_crystal_test([("crystal", "test")]) and is_crystal_test([("crystal", "test")] * 2)
+    assert not any(map(is_crystal_test, ([], [("crystal", None)], [("crystal", "validation")],
+                                         [("mathvision", "test")], [("crystal", "test"), ("synthetic", "test")])))
     # M3CoT topics are listed under their domain; no paper rows there.
     m3 = render_markdown(score_m3cot(M3_RECORDS, M3_COMPLETIONS, settings))
     assert "| Domain | Topic | n | Acc | Match F1 | P | R | Steps | LIS | Ord. F1 |" in m3

@@ -177,8 +177,8 @@ def test_vllm_with_other_pixel_limits_than_the_model_folder_is_refused(mode):
 
 
 def test_vllm_with_the_model_folders_own_limits_passes_the_pixel_check(tmp_path):
-    from cpr.training.preflight import check_launch
     from cpr.models import load_model_and_processor
+    from cpr.training.preflight import check_launch
     from cpr.training.vllm import vllm_image_limits
 
     copy_dir = tmp_path / "model"

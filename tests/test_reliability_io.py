@@ -131,3 +131,33 @@ def test_run_logs_write_whole_lines_and_nan_as_strings(tmp_path):
     scored([{"step": 6, "reward": 1.0}, {"step": 6, "reward": float("inf")}])
     assert read_log(tmp_path / "log.jsonl") == [{"step": 7, "loss": "nan", "reward": 0.25}]
     assert read_log(scored.path) == [{"step": 6, "reward": 1.0}, {"step": 6, "reward": "inf"}]
+
+
+def _strict(text: str):
+    """json.loads refusing NaN / Infinity, as every strict (RFC 8259) parser does."""
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_every_json_writer_writes_strict_json_non_finite_as_null(tmp_path):
+    import numpy as np
+
+    from cpr.io import atomic_write_jsonl, json_text
+
+    summary = {"phases": [{"kl_max": float("nan"), "reward_trend": {"first": float("inf"), "last": 0.5}}],
+               "scores": np.array([1.5, np.nan]), "n": np.int64(3), "neg": -float("inf"), "path": tmp_path}
+    expected = {"phases": [{"kl_max": None, "reward_trend": {"first": None, "last": 0.5}}], "scores": [1.5, None],
+                "n": 3, "neg": None, "path": str(tmp_path)}
+    atomic_write_json(tmp_path / "summary.json", summary)
+    assert _strict((tmp_path / "summary.json").read_text()) == expected
+    append_jsonl_many(tmp_path / "a.jsonl", [summary, {"x": (float("nan"), 1)}])
+    atomic_write_jsonl(tmp_path / "b.jsonl", [summary])
+    rows = [_strict(line) for p in ("a.jsonl", "b.jsonl") for line in (tmp_path / p).read_text().splitlines()]
+    assert rows == [expected, {"x": [None, 1]}, expected]
+    assert rewrite_jsonl(tmp_path / "a.jsonl", lambda r: "x" in r) == (1, 1)
+    assert _strict((tmp_path / "a.jsonl").read_text()) == {"x": [None, 1]}
+    assert json_text({"a": float("nan")}) == '{"a": null}'
+    with pytest.raises(TypeError, match="object is not JSON serializable"):
+        json_text({"a": object()})

@@ -84,9 +84,9 @@ def _jsonl(path: Path, rows: list[dict], tail: str = "") -> None:
 
 def test_rollback_logs_cuts_each_file_at_the_checkpoint(tmp_path):
     _jsonl(tmp_path / "log.jsonl", [{"step": s, "loss": s / 10} for s in (1, 2, 3)] + [{"note": "no step"}])
-    _jsonl(tmp_path / "scored_completions.jsonl", [{"step": s, "id": str(s)} for s in (0, 0, 1, 2)],
-           tail='{"step": 2, "id')  # the killed writer's last line
-    _jsonl(tmp_path / "scored_completions.rank1.jsonl", [{"step": s} for s in (0, 1, 2)])
+    _jsonl(tmp_path / "scored_completions.jsonl", [{"step": s, "id": str(s)} for s in (1, 1, 2, 3)],
+           tail='{"step": 3, "id')  # the killed writer's last line
+    _jsonl(tmp_path / "scored_completions.rank1.jsonl", [{"step": s} for s in (1, 2, 3)])
     _jsonl(tmp_path / "eval_history.jsonl", [{"step": 2, "benchmark": "crystal"}, {"step": 3, "benchmark": "crystal"}])
     out = rollback_logs(tmp_path, 2)
     assert out == {
@@ -97,8 +97,8 @@ def test_rollback_logs_cuts_each_file_at_the_checkpoint(tmp_path):
     }
     read = lambda name: [json.loads(x) for x in (tmp_path / name).read_text().splitlines()]  # noqa: E731
     assert [r.get("step") for r in read("log.jsonl")] == [1, 2, None]
-    # a scored row carries the global step *before* its optimizer step: step 2's rows (global_step 1) stay
-    assert [r["id"] for r in read("scored_completions.jsonl")] == ["0", "0", "1"]
+    # a scored row carries the optimizer step its batch trains, as log.jsonl does: steps 1 and 2 stay
+    assert [r["id"] for r in read("scored_completions.jsonl")] == ["1", "1", "2"]
     assert rollback_logs(tmp_path, 0)["log.jsonl"] == (1, 2)  # restart from scratch: only step-less rows stay
 
 

@@ -118,13 +118,20 @@ def test_audit_finds_repetition_under_the_paper_metric_and_nothing_under_the_def
     assert "Items where a degenerate completion reaches the honest reward: 0 of 4." in capsys.readouterr().out
 
 
-def test_audit_reads_a_config_phase_and_flags_answer_only_rewards(tmp_path):
+def test_audit_reads_a_config_phase_and_flags_answer_only_rewards(tmp_path, capsys):
     """The demo config's cpr phase is guarded by default; its answer-only phase pays any steps with the
-    right answer, which the audit reports as an exploit."""
+    right answer, which the audit reports as an exploit. The items are the config's own training data."""
+    from cpr.data import load_records
+
     config = str(REPO / "recipes" / "configs" / "demo.yaml")
     args = ["audit-reward", "--config", config, "--items", "2", "--budget", "30"]
     assert main([*args, "--out", str(tmp_path / "cpr")]) == 0
+    used = f"{config} data.train[0]: synthetic split train options {{'size': 600, 'seed': 0}}"
+    assert f"audit data: {used} (600 items)" in capsys.readouterr().err
     report = json.loads((tmp_path / "cpr" / "audit.json").read_text())
+    assert report["config"]["data"] == [used]
+    synthetic = {r.id for r in load_records("synthetic", "", split="train", options={"size": 600, "seed": 0})}
+    assert {item["id"] for item in report["items"]} <= synthetic
     assert report["config"]["rewards"] == "cpr"  # guarded: the demo only raises full_credit_similarity
     assert not GuardSettings.parse(report["config"]["guard"], threshold=report["config"]["threshold"]).is_paper
     assert main([*args, "--phase", "answer_only", "--out", str(tmp_path / "ao")]) == 1
@@ -136,6 +143,7 @@ def test_audit_reads_a_config_phase_and_flags_answer_only_rewards(tmp_path):
     "extra, message",
     [
         (["--data", "tabmwp=no/such/folder"], "--data"),
+        (["--data", "tabmwp"], "field '--data': expected SOURCE=PATH with an existing PATH (SOURCE alone for a generated"),
         (["--guard", "strict"], "rewards.guard"),
         (["--budget", "1"], "budget must be >= 2"),
         (["--phase", "nope", "--config", str(REPO / "recipes" / "configs" / "demo.yaml")], "no phase 'nope'"),
@@ -235,3 +243,14 @@ def test_hack_monitor_figure_draws_every_logged_monitor(tmp_path):
     path = figures.plot_hack_monitors(read_run(folder), tmp_path / "hack.png")
     with Image.open(path) as im:
         assert im.width >= 1000 and len(np.unique(np.asarray(im.convert("RGB")).reshape(-1, 3), axis=0)) >= 20
+
+
+def test_audit_of_a_generated_source_needs_no_path(tmp_path, capsys):
+    args = ["audit-reward", "--encoder", ENC, "--data", "synthetic", "--items", "1", "--budget", "20",
+            "--out", str(tmp_path)]
+    # at the default tau 0.5 another grid's steps match this grid's (why the demo sets tau 0.95): exit 1
+    assert main(args) == 1
+    assert "audit data: synthetic (300 items)" in capsys.readouterr().err  # the adapter's default size
+    report = json.loads((tmp_path / "audit.json").read_text())
+    assert report["config"]["data"] == ["synthetic"] and len(report["items"]) == 1
+    assert report["summary"]["foreign"]["reaching_honest"] == 1 and report["items"][0]["id"].startswith("grid-s0-train-")

@@ -146,16 +146,26 @@ def test_log_metric_receives_batch_statistics():
 
 
 def test_recorder_gets_one_row_per_completion():
+    from types import SimpleNamespace
+
+    from cpr.rewards import RECORDED_COMPLETION_CHARS
+
     rows = []
     set_completion_recorder(rows.extend)
+    long = "y" * (RECORDED_COMPLETION_CHARS + 5)
     try:
         cpr = get_reward_function("cpr", encoder=ENC)
-        cpr(prompts=None, completions=[js(REF, "318"), "x"], answer=["318"] * 2, reference_steps=[REF] * 2)
+        # TRL passes its state before the optimizer step: global_step 6 while it computes step 7's rewards
+        cpr(prompts=None, completions=[js(REF, "318"), [{"role": "assistant", "content": long}]],
+            answer=["318"] * 2, reference_steps=[REF] * 2, trainer_state=SimpleNamespace(global_step=6))
     finally:
         set_completion_recorder(None)
     assert [r["correct"] for r in rows] == [True, False]
     assert rows[0]["reward"] == pytest.approx(1.0) and rows[0]["match_f1"] == pytest.approx(1.0)
     assert rows[1]["format"] == "none"
+    assert [r["step"] for r in rows] == [7, 7]  # log.jsonl's step of the same batch (1-based)
+    assert rows[0]["completion"] == js(REF, "318") and rows[0]["completion_chars"] == len(js(REF, "318"))
+    assert rows[1]["completion"] == long[:RECORDED_COMPLETION_CHARS] and rows[1]["completion_chars"] == len(long)
 
 
 def test_missing_column_and_bad_reference_rows_raise():
@@ -365,3 +375,52 @@ def test_none_means_no_reward_for_that_completion(monkeypatch):
     # the range check still holds for the values that are given
     with pytest.raises(CprError, match=r"reward 'out_of_range' produced 2.0 for completion 1, outside \[0.0, 1.0\]"):
         get_reward_function("out_of_range")(prompts=None, completions=comps[:2])
+
+
+@pytest.mark.slow
+def test_the_readme_reward_function_example_trains(tmp_path, monkeypatch, one_thread):
+    """The README's own reward function: its module, the config naming it and the training script, run as
+    written (one GRPO step of the tiny model), the config's reward_params reaching the function."""
+    import re
+    import runpy
+    import sys
+    from pathlib import Path
+
+    import yaml
+    from conftest import tiny_run_config
+
+    from cpr.rewards import REWARD_FUNCTIONS, get_reward_set
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Writing your own reward function")[1].split("\n## ")[0]
+    module, config, script = re.findall(r"```(?:python|yaml)\n(.*?)```", section, re.S)
+    (tmp_path / "my_rewards.py").write_text(module)
+    (tmp_path / "train_my_rewards.py").write_text(script)
+    data = tiny_run_config("brevity", tmp_path / "run", limit=6, heldout=1, evaluation={"final": False},
+                           training={"max_steps": 1, "per_device_train_batch_size": 2, "num_generations": 2,
+                                     "max_completion_length": 8, "logging_steps": 1})
+    data.update(yaml.safe_load(config))
+    (tmp_path / "my_config.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.syspath_prepend(str(tmp_path))  # the script's folder, where python would find my_rewards.py
+    monkeypatch.setattr(sys, "argv", ["train_my_rewards.py", str(tmp_path / "my_config.yaml"),
+                                      "phase_settings.cpr.reward_params.brevity.max_chars=10"])
+    try:
+        runpy.run_path(str(tmp_path / "train_my_rewards.py"), run_name="__main__")
+        (_, _, brevity), weights = get_reward_set(["format", "cpr", "brevity"], [1.0, 1.0, 0.5],
+                                                  {"brevity": {"max_chars": 10}}, encoder=ENC)
+    finally:
+        REWARD_FUNCTIONS.pop("brevity", None)
+        sys.modules.pop("my_rewards", None)
+    # 5 characters: 1; 15: 2 - 15/10 = 0.5; 30 and more: 0
+    assert brevity(prompts=None, completions=["a" * 5, "b" * 15, "c" * 30]) == [1.0, 0.5, 0.0]
+    assert weights == [1.0, 1.0, 0.5]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "cpr" / "log.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "reward" in r]
+    # the config's max_chars 10 reached it: TRL's logged mean is that of the step's completions (their texts
+    # in scored_completions.jsonl)
+    scored = [json.loads(x) for x in (tmp_path / "run" / "cpr" / "scored_completions.jsonl").read_text().splitlines()]
+    expected = [max(0.0, min(1.0, 2 - r["completion_chars"] / 10)) for r in scored]
+    assert len(trained) == 1 and len(scored) == 2 and {r["step"] for r in scored} == {trained[0]["step"]} == {1}
+    assert trained[0]["rewards/brevity/mean"] == pytest.approx(sum(expected) / 2)
+    done = json.loads((tmp_path / "run" / "cpr" / "phase_done.json").read_text())
+    assert done["rewards"] == ["format", "cpr", "brevity"] and done["reward_weights"] == [1.0, 1.0, 0.5]

@@ -332,3 +332,52 @@ def test_the_readme_example_runs_offline(tmp_path, monkeypatch, capsys):
     summary = json.loads((tmp_path / "report.json").read_text())["summary"]
     assert (summary["n"], summary["accuracy"], summary["match_f1"]) == (1, 100.0, 1.0)
     assert "1 samples -> report.json" in capsys.readouterr().err
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # bound, then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_hub_reachable_probe(monkeypatch):
+    import socket
+
+    from cpr.matching import hub_reachable
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    assert hub_reachable() is False  # refused
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        assert hub_reachable() is True
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        assert hub_reachable() is False  # offline mode: never probed
+
+
+def test_without_the_hub_the_default_encoder_fails_in_seconds(files):
+    """No --encoder, no HF_HUB_OFFLINE, the hub unreachable: one clear line within seconds (huggingface_hub's
+    retries alone took 86 s here before the probe)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    refs, preds, tmp = files
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{_closed_port()}", HF_HOME=str(tmp / "hf"),
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "cpr.cli", "score", "--references", str(refs), "--predictions",
+                           str(preds), "--output", str(tmp / "report.json"), "--device", "cpu"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - start
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "cpr score: error: encoder 'sentence-transformers/all-distilroberta-v1' was not found locally and the hub "
+        "is unreachable")
+    assert took < 45  # the imports; the probe itself takes well under a second on a refused port

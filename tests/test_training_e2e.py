@@ -142,8 +142,11 @@ def test_two_phases_qwen(tmp_path, samples_dir, record_loads, one_thread):
     logs2 = [json.loads(x) for x in (out / "cpr" / "log.jsonl").read_text().splitlines()]
     assert all("rewards/accuracy/mean" in r for r in logs1 if "reward" in r)
     assert all("rewards/cpr/mean" in r and "steps/match_f1" in r for r in logs2 if "reward" in r)
-    scored = (out / "cpr" / "scored_completions.jsonl").read_text().splitlines()
-    assert len(scored) == 4 * 8  # every completion scored by cpr is recorded
+    scored = [json.loads(x) for x in (out / "cpr" / "scored_completions.jsonl").read_text().splitlines()]
+    assert len(scored) == 4 * 8  # every completion scored by cpr is recorded, with its text
+    assert all(isinstance(r["completion"], str) and len(r["completion"]) == r["completion_chars"] for r in scored)
+    # on log.jsonl's step axis: each logged step's batch is scored at that step
+    assert {r["step"] for r in scored} == {r["step"] for r in logs2 if "reward" in r}
 
     # phase 1: LoRA moved away from the warm start on the real rewards alone
     a1, ws = _adapter_weights(out / "answer_only" / "adapter"), _adapter_weights(out / "warm_start" / "adapter")

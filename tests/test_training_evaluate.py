@@ -236,3 +236,17 @@ def test_evaluation_decoding_reaches_the_hook_but_not_checkpoint_selection(tmp_p
     with pytest.raises(ConfigError, match="a metric of sampled decoding") as e:
         _cfg(eval_steps=1, metric_for_best="crystal/sampled_match_f1")
     assert e.value.field == "evaluation.metric_for_best"
+
+
+def test_the_paper_rows_go_only_beside_crystals_test_set():
+    from cpr.training.evaluate import on_crystal_test
+
+    held_out = _cfg()  # the test split a share of the TabMWP training records
+    assert not on_crystal_test(held_out, "crystal", "test")
+    data = copy.deepcopy(BASE)
+    data["data"]["test"] = [{"source": "crystal", "path": "waybarrios/CRYSTAL", "split": "test"}]
+    crystal = config_from_dict(data)
+    assert on_crystal_test(crystal, "crystal", "test")
+    assert not on_crystal_test(crystal, "crystal", "validation") and not on_crystal_test(crystal, "m3cot", "test")
+    data["evaluation"] = {"benchmarks": [{"name": "crystal", "data": [{"source": "tabmwp", "path": str(TABMWP)}]}]}
+    assert not on_crystal_test(config_from_dict(data), "crystal", "test")  # the benchmark's own data decides

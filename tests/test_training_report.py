@@ -39,12 +39,12 @@ def test_chance_accuracy():
 
 
 def test_bucket_mix_in_thirds_of_the_phase(tmp_path):
-    # 6 steps: steps 0-1 -> first third, 2-3 -> second, 4-5 -> third; the step_f1 rows are not counted twice
-    rows = [{"step": 0, "id": "e1", "reward_function": "cpr"}, {"step": 1, "id": "e2", "reward_function": "cpr"},
-            {"step": 1, "id": "e2", "reward_function": "step_f1"},
-            {"step": 2, "id": "e1", "reward_function": "cpr"}, {"step": 3, "id": "m1", "reward_function": "cpr"},
-            {"step": 4, "id": "m1", "reward_function": "cpr"}, {"step": 5, "id": "h1", "reward_function": "cpr"},
-            {"step": 5, "id": "h1", "reward_function": "cpr"}, {"step": 5, "id": "e1", "reward_function": "cpr"}]
+    # 6 steps: steps 1-2 -> first third, 3-4 -> second, 5-6 -> third; the step_f1 rows are not counted twice
+    rows = [{"step": 1, "id": "e1", "reward_function": "cpr"}, {"step": 2, "id": "e2", "reward_function": "cpr"},
+            {"step": 2, "id": "e2", "reward_function": "step_f1"},
+            {"step": 3, "id": "e1", "reward_function": "cpr"}, {"step": 4, "id": "m1", "reward_function": "cpr"},
+            {"step": 5, "id": "m1", "reward_function": "cpr"}, {"step": 6, "id": "h1", "reward_function": "cpr"},
+            {"step": 6, "id": "h1", "reward_function": "cpr"}, {"step": 6, "id": "e1", "reward_function": "cpr"}]
     (tmp_path / "cpr").mkdir()
     (tmp_path / "cpr" / "scored_completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     train = [record("e1", "easy"), record("e2", "easy"), record("m1", "medium"), record("h1", "hard")]

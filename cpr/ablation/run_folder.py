@@ -28,7 +28,7 @@ FINISHED, DIVERGED, UNFINISHED, NOT_STARTED = "finished", "diverged", "unfinishe
 class PhaseLogs:
     """One phase's rows, each with ``global_step`` = ``offset`` (the earlier phases' steps) + its step:
     ``train`` (``log.jsonl`` rows with ``loss`` or ``reward``), ``scored`` (``scored_completions*.jsonl``
-    of every rank; + 1: a row's step is the one before the step it trains), ``eval_history`` (the eval
+    of every rank; a row's step is the optimizer step its batch trains), ``eval_history`` (the eval
     hook's, accuracy in percent), ``guard_events``; ``last_step`` from ``phase_done.json``, else the log."""
 
     name: str
@@ -47,8 +47,8 @@ def _read_json(path: Path) -> Any:
         raise InputError(f"malformed JSON ({e.msg} at line {e.lineno})", path=path) from None
 
 
-def _global(rows: list[dict[str, Any]], offset: int, shift: int = 0) -> list[dict[str, Any]]:
-    return [{**r, "global_step": offset + r["step"] + shift if isinstance(r.get("step"), int) else None} for r in rows]
+def _global(rows: list[dict[str, Any]], offset: int) -> list[dict[str, Any]]:
+    return [{**r, "global_step": offset + r["step"] if isinstance(r.get("step"), int) else None} for r in rows]
 
 
 @dataclass
@@ -80,7 +80,7 @@ class RunFolder:
             if names is None or name in names:
                 train = [r for r in log if ("loss" in r or "reward" in r) and "train_runtime" not in r]
                 scored = [r for p in sorted(folder.glob("scored_completions*.jsonl")) for r in read_log(p)]
-                out.append(PhaseLogs(name, offset, _global(train, offset), _global(scored, offset, 1),
+                out.append(PhaseLogs(name, offset, _global(train, offset), _global(scored, offset),
                                      _global(read_log(folder / "eval_history.jsonl"), offset),
                                      _global(read_log(folder / "guard_events.jsonl"), offset), last))
             offset += last

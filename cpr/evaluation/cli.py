@@ -3,16 +3,22 @@
 Writes into ``--output DIR``: ``completions.jsonl`` (batch by batch; a rerun resumes), ``references.jsonl``
 (CRYSTAL / M3CoT: ``cpr score``'s REFS records, so ``cpr score`` on it and ``completions.jsonl``
 reproduces ``overall``; VLRMBench: the shown steps and their labels), ``samples.jsonl``, ``metrics.json``
-and ``metrics.md`` (paper column order; for CRYSTAL the paper's base-model rows beside ours), and
-``eval_config.json``: a rerun into DIR must use the same model, adapter, benchmark, data, image size
-and decoding settings, so completions of two setups never mix. ``--decoding sampled`` adds
+and ``metrics.md`` (paper column order; for CRYSTAL's test set the paper's base-model rows beside ours),
+and ``eval_config.json``: a rerun into DIR must use the same model, adapter, benchmark, data, prompts,
+image size and decoding settings, so completions of two setups never mix. ``--decoding sampled`` adds
 ``sampled_completions.jsonl`` (``--samples`` rows per item, each with its ``sample`` index; ``cpr score``
 re-scores it) and ``sampled_samples.jsonl``, and reports mean@k and pass@k beside the greedy numbers.
 
-The adapter must have been trained on ``--model`` (unless ``--allow-base-mismatch``). The processor gets
-the image size limits the adapter was trained with (``model.min_pixels`` / ``model.max_pixels`` of the
-``config.yaml`` of its run folder, ``<run>/<phase>/adapter`` or ``<run>/<phase>/checkpoint-N``) unless
-``--min-pixels`` / ``--max-pixels`` set them.
+The adapter must have been trained on ``--model`` (unless ``--allow-base-mismatch``). An adapter that
+belongs to a run (``<run>/<phase>/adapter`` or ``<run>/<phase>/checkpoint-N``, ``<run>/config.yaml``
+beside) is evaluated as the run's own evaluations score it unless a flag says otherwise: the run's
+model (``--model`` may be left out), ``model.dtype`` / ``attn_implementation`` / ``min_pixels`` /
+``max_pixels``, prompts (``data.prompts``), decoding (``evaluation.prompt_mode`` / ``max_new_tokens`` /
+``batch_size``, the transformers backend) and scoring (``rewards.encoder`` / ``threshold`` / ``alpha`` /
+``matching`` / ``batch_size``, ``evaluation.answer_mode``); one line on standard error says which were
+taken from the run. ``--run-split test`` (or ``validation``) scores the run's own records of that split,
+as its final evaluation did: the numbers of ``final_eval/<benchmark>/`` (``summary.json``'s
+``final_eval``) again.
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ from cpr.errors import InputError
 __all__ = ["register", "run"]
 
 #: eval_config.json keys that must match when a run resumes into an existing output folder.
-RESUME_KEYS = ("model", "adapter", "benchmark", "source", "data", "split", "prompt_mode", "max_new_tokens",
-               "min_pixels", "max_pixels", "decoding")
+RESUME_KEYS = ("model", "adapter", "benchmark", "source", "data", "split", "options", "prompts", "prompt_mode",
+               "max_new_tokens", "min_pixels", "max_pixels", "decoding")
 #: The flags of sampled decoding (cpr.evaluation.generation.DecodingSettings fields) and their defaults.
 SAMPLING_FLAGS = {"temperature": 1.0, "top_p": 1.0, "samples": 4, "seed": 0}
 
@@ -39,63 +45,174 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from cpr.evaluation.benchmarks import BENCHMARKS
     from cpr.evaluation.generation import BACKENDS, DECODING_MODES
     from cpr.scoring import add_scoring_arguments
+    from cpr.training.config import EVAL_SPLITS
 
+    of_run = "the adapter's run's "
     p = subparsers.add_parser("eval", help="generate with a model on a benchmark and score it (crystal, m3cot, "
                               "vlrmbench)", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="base model or merged checkpoint: folder or hub id")
+    p.add_argument("--model", default=None, help="base model or merged checkpoint: folder or hub id (default: "
+                   f"{of_run}model.name_or_path)")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder (PEFT) applied to --model")
     p.add_argument("--allow-base-mismatch", action="store_true",
                    help="apply --adapter even if trained on another base model (e.g. a hub id at another revision)")
     for flag in ("--min-pixels", "--max-pixels"):
-        p.add_argument(flag, type=int, default=None, help="image size limit (default: the adapter's run config.yaml)")
-    p.add_argument("--benchmark", required=True, choices=sorted(BENCHMARKS), help="benchmark to score")
-    p.add_argument("--data", required=True, help="dataset path (or hub name) read by the source adapter")
+        p.add_argument(flag, type=int, default=None, help=f"image size limit (default: {of_run}model.{flag[2:].replace('-', '_')})")
+    p.add_argument("--benchmark", default=None, choices=sorted(BENCHMARKS),
+                   help="benchmark to score (default with --run-split: crystal)")
+    p.add_argument("--run-split", choices=EVAL_SPLITS, default=None,
+                   help="score the adapter's run's own records of this split, as its final evaluation did "
+                   "(instead of --data)")
+    p.add_argument("--data", default=None, help="dataset path (or hub name) read by the source adapter (none for "
+                   "a generated source: synthetic)")
     p.add_argument("--source", default=None, help="load_records adapter (default: the benchmark's name); e.g. "
                    "mathvision for MATH-Vision files in the CRYSTAL format")
     p.add_argument("--split", default=None, help="split to read where the layout has splits")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="source adapter option, the value read as YAML (e.g. size=300 for synthetic; repeatable)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N valid records")
     p.add_argument("--output", required=True, type=Path, help="output folder")
-    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (default 8)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="new-token budget (default 256)")
-    p.add_argument("--prompt-mode", choices=("eval", "train"), default="eval",
-                   help="eval = CRYSTAL evaluation prompt (default), train = the training prompt")
-    p.add_argument("--backend", choices=BACKENDS, default="auto", help="generation backend (default auto)")
-    p.add_argument("--decoding", choices=DECODING_MODES, default="greedy",
-                   help="greedy (default), or sampled: greedy plus --samples seeded completions per item, reported "
-                   "as mean@k and pass@k (sampled_completions.jsonl)")
+    p.add_argument("--prompts", default=None, help=f"prompt templates YAML (default: {of_run}data.prompts, else the "
+                   "packaged templates)")
+    p.add_argument("--batch-size", type=int, default=None, help=f"prompts per generate call (default: {of_run}"
+                   "evaluation.batch_size, else 8)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help=f"new-token budget (default: {of_run}"
+                   "evaluation.max_new_tokens, else 256)")
+    p.add_argument("--prompt-mode", choices=("eval", "train"), default=None,
+                   help="eval = CRYSTAL evaluation prompt, train = the training prompt (default: "
+                   f"{of_run}evaluation.prompt_mode, else eval)")
+    p.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="generation backend (default: transformers for an adapter of a run, as its evaluations, "
+                   "else auto)")
+    p.add_argument("--decoding", choices=DECODING_MODES, default=None,
+                   help="greedy, or sampled: greedy plus --samples seeded completions per item, reported as mean@k and "
+                   f"pass@k (sampled_completions.jsonl) (default: {of_run}evaluation.decoding, else greedy)")
     for flag, kind, text in (("--temperature", float, "sampling temperature"), ("--top-p", float, "nucleus top_p"),
                              ("--samples", int, "k, completions per item"), ("--seed", int, "sampling seed")):
-        p.add_argument(flag, type=kind, default=None, help=f"{text} of --decoding sampled (default "
-                       f"{SAMPLING_FLAGS[flag[2:].replace('-', '_')]:g})")
-    p.add_argument("--dtype", default="auto", help="model dtype (default auto: bf16 on GPU, fp32 on CPU)")
-    add_scoring_arguments(p)
+        p.add_argument(flag, type=kind, default=None, help=f"{text} of sampled decoding (default: {of_run}"
+                       f"evaluation.decoding, else {SAMPLING_FLAGS[flag[2:].replace('-', '_')]:g})")
+    p.add_argument("--dtype", default=None, help=f"model dtype (default: {of_run}model.dtype, else auto: bf16 on "
+                   "GPU, fp32 on CPU)")
+    add_scoring_arguments(p, defaults=False, fallback=f"{of_run}rewards / evaluation.answer_mode, else ")
     p.add_argument("--device", default=None, help="model and encoder device (default cuda if available, else cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
     return p
 
 
-def _pixel_limits(args: argparse.Namespace) -> list[int | None]:
-    """``[min_pixels, max_pixels]``: the flags where given, else those of the ``config.yaml`` in the
-    adapter's parent or grandparent folder, else ``None``; a flag differing from the run's value warns."""
-    import yaml
-
-    from cpr.evaluation.generation import resolve_model_and_adapter
-
-    trained: dict[str, Any] = {}
-    adapter = resolve_model_and_adapter(args.model, args.adapter)[1]
+def run_of_adapter(adapter: str | Path | None) -> Path | None:
+    """The ``config.yaml`` of the run ``adapter`` belongs to: in its parent folder (``<run>/<phase>/...``
+    has it in the grandparent: ``<run>/<phase>/adapter``, ``<run>/<phase>/checkpoint-N``) or grandparent;
+    ``None`` for no adapter or one outside a run folder."""
     for folder in Path(adapter).resolve().parents[:2] if adapter else ():
         if (folder / "config.yaml").is_file():
-            trained = (yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8")) or {}).get("model") or {}
-            break
-    limits = []
+            return folder / "config.yaml"
+    return None
+
+
+def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The evaluation's settings: each flag where given, else the adapter's run's value
+    (:func:`run_of_adapter`, :func:`cpr.training.config.read_run_config`; the run's evaluations use
+    :func:`cpr.training.evaluate.generation_settings` / :func:`~cpr.training.evaluate.scoring_settings`),
+    else the built-in default. A pixel-limit flag differing from the run's value warns.
+
+    Returns:
+        ``{"model", "adapter", "run_config" (path or None), "cfg" (the run's ExperimentConfig or None),
+        "taken" ({setting: value} from the run), "dtype", "attn_implementation", "trust_remote_code",
+        "min_pixels", "max_pixels", "prompts", "prompt_mode", "max_new_tokens", "batch_size", "backend",
+        "decoding" (DecodingSettings), "scoring" (ScoringSettings)}``.
+
+    Raises:
+        InputError: no ``--model`` and no run to take it from; a bad flag value, or a sampling flag with greedy
+            decoding (flag named).
+        ConfigError: an unreadable run ``config.yaml`` (file and key named).
+    """
+    from cpr.evaluation.generation import resolve_model_and_adapter
+    from cpr.scoring import SCORING_DEFAULTS, ScoringSettings, flag_errors
+    from cpr.training.config import read_run_config
+
+    if args.model is None and args.adapter is None:
+        raise InputError("give the model to evaluate (--model), or an adapter of a run (--adapter)", field="--model")
+    model, adapter = resolve_model_and_adapter(args.model, args.adapter) if args.model else (None, args.adapter)
+    if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
+        raise InputError("not a PEFT adapter folder (no adapter_config.json)", path=adapter, field="--adapter")
+    config_path = run_of_adapter(adapter)
+    cfg = read_run_config(config_path) if config_path else None
+    taken: dict[str, Any] = {}
+
+    def pick(name: str, run_value: Any, default: Any) -> Any:
+        flag = getattr(args, name, None)
+        if flag is not None:
+            return flag
+        if cfg is None:
+            return default
+        if run_value is not None:
+            taken[name] = run_value
+        return run_value
+
+    if model is None:
+        model = cfg.model.name_or_path if cfg is not None and cfg.model.name_or_path else None
+        if model is None:
+            where = "its folder holds no run (no config.yaml)" if cfg is None else f"{config_path} has no model.name_or_path"
+            raise InputError(f"give the base model the adapter was trained on: {where}", field="--model")
+        taken["model"] = model
+    m, ev, r = (cfg.model, cfg.evaluation, cfg.rewards) if cfg is not None else (None, None, None)
+    out: dict[str, Any] = {"model": model, "adapter": adapter, "run_config": config_path, "cfg": cfg, "taken": taken}
     for key in ("min_pixels", "max_pixels"):
-        flag, run_value = getattr(args, key), trained.get(key)
+        flag, run_value = getattr(args, key), getattr(m, key, None)
         if flag is not None and run_value is not None and flag != run_value:
             print(f"cpr eval: warning: --{key.replace('_', '-')} {flag} differs from the run's model.{key} "
                   f"{run_value}, the resolution the adapter was trained at", file=sys.stderr)
-        limits.append(flag if flag is not None else run_value)
-    return limits
+        out[key] = pick(key, run_value, None)
+    out["dtype"] = pick("dtype", getattr(m, "dtype", None), "auto")
+    out["attn_implementation"] = pick("attn_implementation", getattr(m, "attn_implementation", None), None)
+    out["trust_remote_code"] = bool(getattr(m, "trust_remote_code", False))
+    out["prompts"] = pick("prompts", getattr(cfg.data, "prompts", None) if cfg else None, None)
+    for key, default in (("prompt_mode", "eval"), ("max_new_tokens", 256), ("batch_size", 8)):
+        out[key] = pick(key, getattr(ev, key, None), default)
+    out["backend"] = pick("backend", "transformers" if cfg is not None else None, "auto")
+    out["decoding"] = _decoding(args, ev, taken)
+    scoring = {key: pick(key, getattr(r, key, None), SCORING_DEFAULTS[key]) for key in ("encoder", "threshold", "alpha", "matching")}
+    scoring["answer_mode"] = pick("answer_mode", getattr(ev, "answer_mode", None), SCORING_DEFAULTS["answer_mode"])
+    with flag_errors():
+        out["scoring"] = ScoringSettings(**scoring, device=args.device, batch_size=r.batch_size if r else 64)
+    return out
+
+
+def _decoding(args: argparse.Namespace, ev: Any, taken: dict[str, Any]) -> Any:
+    """The :class:`~cpr.evaluation.generation.DecodingSettings` of ``--decoding`` and the sampling flags, over
+    the run's ``evaluation.decoding`` (``ev``; recorded in ``taken``) where ``--decoding`` is not given."""
+    from cpr.evaluation.generation import DecodingSettings
+    from cpr.scoring import flag_errors
+
+    given = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
+    if args.decoding is None and ev is not None:
+        base = ev.decoding.model_dump()
+        taken["decoding"] = base["mode"] if base["mode"] == "greedy" else base
+    else:
+        base = {"mode": args.decoding or "greedy", **SAMPLING_FLAGS}
+    if given and base["mode"] != "sampled":
+        raise InputError("sets sampling; add --decoding sampled", field="--" + next(iter(given)).replace("_", "-"))
+    with flag_errors():
+        return DecodingSettings(**{**base, **given})
+
+
+def _run_split_records(args: argparse.Namespace, settings: dict[str, Any], benchmark: str) -> list[Any]:
+    """The records of split ``--run-split`` that the run's final evaluation scores on ``benchmark``."""
+    from cpr.training.evaluate import benchmark_records
+    from cpr.training.splits import load_splits
+
+    cfg, config_path = settings["cfg"], settings["run_config"]
+    if cfg is None:
+        raise InputError("--run-split scores the records of the run an adapter belongs to; this adapter lies in no "
+                         "run folder (no config.yaml in its parent or grandparent folder)", field="--run-split")
+    for flag in ("data", "source", "split", "option"):
+        if getattr(args, flag):
+            raise InputError(f"--run-split reads the run's own data ({config_path}); leave out --{flag}", field=f"--{flag}")
+    found = {name: records for name, records, _ in benchmark_records(cfg, load_splits(cfg.data), args.run_split)}
+    if benchmark not in found:
+        raise InputError(f"the run's final evaluation scores no {benchmark} records on its {args.run_split} split "
+                         f"(it scores: {', '.join(found) or 'nothing'})", path=config_path, field="--benchmark")
+    return found[benchmark][: args.limit] if args.limit else found[benchmark]
 
 
 def _check_resume(out: Path, config: dict[str, Any], record_ids: set[str]) -> None:
@@ -120,73 +237,97 @@ def _check_resume(out: Path, config: dict[str, Any], record_ids: set[str]) -> No
                              path=out / "completions.jsonl", record_id=extra[0], field="id")
 
 
-def _load(args: argparse.Namespace, config: dict[str, Any], max_images: int) -> tuple[Any, Any, Any]:
+def _load(args: argparse.Namespace, settings: dict[str, Any], max_images: int) -> tuple[Any, Any, Any]:
     """``(model, processor, generator)``: a vLLM generator (no model), or a model and ``None``."""
     from cpr.evaluation import load_model_for_eval
     from cpr.evaluation.generation import VLLMGenerator, checked_model_path, vllm_available
 
-    pixels = {k: config[k] for k in ("min_pixels", "max_pixels")}
-    use_vllm = args.backend == "vllm" or (args.backend == "auto" and vllm_available())
-    if use_vllm:  # pragma: no cover - needs vLLM and a GPU
+    pixels = {k: settings[k] for k in ("min_pixels", "max_pixels")}
+    backend, model, adapter = settings["backend"], settings["model"], settings["adapter"]
+    if backend == "vllm" or (backend == "auto" and vllm_available()):  # pragma: no cover - needs vLLM and a GPU
         from transformers import AutoProcessor
 
         from cpr.models import apply_pixel_limits, detect_family
 
-        path, adapter = checked_model_path(args.model, args.adapter, args.allow_base_mismatch)
+        path, adapter = checked_model_path(model, adapter, args.allow_base_mismatch)
         processor = AutoProcessor.from_pretrained(path, padding_side="left")
         apply_pixel_limits(processor, detect_family(path), **pixels)
         return None, processor, VLLMGenerator(
-            path, processor, adapter=adapter, max_new_tokens=args.max_new_tokens, max_images_per_prompt=max_images,
-            mm_processor_kwargs={k: v for k, v in pixels.items() if v is not None} or None,
+            path, processor, adapter=adapter, max_new_tokens=settings["max_new_tokens"],
+            max_images_per_prompt=max_images, mm_processor_kwargs={k: v for k, v in pixels.items() if v is not None} or None,
         )
-    model, processor = load_model_for_eval(args.model, args.adapter, device=args.device, dtype=args.dtype,
-                                           allow_base_mismatch=args.allow_base_mismatch, **pixels)
+    model, processor = load_model_for_eval(
+        model, adapter, device=args.device, dtype=settings["dtype"], allow_base_mismatch=args.allow_base_mismatch,
+        attn_implementation=settings["attn_implementation"], trust_remote_code=settings["trust_remote_code"], **pixels,
+    )
     return model, processor, None
+
+
+def _taken_line(settings: dict[str, Any]) -> str:
+    """The line naming the settings taken from the adapter's run."""
+    shown = ", ".join(f"{k} {v}" for k, v in settings["taken"].items())
+    return f"cpr eval: from the adapter's run ({settings['run_config']}): {shown} (a flag overrides each)"
 
 
 def run(args: argparse.Namespace) -> int:
     """Load the records and the model, generate (resuming), score, and write the report files."""
     from dataclasses import asdict
 
-    from cpr.data import load_records
+    from cpr.data import load_records, load_templates
+    from cpr.data.cli import parse_options, source_path
     from cpr.evaluation import runner
     from cpr.evaluation.benchmarks import get_benchmark
-    from cpr.evaluation.generation import DecodingSettings, GenerationSettings
-    from cpr.io import atomic_write_json, atomic_write_text
-    from cpr.scoring import flag_errors, settings_from_args
+    from cpr.evaluation.generation import GenerationSettings
+    from cpr.evaluation.report import is_crystal_test
+    from cpr.io import atomic_write_json
+    from cpr.scoring import flag_errors
 
     for name in ("min_pixels", "max_pixels", "limit"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise InputError(f"must be >= 1, got {getattr(args, name)}", field="--" + name.replace("_", "-"))
-    given = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
-    if given and args.decoding != "sampled":
-        raise InputError("sets sampling; add --decoding sampled", field="--" + next(iter(given)).replace("_", "-"))
+    settings = resolve_settings(args)
     with flag_errors():
-        generation = GenerationSettings(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                        prompt_mode=args.prompt_mode, backend=args.backend,
-                                        progress=not args.no_progress,
-                                        decoding=DecodingSettings(args.decoding, **{**SAMPLING_FLAGS, **given}))
-    scoring = settings_from_args(args)
-    bench = get_benchmark(args.benchmark)
-    source = args.source or bench.default_source
-    records = load_records(source, args.data, split=args.split, limit=args.limit)
+        generation = GenerationSettings(max_new_tokens=settings["max_new_tokens"], batch_size=settings["batch_size"],
+                                        prompt_mode=settings["prompt_mode"], backend=settings["backend"],
+                                        progress=not args.no_progress, decoding=settings["decoding"])
+    scoring = settings["scoring"]
+    if args.benchmark is None and args.run_split is None:
+        raise InputError("give the benchmark to score (crystal, m3cot or vlrmbench)", field="--benchmark")
+    bench = get_benchmark(args.benchmark or "crystal")
+    options = parse_options(args.option)
+    if args.run_split is not None:
+        from cpr.training.evaluate import on_crystal_test
+
+        records = _run_split_records(args, settings, bench.name)
+        source, data, split = "run", str(settings["run_config"].parent), args.run_split
+        paper_rows = on_crystal_test(settings["cfg"], bench.name, split)
+    else:
+        source = args.source or bench.default_source
+        data, split = source_path(source, args.data, "--data"), args.split
+        records = load_records(source, data, split=split, limit=args.limit, options=options or None)
+        paper_rows = is_crystal_test([(source, split)])
     if not records:
-        raise InputError(f"no records to evaluate (source {source})", path=args.data)
+        raise InputError(f"no records to evaluate (source {source})", path=data or None)
+    templates = load_templates(settings["prompts"])
+    if settings["taken"]:
+        print(_taken_line(settings), file=sys.stderr)
     out = Path(args.output)
-    min_pixels, max_pixels = _pixel_limits(args)
-    config = {"model": args.model, "adapter": args.adapter, "min_pixels": min_pixels, "max_pixels": max_pixels,
-              "benchmark": bench.name, "source": source, "data": str(args.data), "split": args.split,
-              "limit": args.limit, **{k: v for k, v in asdict(generation).items() if k != "progress"},
-              "dtype": args.dtype, "device": args.device}
+    prompts = settings["prompts"]
+    config = {"model": settings["model"], "adapter": settings["adapter"], "min_pixels": settings["min_pixels"],
+              "max_pixels": settings["max_pixels"], "benchmark": bench.name, "source": source, "data": data,
+              "split": split, "options": options or None, "limit": args.limit,
+              "prompts": prompts if prompts is None or isinstance(prompts, dict) else str(prompts),
+              **{k: v for k, v in asdict(generation).items() if k != "progress"},
+              "dtype": settings["dtype"], "device": args.device,
+              "from_run": {"config": str(settings["run_config"]), "settings": list(settings["taken"])}
+              if settings["run_config"] else None}
     _check_resume(out, config, {r.id for r in records})
     atomic_write_json(out / "eval_config.json", config)
-    atomic_write_text(out / "references.jsonl",
-                      "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in bench.references(records)))
-    model, processor, generator = _load(args, config, max(len(r.images) for r in records))
-    label = args.model if args.adapter is None else f"{args.model} + {args.adapter}"
+    model, processor, generator = _load(args, settings, max(len(r.images) for r in records))
+    label = settings["model"] if settings["adapter"] is None else f"{settings['model']} + {settings['adapter']}"
     runner.evaluate_model(
-        model, processor, bench.name, records, generation=generation, scoring=scoring, out_dir=out, label=label,
-        title=f"{bench.name} evaluation of {label}", generator=generator,
+        model, processor, bench.name, records, generation=generation, scoring=scoring, templates=templates,
+        out_dir=out, label=label, title=f"{bench.name} evaluation of {label}", generator=generator, paper_rows=paper_rows,
         extra={"config": {**config, "scoring": asdict(scoring), "references_format": bench.references_format}},
     )
     print((out / "metrics.md").read_text(encoding="utf-8"))

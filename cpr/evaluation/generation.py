@@ -329,10 +329,12 @@ def checked_model_path(model: str, adapter: str | None, allow_base_mismatch: boo
 def load_model_for_eval(
     model: str, adapter: str | None = None, *, device: str | None = None, dtype: str = "auto",
     min_pixels: int | None = None, max_pixels: int | None = None, allow_base_mismatch: bool = False,
+    attn_implementation: str | None = None, trust_remote_code: bool = False,
 ) -> tuple[Any, Any]:
     """Load a model (a base or merged checkpoint, or an adapter folder) with an optional LoRA adapter
     (``peft.PeftModel``, not merged) and its processor (image size limits ``min_pixels`` /
-    ``max_pixels``), in eval mode, gradient checkpointing off, on ``device`` (default CUDA if available).
+    ``max_pixels``), in eval mode, gradient checkpointing off, on ``device`` (default CUDA if available);
+    ``attn_implementation`` and ``trust_remote_code`` go to ``from_pretrained``.
 
     Raises:
         ModelNotAvailableError, InputError, ConfigError: see :func:`cpr.models.load_model_and_processor`
@@ -345,7 +347,9 @@ def load_model_for_eval(
     path, adapter = checked_model_path(model, adapter, allow_base_mismatch)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     net, processor = load_model_and_processor(path, dtype=dtype, device=device, gradient_checkpointing=False,
-                                              min_pixels=min_pixels, max_pixels=max_pixels)
+                                              min_pixels=min_pixels, max_pixels=max_pixels,
+                                              attn_implementation=attn_implementation,
+                                              trust_remote_code=trust_remote_code)
     if adapter is not None:
         from peft import PeftModel
 

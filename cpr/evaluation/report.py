@@ -1,7 +1,8 @@
 """Markdown reports of a metrics dict, in the paper's column order.
 
-For the CRYSTAL benchmark the overall table also lists the CRYSTAL paper's base-model rows (Table 4,
-docs/method.md section 9), labelled as paper numbers measured on the full CRYSTAL test set.
+Where the records are CRYSTAL's test set (:func:`is_crystal_test`) the overall table also lists the
+CRYSTAL paper's base-model rows (Table 4, docs/method.md section 9), labelled as paper numbers measured
+on the full CRYSTAL test set; beside numbers on other records they would compare unlike things.
 """
 
 from __future__ import annotations
@@ -11,23 +12,34 @@ from typing import Any
 
 from cpr.markdown import format_value, markdown_table, summary_table
 
-__all__ = ["flat_metrics", "format_value", "markdown_table", "render_markdown", "sampled_columns", "summary_table"]
+__all__ = ["flat_metrics", "format_value", "is_crystal_test", "markdown_table", "render_markdown", "sampled_columns",
+           "summary_table"]
 
 
-def render_markdown(metrics: Mapping[str, Any], *, model_label: str = "this model", title: str | None = None) -> str:
+def is_crystal_test(sources: Sequence[tuple[str, str | None]]) -> bool:
+    """True when the records come from CRYSTAL's test set only: ``sources`` (``(adapter, split)`` of each
+    dataset the records were read from) is non-empty and each is the ``crystal`` adapter's ``test`` split."""
+    return bool(sources) and all(source == "crystal" and split == "test" for source, split in sources)
+
+
+def render_markdown(metrics: Mapping[str, Any], *, model_label: str = "this model", title: str | None = None,
+                    paper_rows: bool = False) -> str:
     """The markdown report of one benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`):
-    the overall table, then one table per group kind (a kind with ``group_labels`` is listed under
-    its parent kind, e.g. M3CoT topics under their domain). Ends with a newline."""
+    the overall table (with ``paper_rows``, for CRYSTAL, the paper's base-model rows: pass it only for
+    records of CRYSTAL's test set, :func:`is_crystal_test`), then one table per group kind (a kind with
+    ``group_labels`` is listed under its parent kind, e.g. M3CoT topics under their domain). Ends with a
+    newline."""
     from cpr.evaluation.benchmarks import get_benchmark
-    from cpr.paper import paper_rows
+    from cpr.paper import paper_rows as paper_table
 
     bench = get_benchmark(metrics["benchmark"])
     rows: list[tuple[Sequence[str], Mapping[str, Any]]] = [((model_label, "this run"), metrics["overall"])]
-    if bench.name == "crystal":
-        rows += [((r.label, "paper, Table 4 (CRYSTAL test)"), r.as_summary()) for r in paper_rows("base")]
+    paper_rows = paper_rows and bench.name == "crystal"
+    if paper_rows:
+        rows += [((r.label, "paper, Table 4 (CRYSTAL test)"), r.as_summary()) for r in paper_table("base")]
     parts = [f"# {title or bench.name + ' evaluation'}", "", bench.description + ".", "", "## Overall", "",
              summary_table(("Model", "Numbers"), rows, bench.columns), ""]
-    if bench.name == "crystal":
+    if paper_rows:
         parts += ["Rows marked *paper* are the CRYSTAL paper's base-model numbers (arXiv 2603.13099, Table 4, "
                   "full CRYSTAL test set), copied for comparison, not computed here.", ""]
     overall = metrics["overall"]

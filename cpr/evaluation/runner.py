@@ -3,7 +3,6 @@ final evaluation and checkpoint selection alike."""
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -50,6 +49,7 @@ def evaluate_model(
     generation: GenerationSettings | None = None, scoring: ScoringSettings | None = None,
     templates: PromptTemplates | None = None, out_dir: str | Path | None = None, label: str = "this model",
     title: str | None = None, extra: Mapping[str, Any] | None = None, generator: Any = None, shard: Any = None,
+    paper_rows: bool = False,
 ) -> dict[str, Any] | None:
     """Generate completions for ``records`` with ``model`` (plain, PEFT or a trainer's unwrapped model) or a
     ready ``generator`` (e.g. a :class:`~cpr.evaluation.generation.VLLMGenerator`), and score them on
@@ -58,9 +58,12 @@ def evaluate_model(
     completions per record (:mod:`cpr.evaluation.sampling`) and adds their mean@k and pass@k beside the
     greedy numbers, which stay those of greedy decoding.
 
-    With ``out_dir`` it writes ``completions.jsonl`` (resumed from when there), ``metrics.json`` (without
+    With ``out_dir`` it writes ``references.jsonl`` (the benchmark's reference rows of ``records``: for
+    CRYSTAL and M3CoT ``cpr score``'s REFS file, so ``cpr score`` on it and ``completions.jsonl``
+    recomputes ``overall``), ``completions.jsonl`` (resumed from when there), ``metrics.json`` (without
     the rows), ``samples.jsonl`` and ``metrics.md`` (:func:`~cpr.evaluation.report.render_markdown`
-    with ``label`` and ``title``); sampled decoding adds ``sampled_completions.jsonl`` (resumed) and
+    with ``label`` and ``title``; ``paper_rows`` for records of CRYSTAL's test set only): the files of
+    ``cpr eval``, in every folder an evaluation writes. Sampled decoding adds ``sampled_completions.jsonl`` (resumed) and
     ``sampled_samples.jsonl``.
 
     With ``shard`` (the process state, every process of the group calling this alike) each process
@@ -78,7 +81,7 @@ def evaluate_model(
         InputError: invalid records or a malformed completions file.
     """
     from cpr.evaluation.report import render_markdown
-    from cpr.io import atomic_write_json, atomic_write_text
+    from cpr.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
 
     start = time.perf_counter()
     generation, scoring = generation or GenerationSettings(), scoring or ScoringSettings()
@@ -89,6 +92,8 @@ def evaluate_model(
                               field="backend")
         generator = TransformersGenerator(model, processor, generation.max_new_tokens)
     out = Path(out_dir) if out_dir is not None else None
+    if out is not None and (shard is None or shard.is_main_process):
+        atomic_write_jsonl(out / "references.jsonl", bench.references(records))
     completions = generate_completions(
         generator, records, bench.messages(templates, generation.prompt_mode), batch_size=generation.batch_size,
         output_path=None if out is None else out / "completions.jsonl", progress=generation.progress,
@@ -117,6 +122,7 @@ def evaluate_model(
         atomic_write_json(out / "metrics.json", {k: v for k, v in metrics.items() if k not in ROW_KEYS})
         for key, name in (("samples", "samples.jsonl"), ("sampled_samples", SAMPLED_SAMPLES)):
             if key in metrics:
-                atomic_write_text(out / name, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in metrics[key]))
-        atomic_write_text(out / "metrics.md", render_markdown(metrics, model_label=label, title=title))
+                atomic_write_jsonl(out / name, metrics[key])
+        atomic_write_text(out / "metrics.md", render_markdown(metrics, model_label=label, title=title,
+                                                                  paper_rows=paper_rows))
     return metrics

@@ -34,7 +34,8 @@ from cpr.errors import ConfigError
 from cpr.scoring import ScoringSettings
 
 __all__ = ["ExperimentConfig", "PhaseConfig", "apply_overrides", "config_from_args", "config_from_dict", "load_config",
-           "phase_reward_weights", "phase_training_args", "read_yaml", "training_values", "warm_start_settings"]
+           "phase_reward_weights", "phase_training_args", "read_run_config", "read_yaml", "training_values",
+           "warm_start_settings"]
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -631,6 +632,26 @@ def config_from_dict(data: Mapping[str, Any], *, config_path: str | None = None)
         return _validate(cfg)
     except ConfigError as e:
         raise ConfigError(e.message, field=e.field, path=e.path or config_path) from None
+
+
+def read_run_config(path: str | Path) -> ExperimentConfig:
+    """A run's resolved ``config.yaml`` as an :class:`ExperimentConfig`, each value type-checked, with the
+    defaults the run had for keys it does not hold, but not cross-checked by :func:`config_from_dict`
+    (a recipe's own reward functions need not be registered, its datasets need not be at hand): what
+    ``cpr eval`` reads of the run an adapter belongs to.
+
+    Raises:
+        ConfigError: unreadable YAML, not a mapping, an unknown key or a value of the wrong type (file
+            and dotted key named).
+        FileNotFoundError: ``path`` does not exist.
+    """
+    data = read_yaml(path)
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"expected a mapping, got {type(data).__name__}", path=path)
+    try:
+        return _parse(ExperimentConfig, {k: v for k, v in data.items() if k != "training_effective"})
+    except ConfigError as e:
+        raise ConfigError(e.message, field=e.field, path=path) from None
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:

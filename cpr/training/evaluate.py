@@ -26,7 +26,7 @@ from cpr.training.splits import DataSplits
 logger = logging.getLogger("cpr.training")
 
 __all__ = ["benchmark_records", "eval_hook", "final_eval_dir", "final_eval_key", "final_evaluation",
-           "generation_settings", "hook_benchmarks", "score_adapters", "scoring_settings", "summary_entries"]
+           "generation_settings", "hook_benchmarks", "on_crystal_test", "score_adapters", "scoring_settings", "summary_entries"]
 
 FINAL_EVAL_DIRS: dict[str, str] = {"test": "final_eval", "validation": "final_eval/validation"}
 
@@ -76,6 +76,18 @@ def benchmark_records(cfg: ExperimentConfig, splits: DataSplits, split: str) -> 
     if not cfg.evaluation.benchmarks and splits.test:
         specs.append(("crystal", list(splits.test), None))
     return specs
+
+
+def on_crystal_test(cfg: ExperimentConfig, benchmark: str, split: str) -> bool:
+    """Whether the final evaluation's ``benchmark`` records on ``split`` are CRYSTAL's test set
+    (:func:`cpr.evaluation.report.is_crystal_test` of the benchmark's own ``data``, else of ``data.test``;
+    a held-out share of the training data never is): where its report shows the paper's rows."""
+    from cpr.evaluation.report import is_crystal_test
+
+    if benchmark != "crystal" or split != "test":
+        return False
+    own = next((b.data for b in cfg.evaluation.benchmarks if b.name == benchmark and b.data), None)
+    return is_crystal_test([(s.source, s.split) for s in (own or cfg.data.test)])
 
 
 def hook_benchmarks(cfg: ExperimentConfig, splits: DataSplits) -> list[tuple[str, list, int | None]]:
@@ -231,6 +243,7 @@ def final_evaluation(
                     templates=prompts,
                     out_dir=out / name, label=label, title=f"{label}: {name} ({split} split)",
                     extra={"adapter": None if adapter is None else str(adapter), "split": split}, shard=state,
+                    paper_rows=on_crystal_test(cfg, name, split),
                 )
                 if metrics is None:  # another process: the main one scores and writes
                     continue

@@ -151,18 +151,18 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
 
 def rollback_logs(phase_dir: str | Path, step: int) -> dict[str, tuple[int, int]]:
     """Drop the rows a killed run wrote after the checkpoint at optimizer step ``step`` (0: all of them):
-    atomically rewrite ``log.jsonl``, ``eval_history.jsonl`` and ``guard_events.jsonl`` keeping rows with ``step <=
-    step``, and ``scored_completions[.rankN].jsonl`` keeping ``step < step`` (a scored row carries the global step
-    before its optimizer step); rows without a numeric ``step`` stay. Returns ``{file: (kept, dropped)}`` of the
-    files that exist; raises ``InputError`` for a malformed line other than the last."""
+    atomically rewrite ``log.jsonl``, ``eval_history.jsonl``, ``guard_events.jsonl`` and
+    ``scored_completions[.rankN].jsonl`` keeping rows with ``step <= step`` (a scored row's ``step`` is the
+    optimizer step its batch trains, as in ``log.jsonl``); rows without a numeric ``step`` stay. Returns
+    ``{file: (kept, dropped)}`` of the files that exist; raises ``InputError`` for a malformed line other
+    than the last."""
+
+    def keep(row: Any) -> bool:
+        s = row.get("step") if isinstance(row, dict) else None
+        return not isinstance(s, (int, float)) or isinstance(s, bool) or s <= step
+
     out: dict[str, tuple[int, int]] = {}
-    for pattern, last in (("log.jsonl", step), ("eval_history.jsonl", step), ("guard_events.jsonl", step),
-                          ("scored_completions*.jsonl", step - 1)):
+    for pattern in ("log.jsonl", "eval_history.jsonl", "guard_events.jsonl", "scored_completions*.jsonl"):
         for path in sorted(Path(phase_dir).glob(pattern)):
-
-            def keep(row: Any, last: int = last) -> bool:
-                s = row.get("step") if isinstance(row, dict) else None
-                return not isinstance(s, (int, float)) or isinstance(s, bool) or s <= last
-
             out[path.name] = rewrite_jsonl(path, keep)
     return out

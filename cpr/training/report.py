@@ -105,7 +105,7 @@ def bucket_mix(phase_dir: str | Path, difficulty: Mapping[str, str], steps: int,
             continue
         if str(row.get("id")) not in difficulty:
             raise ConfigError(f"scored completion of unknown record {row.get('id')!r}", field="scored_completions")
-        part = min(parts - 1, int(row.get("step") or 0) * parts // steps)
+        part = min(parts - 1, max(0, int(row.get("step") or 1) - 1) * parts // steps)  # step: 1-based
         counts[part][difficulty[str(row["id"])]] += 1
     return [{b: 100.0 * c[b] / sum(c.values()) for b in DIFFICULTIES} for c in counts if c]  # a span can be empty
 

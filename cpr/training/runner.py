@@ -337,22 +337,27 @@ def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = Tru
     return splits, templates, model_path
 
 
+def _number(value: Any) -> float:
+    """A summary value as a float; NaN for ``None`` (strict JSON's ``null`` for a NaN, :mod:`cpr.io`)."""
+    return math.nan if value is None else float(value)
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     from cpr.training.evaluate import final_eval_key
     from cpr.training.report import COLUMNS, closing_lines
 
     lines = [f"run {summary['run_name']} finished in {summary['wall_time_s']} s -> {summary['output_dir']}"]
     for p in summary["phases"]:
-        t = p.get("reward_trend", {})
+        t = p.get("reward_trend") or {}
         lines.append(
             f"  phase {p['phase']}: {p['steps']} steps in {p['wall_time_s']} s; reward first 10% "
-            f"{t.get('first', math.nan):.3f} -> last 10% {t.get('last', math.nan):.3f}; "
-            f"frac_reward_zero_std {p.get('frac_reward_zero_std', math.nan):.2f}"
+            f"{_number(t.get('first')):.3f} -> last 10% {_number(t.get('last')):.3f}; "
+            f"frac_reward_zero_std {_number(p.get('frac_reward_zero_std')):.2f}"
         )
         if "selection" in p:
             lines.append(f"    selected {p['selection']['picked']}")
     for split in EVAL_SPLITS:
         for name, overall in (summary.get(final_eval_key(split)) or {}).items():
             keys = [k for _, k, _ in COLUMNS if k in overall]
-            lines.append(f"  {split} {name}: " + ", ".join(f"{k} {overall[k]:.3f}" for k in keys))
+            lines.append(f"  {split} {name}: " + ", ".join(f"{k} {_number(overall[k]):.3f}" for k in keys))
     print("\n".join(lines + closing_lines(summary)))
