@@ -461,7 +461,8 @@ def settings_from_args(args: argparse.Namespace, batch_size: int = 64) -> Scorin
     """:class:`ScoringSettings` of :func:`add_scoring_arguments`'s flags (and ``--device``)."""
     with flag_errors():
         return ScoringSettings(encoder=args.encoder, threshold=args.threshold, alpha=args.alpha, matching=args.matching,
-                               answer_mode=args.answer_mode, device=args.device, batch_size=batch_size)
+                               answer_mode=args.answer_mode, device=args.device, batch_size=batch_size,
+                               guard="paper")  # scored as the paper does: the guard shapes training rewards only
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

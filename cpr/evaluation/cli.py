@@ -174,7 +174,9 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     scoring = {key: pick(key, getattr(r, key, None), SCORING_DEFAULTS[key]) for key in ("encoder", "threshold", "alpha", "matching")}
     scoring["answer_mode"] = pick("answer_mode", getattr(ev, "answer_mode", None), SCORING_DEFAULTS["answer_mode"])
     with flag_errors():
-        out["scoring"] = ScoringSettings(**scoring, device=args.device, batch_size=r.batch_size if r else 64)
+        # guard "paper": an evaluation scores as the paper does (the guard shapes training rewards only)
+        out["scoring"] = ScoringSettings(**scoring, device=args.device, batch_size=r.batch_size if r else 64,
+                                         guard="paper")
     return out
 
 
@@ -187,7 +189,8 @@ def _decoding(args: argparse.Namespace, ev: Any, taken: dict[str, Any]) -> Any:
     given = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
     if args.decoding is None and ev is not None:
         base = ev.decoding.model_dump()
-        taken["decoding"] = base["mode"] if base["mode"] == "greedy" else base
+        if base["mode"] != "greedy":  # greedy is the default either way: the line names sampled decoding only
+            taken["decoding"] = base
     else:
         base = {"mode": args.decoding or "greedy", **SAMPLING_FLAGS}
     if given and base["mode"] != "sampled":
