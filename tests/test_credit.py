@@ -289,5 +289,5 @@ def test_completion_credit_loss_is_plain_trls_and_step_credit_changes_it(tmp_pat
         assert torch.equal(stepped[2], torch.full((width,), -1.1))  # unparsable: completion-level only
         assert not torch.equal(stepped, flat)
         assert abs(ours.compute_loss(model, {**batch, "advantages": stepped}).item() - expected) > 1e-4
-    logged = ours._metrics["train"]
+    logged = ours._metrics["train" if ours.model.training else "eval"]  # the mode the batch was scored in
     assert "credit/adv_matched" in logged and logged["credit/fallback_rate"][-1] == 0.25
