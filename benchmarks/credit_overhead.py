@@ -10,7 +10,8 @@ One :class:`cpr.training.guards.GuardedGRPOTrainer` on the demo config (``recipe
 model, synthetic data, rewards and ``training`` section; format + CPR rewards) trains ``--steps`` optimizer steps,
 switching ``credit`` between ``completion`` and ``step`` every step (so drift of a shared CPU hits both alike);
 each step generates its own batch. Prints the median and mean of TRL's ``step_time`` per mode (the first step of
-each left out: warm-up), their ratio, and the mean ``credit/fallback_rate`` (share of completions that did not
+each left out: warm-up), their ratio, the time spent in the token advantages (mapping, normalisation) per
+generation batch, and the mean ``credit/fallback_rate`` (share of completions that did not
 parse or map, which cost the mapping nothing).
 """
 
@@ -21,6 +22,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -54,8 +56,9 @@ def main() -> int:
     out = tempfile.mkdtemp(prefix="credit_overhead_")
     cfg = load_config(args.config, ["phases=[cpr]", f"output_dir={out}", "warm_start.enabled=false",
                                     f"phase_settings.cpr.training.max_steps={args.steps}",
-                                    "phase_settings.cpr.training.save_strategy=no",
-                                    "phase_settings.cpr.curriculum.schedule=none", "phase_settings.cpr.credit=step"])
+                                    f"phase_settings.cpr.training.save_steps={args.steps + 1}",
+                                    "phase_settings.cpr.curriculum.schedule=none", "phase_settings.cpr.credit=step",
+                                    "evaluation.compare=[]"])
     phase = cfg.phase("cpr")
     grpo = grpo_config(cfg, phase)
     funcs, _ = get_reward_set(phase.rewards, grpo.reward_weights, phase.reward_params, **_reward_shared(cfg.rewards))
@@ -80,6 +83,17 @@ def main() -> int:
         train_dataset=to_grpo_dataset(records, load_templates(cfg.data.prompts), mode="train"),
         peft_config=None if adapter else policy.lora_config(cfg, cfg.model.name_or_path),
         guards=None, credit="step", credit_weight=phase.credit_weight, callbacks=[Alternate()])
+    spent: list[float] = []
+    inner = trainer.token_advantages
+
+    def timed(batch):
+        t0 = time.perf_counter()
+        out = inner(batch)
+        if out is not None:
+            spent.append(time.perf_counter() - t0)
+        return out
+
+    trainer.token_advantages = timed
     trainer.train()
     fallback = [r["credit/fallback_rate"] for r in trainer.state.log_history if "credit/fallback_rate" in r]
     med = {m: statistics.median(t[1:]) for m, t in times.items()}
@@ -88,6 +102,8 @@ def main() -> int:
         print(f"credit {m:10s}: {len(times[m]) - 1} steps, step_time median {med[m]:.3f} s, mean {mean[m]:.3f} s")
     print(f"ratio step / completion: median {med['step'] / med['completion']:.3f}, "
           f"mean {mean['step'] / mean['completion']:.3f}")
+    print(f"token advantages (credit: step only): {statistics.mean(spent) * 1000:.1f} ms per generation batch, "
+          f"{statistics.mean(spent) / mean['step']:.1%} of the mean step time")
     print(f"credit/fallback_rate (completions with completion-level advantage only): "
           f"{statistics.mean(fallback) if fallback else float('nan'):.2f}")
     return 0
