@@ -126,6 +126,12 @@ def _pieces(question: str, options: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(p for p in (*parts, *(o.strip() for o in options)) if p))
 
 
+def pair_credit(similarity: float, threshold: float, full: float | None) -> float:
+    """Credit of a matched pair: ``min(1, (S - tau) / (f - tau))`` with ``f = full_credit_similarity``;
+    1.0 when ``full`` is ``None`` (the paper's count of pairs)."""
+    return 1.0 if full is None else min(1.0, (similarity - threshold) / (full - threshold))
+
+
 def guarded_scores(
     predicted: Sequence[Sequence[str]],
     references: Sequence[Sequence[str]],
@@ -136,10 +142,14 @@ def guarded_scores(
     threshold: float,
     alpha: float,
     matching: str = "greedy",
+    step_credit: list[tuple[float, ...]] | None = None,
 ) -> tuple[list[StepScores], dict[str, float]]:
     """Step scores of a batch under ``guard`` with one encoder call, as :func:`cpr.matching.score_batch`
     (non-empty references checked by the caller); ``prompts``: per sample the :func:`prompt_pieces`
-    (empty: no restatement rule or monitor for it).
+    (empty: no restatement rule or monitor for it). ``step_credit``: a list that receives, per sample, the
+    credit of each predicted step in completion order (:func:`pair_credit` of its pair; 0.0 for a step
+    left unmatched, a collapsed duplicate or a restatement discounted below tau); their sum is the
+    sample's matched credit (precision x ``n_pred``).
 
     Returns:
         ``(scores, monitors)``: one :class:`~cpr.matching.StepScores` per sample, and the shares of the
@@ -163,6 +173,8 @@ def guarded_scores(
     for pred, ref, pieces in zip(predicted, references, prompts, strict=True):
         if not pred:
             scores.append(StepScores.from_pairs(0, len(ref), [], alpha))
+            if step_credit is not None:
+                step_credit.append(())
             continue
         p, r = table[[index[t] for t in pred]], table[[index[t] for t in ref]]
         sim = eff = p @ r.T
@@ -185,8 +197,13 @@ def guarded_scores(
             if guard.restatement:
                 eff = sim * (np.clip(room / m, 0.0, 1.0) if m > 0 else (room > 0).astype(sim.dtype))
         pairs = match_pairs(eff if allowed.all() else np.where(allowed, eff, -np.inf), threshold, matching)
-        credit = None if full is None else sum(min(1.0, (s - threshold) / (full - threshold)) for _, _, s in pairs)
+        credit = None if full is None else sum(pair_credit(s, threshold, full) for _, _, s in pairs)
         scores.append(StepScores.from_pairs(len(pred), len(ref), pairs, alpha, credit))
+        if step_credit is not None:
+            per_step = [0.0] * len(pred)
+            for i, _, s in pairs:
+                per_step[i] = pair_credit(s, threshold, full)
+            step_credit.append(tuple(per_step))
     monitors = {}
     if n_steps:
         monitors["hacking/duplicate_rate"] = n_dup / n_steps

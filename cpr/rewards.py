@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from cpr.answers import check_answer, check_answer_mode, is_non_answer
+from cpr.credit import CompletionCredit
 from cpr.errors import ConfigError, CprError
 from cpr.guard import MONITORS, guarded_scores, prompt_pieces
 from cpr.matching import StepScores, get_encoder
@@ -88,7 +89,8 @@ def _as_steps(ref: Any, row: int) -> list[str]:
 
 
 def _step_scores(
-    parsed: Sequence[ParsedCompletion], kwargs: Mapping[str, Any], settings: ScoringSettings
+    parsed: Sequence[ParsedCompletion], kwargs: Mapping[str, Any], settings: ScoringSettings,
+    step_credit: list[tuple[float, ...]] | None = None,
 ) -> list[StepScores]:
     from accelerate import PartialState
 
@@ -102,7 +104,7 @@ def _step_scores(
     try:
         scores, monitors = guarded_scores(
             [list(p.steps) for p in parsed], refs, prompts, encoder=encoder, guard=settings.guard,
-            threshold=settings.threshold, alpha=settings.alpha, matching=settings.matching,
+            threshold=settings.threshold, alpha=settings.alpha, matching=settings.matching, step_credit=step_credit,
         )
     except Exception as e:  # add context, never swallow
         raise CprError(
@@ -176,6 +178,7 @@ class RewardFunction:
 
     name: str = ""
     needs_encoder: ClassVar[bool] = False
+    scores_steps: ClassVar[bool] = False  # keeps per-step credit in ``last_credit`` (step-level credit)
     settings_fields: ClassVar[tuple[str, ...]] = ()
     low: float = 0.0
     high: float = 1.0
@@ -238,11 +241,15 @@ class AccuracyReward(RewardFunction):
 class StepF1Reward(RewardFunction):
     """Step Match F1 against the reference steps (docs/method.md section 2), in [0, 1]; with
     ``ordered=True`` Ordered Match F1 (section 3). ``**settings``: the step fields of
-    :class:`cpr.scoring.ScoringSettings` (:data:`cpr.scoring.STEP_FIELDS`); ``settings.guard`` is parsed."""
+    :class:`cpr.scoring.ScoringSettings` (:data:`cpr.scoring.STEP_FIELDS`); ``settings.guard`` is parsed.
+
+    ``last_credit``: after each call, one :class:`cpr.credit.CompletionCredit` per completion, the reward
+    split over the predicted steps and the answer (:meth:`credit_split`); step-level credit reads it."""
 
     name = "step_f1"
     needs_encoder = True
     settings_fields = STEP_FIELDS
+    scores_steps: ClassVar[bool] = True
 
     def __init__(self, ordered: bool = False, **settings: Any) -> None:
         try:
@@ -253,11 +260,33 @@ class StepF1Reward(RewardFunction):
             raise TypeError(f"unexpected keyword argument(s) {sorted(settings)}")
         self.settings = replace(given, guard=given.guard_settings())
         self.ordered = bool(ordered)
+        self.last_credit: list[CompletionCredit] = []
+
+    def credit_split(self, correct: bool | None, scores: StepScores) -> tuple[float, float]:
+        """``(step_scale, answer_term)`` of one completion: predicted step ``k`` with matched credit ``c_k``
+        earns ``step_scale * c_k``, the answer ``answer_term``, and these sum to the reward. Match F1 is
+        ``2 sum_k c_k / (n_pred + n_ref)`` (``P = C / n_pred``, ``R = C / n_ref``), so ``step_scale =
+        2 / (n_pred + n_ref)``, times ``(1 - alpha) + alpha * LIS`` for Ordered F1; no answer term."""
+        scale = 2.0 / (scores.n_pred + scores.n_ref)
+        if self.ordered:
+            scale *= (1.0 - self.settings.alpha) + self.settings.alpha * scores.lis
+        return scale, 0.0
+
+    def _keep_credit(self, completions: list[Any], parsed: Sequence[ParsedCompletion], scores: Sequence[StepScores],
+                     credit: Sequence[tuple[float, ...]], correct: Sequence[bool] | None) -> None:
+        self.last_credit = []
+        for i, (p, s, c) in enumerate(zip(parsed, scores, credit, strict=True)):
+            scale, answer = self.credit_split(None if correct is None else correct[i], s)
+            self.last_credit.append(CompletionCredit(
+                text=completion_text(completions[i]), format=p.format, steps=p.steps, answer=p.answer,
+                step_rewards=tuple(scale * x for x in c), matched=tuple(x > 0.0 for x in c), answer_reward=answer))
 
     def score(self, completions: list[Any], kwargs: Mapping[str, Any]) -> list[float]:
         parsed = _parse_all(completions)
-        scores = _step_scores(parsed, kwargs, self.settings)
+        credit: list[tuple[float, ...]] = []
+        scores = _step_scores(parsed, kwargs, self.settings, credit)
         rewards = [s.ordered_f1 if self.ordered else s.match_f1 for s in scores]
+        self._keep_credit(completions, parsed, scores, credit, None)
         _log(kwargs, _step_metrics(scores))
         _record(kwargs, self.name, rewards, None, scores, parsed, completions)
         return rewards
@@ -306,15 +335,24 @@ class CPRReward(StepF1Reward):
         super().__init__(ordered, **settings)
         self.high = self.answer_weight + self.step_weight
 
+    def credit_split(self, correct: bool | None, scores: StepScores) -> tuple[float, float]:
+        """As :meth:`StepF1Reward.credit_split` for :func:`cpr_value`: the step part ``(c + (1 - c) lam) s_w F``
+        is split over the steps, the answer gets the answer term ``c * a_w``."""
+        scale, _ = super().credit_split(correct, scores)
+        c = 1.0 if correct else 0.0
+        return scale * self.step_weight * (c + (1.0 - c) * self.wrong_answer_scale), c * self.answer_weight
+
     def score(self, completions: list[Any], kwargs: Mapping[str, Any]) -> list[float]:
         parsed = _parse_all(completions)
         correct = _correctness(parsed, kwargs, self.answer_mode)
-        scores = _step_scores(parsed, kwargs, self.settings)
+        credit: list[tuple[float, ...]] = []
+        scores = _step_scores(parsed, kwargs, self.settings, credit)
         rewards = [
             cpr_value(c, s.ordered_f1 if self.ordered else s.match_f1, self.answer_weight, self.step_weight,
                       self.wrong_answer_scale)
             for c, s in zip(correct, scores, strict=True)
         ]
+        self._keep_credit(completions, parsed, scores, credit, correct)
         metrics = {"format/valid_rate": _mean([1.0 if p.json_valid else 0.0 for p in parsed]),
                    **_answer_metrics(parsed, correct), **_step_metrics(scores)}
         right = [r for r, c in zip(rewards, correct, strict=True) if c]

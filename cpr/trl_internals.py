@@ -9,6 +9,10 @@
   returns its own sampler with the same batch arithmetic (:func:`repeat_sampler_shape`).
 * ``Trainer.log``: the base class's ``log``, which the eval hook calls so that TRL's ``GRPOTrainer.log``
   neither merges the training metrics into an evaluation row nor clears them.
+* ``_generate_and_score_completions(inputs)``: returns the generation batch dict whose ``completion_ids``,
+  ``completion_mask`` (``(B, T)``) and ``advantages`` (``(B,)``, this process's rows) step-level credit reads;
+  a ``(B, T)`` ``advantages`` put there is shuffled and split by ``_prepare_inputs`` row by row and taken token
+  by token by ``_compute_loss`` (:class:`AdvantageHook`).
 """
 
 from __future__ import annotations
@@ -74,3 +78,27 @@ def log_as_trainer(trainer: Any, logs: dict[str, float]) -> None:
     from transformers import Trainer
 
     Trainer.log(trainer, logs)
+
+
+class AdvantageHook:
+    """Mixin before ``GRPOTrainer``: after TRL's private ``_generate_and_score_completions`` has generated and
+    scored a batch, :meth:`token_advantages` may return a ``(B, T)`` tensor that replaces the batch's ``(B,)``
+    ``advantages`` (TRL 1.16's ``_compute_loss`` unsqueezes only a 1-D one)."""
+
+    def token_advantages(self, batch: dict[str, Any]) -> Any:
+        """The ``(B, T)`` advantages of ``batch`` (``completion_ids``, ``completion_mask``, ``advantages``);
+        ``None``: keep TRL's."""
+        return None
+
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        batch = super()._generate_and_score_completions(inputs)
+        advantages = self.token_advantages(batch)
+        if advantages is not None:
+            batch["advantages"] = advantages
+        return batch
+
+
+def process_index(trainer: Any) -> int:
+    """This process's index: its rows of the generation batch are ``[index * B, (index + 1) * B)`` of the
+    gathered batch (``process_slice`` of ``_generate_and_score_completions``)."""
+    return int(trainer.accelerator.process_index)

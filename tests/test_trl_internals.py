@@ -98,7 +98,8 @@ def _private_uses(module: str) -> list[str]:
     tree = ast.parse(inspect.getsource(importlib.import_module(module)))
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr in ("_metrics", "_step", "_buffered_inputs", "_get_train_sampler"):
+        if isinstance(node, ast.Attribute) and node.attr in ("_metrics", "_step", "_buffered_inputs", "_get_train_sampler",
+                                                             "_generate_and_score_completions", "_compute_loss"):
             found.append(node.attr)
         if (isinstance(node, ast.Attribute) and node.attr == "log" and isinstance(node.value, ast.Name)
                 and node.value.id == "Trainer"):
@@ -107,8 +108,56 @@ def _private_uses(module: str) -> list[str]:
 
 
 @pytest.mark.parametrize("module", ["cpr.training.guards", "cpr.training.checkpoints", "cpr.training.curriculum",
-                                    "cpr.training.phase", "cpr.training.logs", "cpr.evaluation.callback"])
+                                    "cpr.training.phase", "cpr.training.logs", "cpr.evaluation.callback", "cpr.credit"])
 def test_no_other_module_touches_trls_private_state(module):
     assert _private_uses(module) == [], f"{module}: go through cpr.trl_internals"
-    assert sorted(set(_private_uses("cpr.trl_internals"))) == ["Trainer.log", "_buffered_inputs", "_get_train_sampler",
-                                                               "_metrics", "_step"]
+    assert sorted(set(_private_uses("cpr.trl_internals"))) == [
+        "Trainer.log", "_buffered_inputs", "_generate_and_score_completions", "_get_train_sampler", "_metrics", "_step"]
+
+
+def test_generate_and_score_returns_the_batch_that_step_credit_reads():
+    """The batch dict holds (B, T) completion ids and mask, this process's (B,) advantages, completions decoded
+    without special tokens (the text the reward functions score)."""
+    assert list(inspect.signature(GRPOTrainer._generate_and_score_completions).parameters) == ["self", "inputs"]
+    src = _source("_generate_and_score_completions")
+    for line in ('"completion_ids": completion_ids,', '"completion_mask": completion_mask,', '"advantages": advantages,',
+                 "advantages = advantages[process_slice]", "self.accelerator.process_index * len(prompts)",
+                 "rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids_list)",
+                 "mean_grouped_rewards = torch.nanmean(rewards.view(-1, num_generations), dim=1)"):
+        assert line in src, line
+    assert "batch_decode(completion_ids, skip_special_tokens=True)" in _source("_generate")
+    assert "generation_batch = self._generate_and_score_completions(generation_batch)" in _source("_prepare_inputs")
+
+
+def test_compute_loss_takes_token_advantages_and_prepare_inputs_keeps_their_rows():
+    """_compute_loss unsqueezes only a 1-D advantage (a (B, T) one is used token by token); _prepare_inputs
+    shuffles and splits the batch with helpers that move a (B, T) tensor's rows with the other tensors'."""
+    import torch
+    from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
+
+    src = _source("_compute_loss")
+    assert 'advantages = inputs["advantages"]' in src
+    assert "if advantages.dim() == 1:\n            advantages = advantages.unsqueeze(1)" in src
+    assert "per_token_loss1 = coef_1 * advantages" in src
+    prepare = _source("_prepare_inputs")
+    assert "shuffle_sequence_dict(generation_batch)" in prepare and "split_tensor_dict(generation_batch" in prepare
+    ids = torch.arange(12).reshape(4, 3)
+    batch = shuffle_sequence_dict({"completion_ids": ids, "advantages": ids.float() * 10, "n": torch.tensor(4)})
+    assert torch.equal(batch["advantages"], batch["completion_ids"].float() * 10)
+    for part in split_tensor_dict(batch, 2):
+        assert part["advantages"].shape == (2, 3)
+        assert torch.equal(part["advantages"], part["completion_ids"].float() * 10)
+
+
+def test_the_advantage_hook_replaces_trls_advantages():
+    class Base:
+        def _generate_and_score_completions(self, inputs):
+            return {"advantages": "trl's", "inputs": inputs}
+
+    class Hooked(T.AdvantageHook, Base):
+        def token_advantages(self, batch):
+            return None if batch["inputs"] == "keep" else "token-level"
+
+    assert Hooked()._generate_and_score_completions("keep")["advantages"] == "trl's"
+    assert Hooked()._generate_and_score_completions("x")["advantages"] == "token-level"
+    assert T.process_index(SimpleNamespace(accelerator=SimpleNamespace(process_index=2))) == 2

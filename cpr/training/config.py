@@ -117,6 +117,8 @@ class PhaseConfig(_Section):
     select_best: bool = False  # score the checkpoints on the validation split; the best seeds the next phase
     select_metric: Literal["accuracy", "match_f1"] = "accuracy"
     init_adapter: str | None = None  # start from this LoRA adapter folder instead of the previous phase's
+    credit: Literal["completion", "step"] = "completion"  # step: step-level credit (cpr.credit)
+    credit_weight: float = 1.0  # w of credit: step (token advantage = completion advantage + w x process advantage)
     training: dict[str, Any] = {}  # trl.GRPOConfig fields over the shared training section
 
 
@@ -459,6 +461,7 @@ def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None)
 
 def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> PhaseConfig:
     """Phase ``name``'s settings over its preset, checked with the shared ``training`` and ``rewards``."""
+    from cpr.credit import check_credit
     from cpr.rewards import get_reward_set
     from cpr.training.curriculum import CurriculumConfig
 
@@ -476,11 +479,13 @@ def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> Phase
     args = _merge(cfg.training, phase.training)
     weights, weights_key = phase_reward_weights(phase, args)
     try:
-        get_reward_set(phase.rewards, weights, phase.reward_params, **_reward_shared(cfg.rewards))
+        funcs, _ = get_reward_set(phase.rewards, weights, phase.reward_params, **_reward_shared(cfg.rewards))
     except ConfigError as e:
         if e.field == "reward_weights":
             raise ConfigError(f"phase {name}: {e.message}", field=weights_key) from None
         raise ConfigError(e.message, field=_reward_key(e.field, key, phase)) from None
+    check_credit(phase.credit, phase.credit_weight, funcs, loss_type=args.get("loss_type", "dapo"),
+                 off_policy_mask_threshold=args.get("off_policy_mask_threshold"), field=f"{key}.credit")
     try:
         schedule = CurriculumConfig.from_dict(phase.curriculum, prefix=f"{key}.curriculum").schedule
     except ConfigError as e:

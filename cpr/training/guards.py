@@ -26,7 +26,7 @@ from cpr.io import append_jsonl, atomic_write_json
 from cpr.training.checkpoints import DIVERGED_MARKER, CheckpointState, checkpoint_folder
 from cpr.training.config import DEFAULT_GUARD_ACTIONS, GuardsConfig
 from cpr.training.curriculum import CurriculumGRPOTrainer
-from cpr.trl_internals import logged_metrics
+from cpr.trl_internals import AdvantageHook, logged_metrics, process_index
 
 logger = logging.getLogger("cpr.training.guards")
 
@@ -315,14 +315,25 @@ class DivergenceGuard(CheckpointState):
         return {**out, "guards/skipped_steps": float(len(self.skipped_steps))}
 
 
-class GuardedGRPOTrainer(CurriculumGRPOTrainer):
+class GuardedGRPOTrainer(AdvantageHook, CurriculumGRPOTrainer):
     """:class:`cpr.training.curriculum.CurriculumGRPOTrainer` with ``self.guard``, the :class:`DivergenceGuard` of
     ``guards`` (``None`` when absent or disabled; events to ``guard_events_path``): it watches the reward
     functions, ``training_step`` hands it each loss and ``log`` adds its counters (transformers' documented
-    subclass hooks). Raises :class:`ConfigError` for ``skip_step`` under DeepSpeed or fp16 loss scaling."""
+    subclass hooks). ``credit``: ``"completion"`` (TRL's advantages, untouched) or ``"step"``, step-level credit
+    with weight ``credit_weight`` (:mod:`cpr.credit`; its metrics ``credit/...`` go to the logs). Raises
+    :class:`ConfigError` for ``skip_step`` under DeepSpeed or fp16 loss scaling, and what
+    :func:`cpr.credit.check_credit` raises."""
 
     def __init__(self, *args: Any, reward_funcs: list[Any], guards: GuardsConfig | None = None,
-                 guard_events_path: str | Path | None = None, **kwargs: Any) -> None:
+                 guard_events_path: str | Path | None = None, credit: str = "completion", credit_weight: float = 1.0,
+                 **kwargs: Any) -> None:
+        from cpr.credit import check_credit
+
+        grpo = kwargs.get("args")
+        check_credit(credit, credit_weight, reward_funcs, loss_type=getattr(grpo, "loss_type", "grpo"),
+                     off_policy_mask_threshold=getattr(grpo, "off_policy_mask_threshold", None))
+        self.credit, self.credit_weight = credit, float(credit_weight)
+        self._credit_funcs = [(i, f) for i, f in enumerate(reward_funcs) if getattr(f, "scores_steps", False)]
         self.guard = DivergenceGuard(guards, events_path=guard_events_path) if guards and guards.enabled else None
         if self.guard is not None:
             reward_funcs = self.guard.watch(reward_funcs)
@@ -331,6 +342,29 @@ class GuardedGRPOTrainer(CurriculumGRPOTrainer):
             self.guard.bind(self).check_supported(deepspeed=self.is_deepspeed_enabled,
                                                   fp16_scaler=self.accelerator.scaler is not None)
             self.add_callback(self.guard)
+
+    def token_advantages(self, batch: dict[str, Any]) -> Any:
+        """With ``credit: step``, :func:`cpr.credit.batch_token_advantages` of the batch (its metrics logged under
+        the trainer's mode); else ``None`` (TRL's advantages)."""
+        if self.credit != "step":
+            return None
+        from accelerate.utils import gather_object
+
+        from cpr.credit import batch_token_advantages, combine
+
+        weights = self.reward_weights.tolist()
+        per_func = [f.last_credit for _, f in self._credit_funcs]
+        credits = [combine(row, [weights[i] for i, _ in self._credit_funcs]) for row in zip(*per_func, strict=True)]
+        tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
+        multi = self.accelerator.num_processes > 1
+        advantages, metrics = batch_token_advantages(
+            credits, batch["completion_ids"], batch["completion_mask"], batch["advantages"], tokenizer,
+            group_size=self.num_generations if self.model.training else self.num_generations_eval,
+            weight=self.credit_weight, gather=gather_object if multi else None, process_index=process_index(self))
+        logged = logged_metrics(self, "train" if self.model.training else "eval")
+        for name, value in metrics.items():
+            logged[name].append(value)
+        return advantages
 
     def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         loss = super().training_step(*args, **kwargs)

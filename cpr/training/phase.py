@@ -185,6 +185,7 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
         peft_config=None if init_adapter is not None else policy.lora_config(cfg, model_path),
         callbacks=[JsonlLogCallback(phase_dir / "log.jsonl")],
         guards=cfg.guards, guard_events_path=phase_dir / guards.EVENTS_FILE,
+        credit=phase.credit, credit_weight=phase.credit_weight,
     )
     hook = eval_hook(cfg, splits, templates, phase_dir)
     if hook is not None:
@@ -195,8 +196,10 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
 
     if ckpt is not None:
         logger.info("phase %s: resuming from %s", phase.name, ckpt)
-    logger.info("phase %s: %s steps, rewards %s (weights %s), curriculum %s, from %s", phase.name, args.max_steps,
-                [f.__name__ for f in funcs], weights, curriculum.schedule, init_adapter or "a new LoRA adapter")
+    logger.info("phase %s: %s steps, rewards %s (weights %s), credit %s, curriculum %s, from %s", phase.name,
+                args.max_steps, [f.__name__ for f in funcs], weights,
+                phase.credit if phase.credit == "completion" else f"step (weight {phase.credit_weight:g})",
+                curriculum.schedule, init_adapter or "a new LoRA adapter")
     set_completion_recorder(ScoredCompletionLog(phase_dir / "scored_completions.jsonl", rank=state.process_index))
     t0 = time.time()
     try:
