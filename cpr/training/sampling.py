@@ -177,8 +177,9 @@ class DynamicSamplingTrainer(GenerationHook):
     ``dropped_groups``, ``extra_rounds``, ``refilled_groups``).
 
     Raises:
-        CprError: the generation batch's prompts are not the sampler's (ids differ), or a fresh prompt's
-            dataset row has other columns than the batch's.
+        CprError: the generation batch's prompts are not the sampler's (ids differ), the processes' samplers
+            drew different prompts (checked each generation round), or a fresh prompt's dataset row has other
+            columns than the batch's.
     """
 
     dynamic_sampling: Any = None
@@ -209,6 +210,17 @@ class DynamicSamplingTrainer(GenerationHook):
         rates = passed.view(-1, self.num_generations).mean(dim=1).tolist()
         self.curriculum_sampler.observe(batch_index, list(prompts), rates)
 
+    def _same_on_every_process(self, batch_index: int, what: str, prompts: Sequence[int]) -> None:
+        """Raises :class:`CprError` when another process's sampler drew other prompts (its groups would not be
+        the same prompts': the rewards of a group would mix prompts)."""
+        if self.accelerator.num_processes <= 1:
+            return
+        from accelerate.utils import gather_object
+
+        drawn = gather_object([list(prompts)])
+        if any(d != drawn[0] for d in drawn):
+            raise CprError(f"generation batch {batch_index}: the processes' samplers drew different {what}: {drawn}")
+
     def _check_prompts(self, inputs: list[dict[str, Any]], rows: Sequence[int], batch_index: int) -> None:
         if "id" not in inputs[0] or "id" not in self.train_dataset.column_names:
             return
@@ -226,6 +238,7 @@ class DynamicSamplingTrainer(GenerationHook):
         g, local = self.num_generations, len(inputs)
         batch_index = micro_step(self) // repeat_sampler_shape(self)[2]
         prompts = sampler.generation_batch(batch_index)
+        self._same_on_every_process(batch_index, "prompts", prompts)
         self._check_prompts(inputs, self._global_rows(prompts, local), batch_index)
         out, rewards = self._scored(generate, inputs)
         weights = self.reward_weights
@@ -242,6 +255,7 @@ class DynamicSamplingTrainer(GenerationHook):
         while empty and len(rounds) <= ds.max_resample:
             k = len(rounds)
             fresh = sampler.fresh_prompts(batch_index, k)
+            self._same_on_every_process(batch_index, f"fresh prompts (round {k})", fresh)
             fresh_inputs = [self.train_dataset[i] for i in self._global_rows(fresh, local)]
             if set(fresh_inputs[0]) != set(inputs[0]):
                 raise CprError(f"a fresh prompt's dataset row has columns {sorted(fresh_inputs[0])}, the generation "
