@@ -295,15 +295,17 @@ TOKEN_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo")
 
 
 def check_credit(credit: Any, weight: Any, reward_funcs: Sequence[Any], *, loss_type: str = "grpo",
-                 off_policy_mask_threshold: float | None = None, field: str = "credit") -> None:
+                 off_policy_mask_threshold: float | None = None, dynamic_sampling: bool = False,
+                 field: str = "credit") -> None:
     """Check a phase's ``credit`` and ``credit_weight`` against its reward functions and loss (the one check,
     for the config and the trainer).
 
     Raises:
         ConfigError: an unknown ``credit``, a weight that is not a finite number >= 0, or with ``step``: no
             step-scoring reward function (``cpr``, ``step_f1``), a sequence-level loss (``vespo``) or TRL's
-            off-policy sequence mask (both decide per sequence from the advantage's sign). Names the key under
-            ``field``'s parent.
+            off-policy sequence mask (both decide per sequence from the advantage's sign), or dynamic sampling
+            (its batch mixes groups of several generation rounds, while the step credit read is the last
+            round's). Names the key under ``field``'s parent.
     """
     from cpr.errors import ConfigError, check_choice
 
@@ -321,6 +323,11 @@ def check_credit(credit: Any, weight: Any, reward_funcs: Sequence[Any], *, loss_
     if loss_type not in TOKEN_LOSS_TYPES:
         raise ConfigError(f"credit: step needs a token-level loss ({', '.join(TOKEN_LOSS_TYPES)}), got {loss_type!r}",
                           field=f"{training}.loss_type")
+    if dynamic_sampling:
+        key = f"{parent}.dynamic_sampling.enabled" if parent else "dynamic_sampling.enabled"
+        raise ConfigError("credit: step cannot be combined with dynamic sampling yet: the step credit it reads is "
+                          "the last generation round's, while a dynamically sampled batch mixes groups of several "
+                          "rounds; turn one of them off", field=key)
     if off_policy_mask_threshold is not None:
         raise ConfigError("credit: step cannot be combined with the off-policy sequence mask (it keeps or drops a "
                           "sequence by its advantage's sign)", field=f"{training}.off_policy_mask_threshold")

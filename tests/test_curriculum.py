@@ -74,7 +74,7 @@ def test_config_from_dict_round_trip():
         (
             {"schedule": "cosine"},
             "curriculum.schedule",
-            "unknown schedule 'cosine'; expected one of staged, linear, none",
+            "unknown schedule 'cosine'; expected one of staged, linear, mastery, none",
         ),
         (
             {"warmup": 3},

@@ -1,11 +1,14 @@
 """DeepSpeed ZeRO-2 and ZeRO-3 on two CPU processes (DeepSpeed's CPU accelerator, gloo), through
 ``accelerate launch`` and the recipe, as the paper's configs run on GPUs: both phases with the eval
-hook, checkpoint selection, the final evaluation, sharded checkpoints, and SIGKILL + ``--resume``.
+hook, checkpoint selection, the final evaluation, sharded checkpoints, and SIGKILL + ``--resume``; phase 2
+with dynamic sampling and the mastery curriculum (extra generation rounds under ZeRO-3, the same draws on
+both ranks).
 
 The three launches (ZeRO-2, ZeRO-3, and a ZeRO-3 run killed in phase 2) run at the same time, then
 the killed one is resumed: the ranks wait on each other often enough that running them together
 costs less wall time than one after another. The recipe runs through a wrapper that registers a
-test reward (completion length: a learning signal for a random tiny model).
+test reward (completion length: a learning signal for a random tiny model; 0 for about half the prompts,
+whose groups dynamic sampling replaces).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 import pytest
 import tiny_models
 import yaml
-from launch import BIN, REPO, free_port, start, write_length_reward_recipe
+from launch import BIN, REPO, free_port, start, write_reward_recipe
 
 from cpr.training.config import DataConfig
 from cpr.training.splits import load_splits
@@ -30,6 +33,8 @@ pytestmark = [
 ]
 
 STEPS = 4  # a phase
+HALF_FLAT_LENGTH = ("return [0.0 if sum(map(ord, str(i))) % 2 else min(len(completion_text(c)), 100) / 100\n"
+                    "        for c, i in zip(completions, kwargs['id'])]")
 # DeepSpeed's shared-memory all_reduce op serves DeepSpeed inference only (never ZeRO training); its JIT
 # build takes a minute of CPU on a machine that has not built it yet (deepspeed/ops/__init__.py keeps edits)
 PRELUDE = 'import deepspeed.ops\ndeepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False\n'
@@ -51,7 +56,10 @@ def _config(folder: Path) -> Path:
         "phases": ["answer_only", "cpr"],
         "phase_settings": {
             "answer_only": {"rewards": ["format", "accuracy", "length"], "training": phase},
-            "cpr": {"rewards": ["format", "cpr", "length"], "training": phase},
+            "cpr": {"rewards": ["format", "cpr", "length"], "training": phase,
+                    "dynamic_sampling": {"enabled": True, "max_resample": 1},
+                    "curriculum": {"schedule": "mastery", "mastery_window": 2, "mastery_threshold": 0.3,
+                                   "mastery_reward": "length", "mastery_pass": 0.3}},
         },
         "evaluation": {"eval_steps": 2, "benchmarks": [{"name": "crystal", "limit": 4}], "max_new_tokens": 16,
                        "batch_size": 4},
@@ -62,7 +70,7 @@ def _config(folder: Path) -> Path:
     cfg["model"]["name_or_path"] = str(tiny_models.ensure_tiny_model("qwen2_5_vl", texts=tiny_models.record_texts(train)))
     path = folder / "ds.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    write_length_reward_recipe(folder / "wrapper.py", PRELUDE)
+    write_reward_recipe(folder / "wrapper.py", "length", HALF_FLAT_LENGTH, PRELUDE)
     return path
 
 
@@ -162,6 +170,9 @@ def test_zero3_sigkill_then_resume_ends_with_the_uninterrupted_adapter(runs):
     assert all(float((a[k] - b[k]).abs().max()) == 0.0 for k in a)
     assert any(k.endswith("lora_B.weight") and float(v.abs().max()) > 0 for k, v in a.items())  # it learned
     assert _train_log(out["resumed"], "cpr") == _train_log(out["zero3"], "cpr")
+    # dynamic sampling ran extra rounds on both ranks in step, counted over the resume too
+    totals = [json.loads((out[n] / "summary.json").read_text())["phases"][1]["dynamic_sampling"] for n in out]
+    assert totals[0] == totals[1] == totals[2] and totals[0]["extra_rounds"] > 0, totals
 
 
 def test_zero3_hook_generation_equals_the_plain_model_with_the_saved_adapter(runs, tmp_path, monkeypatch):

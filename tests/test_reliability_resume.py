@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from conftest import tiny_run_config
-from launch import write_length_reward_recipe
+from launch import write_length_reward_recipe, write_reward_recipe
 
 from cpr.training.checkpoints import (
     COMPLETE_MARKER,
@@ -146,7 +146,14 @@ def test_a_warm_start_adapter_is_reused_only_when_whole(tmp_path):
 # SIGKILL and resume, through the recipe
 # --------------------------------------------------------------------------------------
 
-def _write_config(tmp_path: Path, *, schedule: str, limit: int, steps: int, training: dict | None = None) -> Path:
+#: A ``length`` reward that is 0 for every completion of about half the prompts (by id): their groups have
+#: zero variance, which dynamic sampling replaces.
+HALF_FLAT_LENGTH = ("return [0.0 if sum(map(ord, str(i))) % 2 else min(len(completion_text(c)), 100) / 100\n"
+                    "        for c, i in zip(completions, kwargs['id'])]")
+
+
+def _write_config(tmp_path: Path, *, schedule: str, limit: int, steps: int, training: dict | None = None,
+                  phase: dict | None = None) -> Path:
     cfg = tiny_run_config(
         "resume", tmp_path / "unused", seed=5, lora_r=8, limit=limit, heldout=0,
         training={
@@ -161,14 +168,18 @@ def _write_config(tmp_path: Path, *, schedule: str, limit: int, steps: int, trai
         phases=["cpr"],
         phase_settings={"cpr": {
             "rewards": ["format", "cpr", "length"],
-            "curriculum": {"schedule": schedule},
+            "curriculum": {"schedule": schedule, **(phase or {}).get("curriculum", {})},
             "training": {"max_steps": steps, "learning_rate": 1.0e-2, "save_steps": 2, **(training or {})},
+            **{k: v for k, v in (phase or {}).items() if k != "curriculum"},
         }},
         evaluation={"final": False},
     )
     path = tmp_path / "resume.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    write_length_reward_recipe(tmp_path / "wrapper.py")
+    if phase and "dynamic_sampling" in phase:
+        write_reward_recipe(tmp_path / "wrapper.py", "length", HALF_FLAT_LENGTH)
+    else:
+        write_length_reward_recipe(tmp_path / "wrapper.py")
     return path
 
 
@@ -197,23 +208,32 @@ def _logged_steps(phase: Path) -> set[int]:
     return {r["step"] for r in rows if "loss" in r}
 
 
+DYNAMIC = {"dynamic_sampling": {"enabled": True, "max_resample": 2}}
+MASTERY = {**DYNAMIC, "curriculum": {"mastery_window": 2, "mastery_threshold": 0.3, "mastery_pass": 0.3}}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("schedule", "limit", "steps", "ckpt", "kill_at", "training", "generations"),
+    ("schedule", "limit", "steps", "ckpt", "kill_at", "training", "generations", "settings"),
     [
-        ("staged", 16, 4, 2, 3, {}, 4),  # killed after checkpoint-2, during step 4
-        ("none", 8, 6, 4, 5, {}, 6),  # 8 prompts = 4 generation batches an epoch: resumes at the epoch boundary
+        ("staged", 16, 4, 2, 3, {}, 4, None),  # killed after checkpoint-2, during step 4
+        ("none", 8, 6, 4, 5, {}, 6, None),  # 8 prompts = 4 generation batches an epoch: resumes at the epoch boundary
         # a generation batch of 3 optimizer steps (steps 1-3, 4-6): checkpoint-4 falls inside the second
-        ("staged", 16, 6, 4, 5, {"steps_per_generation": 3}, 2),
+        ("staged", 16, 6, 4, 5, {"steps_per_generation": 3}, 2, None),
         # each generation trained on twice (steps 1-2, 3-4, 5): checkpoint-3 falls inside the second
-        ("none", 8, 5, 3, 4, {"num_iterations": 2, "save_steps": 3}, 3),
+        ("none", 8, 5, 3, 4, {"num_iterations": 2, "save_steps": 3}, 3, None),
+        # dynamic sampling: extra generation rounds of fresh prompts, then the same with the mastery curriculum
+        ("staged", 16, 4, 2, 3, {}, None, DYNAMIC),
+        ("mastery", 16, 4, 2, 3, {}, None, MASTERY),
     ],
-    ids=["staged", "none_epoch_boundary", "inside_steps_per_generation", "inside_num_iterations"],
+    ids=["staged", "none_epoch_boundary", "inside_steps_per_generation", "inside_num_iterations",
+         "dynamic_sampling", "mastery"],
 )
-def test_sigkill_then_resume_equals_uninterrupted(tmp_path, schedule, limit, steps, ckpt, kill_at, training, generations):
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path, schedule, limit, steps, ckpt, kill_at, training, generations,
+                                                  settings):
     from safetensors.torch import load_file
 
-    config = _write_config(tmp_path, schedule=schedule, limit=limit, steps=steps, training=training)
+    config = _write_config(tmp_path, schedule=schedule, limit=limit, steps=steps, training=training, phase=settings)
     full, killed = tmp_path / "full", tmp_path / "killed"
     p_full = _start(tmp_path, config, full)
     p_kill = _start(tmp_path, config, killed)
@@ -250,7 +270,8 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, schedule, limit, ste
     keys = ("step", "id", "reward", "match_f1", "correct")
     full_rows = [tuple(r[k] for k in keys) for r in _rows(full / "cpr" / "scored_completions.jsonl")]
     resumed_rows = [tuple(r[k] for k in keys) for r in _rows(phase / "scored_completions.jsonl")]
-    assert len(full_rows) == generations * 8 * training.get("steps_per_generation", 1)
+    if generations is not None:
+        assert len(full_rows) == generations * 8 * training.get("steps_per_generation", 1)
     assert resumed_rows == full_rows
     after = [r[1] for r in full_rows if r[0] >= ckpt]
     assert (after or training) and after == [r[1] for r in resumed_rows if r[0] >= ckpt]
@@ -264,6 +285,12 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, schedule, limit, ste
         return saved["CurriculumStateCallback"]["attributes"]["curriculum_state"]["fingerprint"]
 
     assert fingerprint(phase) == fingerprint(full / "cpr")
+    if settings:
+        # the groups replaced and the extra rounds, counted over the resume too
+        totals = json.loads((full / "summary.json").read_text())["phases"][0]["dynamic_sampling"]
+        assert json.loads((killed / "summary.json").read_text())["phases"][0]["dynamic_sampling"] == totals
+        assert totals["dropped_groups"] > 0 and totals["extra_rounds"] > 0 and totals["refilled_groups"] > 0
+        assert len(full_rows) == 8 * (steps + totals["extra_rounds"])  # every generation round scored
 
 
 # --------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ CASES = [
     (("rewards.threshold", 1.2), "rewards.threshold", "tau must be in [0, 1], got 1.2"),
     (("rewards.threshold", -0.1), "rewards.threshold", "tau must be in [0, 1], got -0.1"),
     (("phase_settings.cpr.curriculum.schedule", "zigzag"), "phase_settings.cpr.curriculum.schedule",
-     "unknown schedule 'zigzag'; expected one of staged, linear, none"),
+     "unknown schedule 'zigzag'; expected one of staged, linear, mastery, none"),
     (("phase_settings.cpr.curriculum.stage_fractions", [0.6, 0.3]), "phase_settings.cpr.curriculum.stage_fractions",
      "fractions must be strictly increasing"),
     (("learning_rate", 1e-5), "learning_rate", "unknown key"),

@@ -90,6 +90,53 @@ def test_trainer_log_is_the_base_log_that_grpo_overrides():
     assert calls == [{"eval_crystal/match_f1": 0.5}]
 
 
+def test_generation_rounds_and_their_gathered_rewards_are_trls():
+    """_prepare_inputs generates a training batch through _generate_and_score_completions(inputs), which
+    scores it with _calculate_rewards(inputs, prompts, completions, completion_ids_list), gathered over the
+    processes; the hook routes training rounds and keeps the matrix."""
+    prepare, score = _source("_prepare_inputs"), _source("_generate_and_score_completions")
+    assert "generation_batch = self._generate_and_score_completions(generation_batch)" in prepare
+    assert list(inspect.signature(GRPOTrainer._generate_and_score_completions).parameters) == ["self", "inputs"]
+    assert "rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids_list)" in score
+    assert list(inspect.signature(GRPOTrainer._calculate_rewards).parameters) == [
+        "self", "inputs", "prompts", "completions", "completion_ids_list"]
+    rewards = _source("_calculate_rewards")
+    assert "rewards_per_func = gather(rewards_per_func)" in rewards and rewards.rstrip().endswith("return rewards_per_func")
+    # the advantages of a round are computed from that matrix within each group of num_generations rows
+    assert "rewards.view(-1, num_generations)" in score and 'output = {\n            "prompt_ids": prompt_ids,' in score
+
+    class Base:
+        def _generate_and_score_completions(self, inputs):
+            return {"eval": inputs}
+
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            return "matrix"
+
+    class Hooked(T.GenerationHook, Base):
+        def score_generation_batch(self, inputs, generate):
+            return {"train": generate(inputs)}
+
+    hooked = Hooked()
+    hooked.model = SimpleNamespace(training=True)
+    assert hooked._generate_and_score_completions([1]) == {"train": {"eval": [1]}}
+    hooked.model.training = False
+    assert hooked._generate_and_score_completions([1]) == {"eval": [1]}
+    assert hooked._calculate_rewards(1, 2, 3, 4) == "matrix" and hooked.gathered_rewards == "matrix"
+
+
+def test_rows_of_and_batch_of_split_images_by_row():
+    import torch
+
+    batch = {"pixel_values": torch.arange(10.0).view(5, 2), "image_grid_thw": torch.tensor([[1, 1, 2], [1, 1, 3]]),
+             "num_images": [1, 1], "prompt_ids": torch.zeros(2, 3)}
+    rows = T.rows_of(batch)
+    assert [p.shape[0] for p in rows["pixel_values"]] == [2, 3] and len(rows["image_grid_thw"]) == 2
+    back = T.batch_of({**rows, "pixel_values": rows["pixel_values"][::-1],
+                       "image_grid_thw": rows["image_grid_thw"][::-1]})
+    assert back["pixel_values"].tolist() == batch["pixel_values"][[2, 3, 4, 0, 1]].tolist()
+    assert back["image_grid_thw"].tolist() == [[1, 1, 3], [1, 1, 2]]
+
+
 def _private_uses(module: str) -> list[str]:
     """The TRL-private names ``module``'s code (not its docstrings) reads or writes."""
     import ast
@@ -99,7 +146,8 @@ def _private_uses(module: str) -> list[str]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr in ("_metrics", "_step", "_buffered_inputs", "_get_train_sampler",
-                                                             "_generate_and_score_completions", "_compute_loss"):
+                                                             "_generate_and_score_completions", "_compute_loss",
+                                                             "_calculate_rewards"):
             found.append(node.attr)
         if (isinstance(node, ast.Attribute) and node.attr == "log" and isinstance(node.value, ast.Name)
                 and node.value.id == "Trainer"):
@@ -108,11 +156,13 @@ def _private_uses(module: str) -> list[str]:
 
 
 @pytest.mark.parametrize("module", ["cpr.training.guards", "cpr.training.checkpoints", "cpr.training.curriculum",
-                                    "cpr.training.phase", "cpr.training.logs", "cpr.evaluation.callback", "cpr.credit"])
+                                    "cpr.training.phase", "cpr.training.logs", "cpr.evaluation.callback", "cpr.credit",
+                                    "cpr.training.sampling"])
 def test_no_other_module_touches_trls_private_state(module):
     assert _private_uses(module) == [], f"{module}: go through cpr.trl_internals"
     assert sorted(set(_private_uses("cpr.trl_internals"))) == [
-        "Trainer.log", "_buffered_inputs", "_generate_and_score_completions", "_get_train_sampler", "_metrics", "_step"]
+        "Trainer.log", "_buffered_inputs", "_calculate_rewards", "_generate_and_score_completions",
+        "_get_train_sampler", "_metrics", "_step"]
 
 
 def test_generate_and_score_returns_the_batch_that_step_credit_reads():

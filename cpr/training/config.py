@@ -106,6 +106,15 @@ class WarmStartConfig(_Section):
     extra: dict[str, Any] = {}  # other SFTSettings fields
 
 
+class DynamicSamplingConfig(_Section):
+    """Dynamic sampling of a GRPO phase (DAPO, arXiv 2503.14476, section 3.2; :mod:`cpr.training.sampling`):
+    groups whose rewards are all equal are replaced by groups of fresh prompts, from up to ``max_resample``
+    extra generation rounds of a whole generation batch each."""
+
+    enabled: bool = False
+    max_resample: int = Field(default=1, ge=0)
+
+
 class PhaseConfig(_Section):
     """One GRPO phase (``phase_settings.<name>`` over its preset)."""
 
@@ -114,6 +123,7 @@ class PhaseConfig(_Section):
     reward_weights: list[float] | None = None  # None: training.reward_weights if set, else the set's
     reward_params: dict[str, dict[str, Any]] = {}  # per function, e.g. {cpr: {answer_weight: 0.65}}
     curriculum: dict[str, Any] = {}  # cpr.training.curriculum.CurriculumConfig fields
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()  # off by default
     select_best: bool = False  # score the checkpoints on the validation split; the best seeds the next phase
     select_metric: Literal["accuracy", "match_f1"] = "accuracy"
     init_adapter: str | None = None  # start from this LoRA adapter folder instead of the previous phase's
@@ -485,7 +495,8 @@ def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> Phase
             raise ConfigError(f"phase {name}: {e.message}", field=weights_key) from None
         raise ConfigError(e.message, field=_reward_key(e.field, key, phase)) from None
     check_credit(phase.credit, phase.credit_weight, funcs, loss_type=args.get("loss_type", "dapo"),
-                 off_policy_mask_threshold=args.get("off_policy_mask_threshold"), field=f"{key}.credit")
+                 off_policy_mask_threshold=args.get("off_policy_mask_threshold"),
+                 dynamic_sampling=phase.dynamic_sampling.enabled, field=f"{key}.credit")
     try:
         schedule = CurriculumConfig.from_dict(phase.curriculum, prefix=f"{key}.curriculum").schedule
     except ConfigError as e:

@@ -8,6 +8,12 @@ trainers override and its maintainers point to for custom sampling (huggingface/
 (``B = num_rows // batch_size``) of one global sequence, so a run longer than an epoch continues the curriculum;
 on resume the Trainer skips the epoch's consumed micro-batches with accelerate's ``skip_first_batches``, whose
 multi-process wrapper does not forward ``set_epoch``, so :class:`CurriculumStateCallback` sets it.
+
+The ``mastery`` schedule is driven by the rewards: the trainer hands the sampler each group's pass rate
+(:meth:`CurriculumSampler.observe`), and batch ``b`` is drawn from the pass rates seen up to batch ``b - lag``
+(``lag`` generation batches: the dataloader draws a batch before the previous ones are trained). With dynamic
+sampling (:mod:`cpr.training.sampling`) the sampler also hands out the fresh prompts of extra generation rounds
+(:meth:`CurriculumSampler.fresh_prompts`), fixed by the batch and the round, so a resumed run draws the same ones.
 """
 
 from __future__ import annotations
@@ -28,11 +34,14 @@ from trl import GRPOTrainer
 
 from cpr.errors import ConfigError, InputError
 from cpr.training.checkpoints import CheckpointState
+from cpr.training.sampling import DynamicSamplingTrainer, check_dynamic_sampling
 from cpr.trl_internals import TrainSamplerHook, repeat_sampler_shape
 
 logger = logging.getLogger(__name__)
 
-SCHEDULES: tuple[str, ...] = ("staged", "linear", "none")
+SCHEDULES: tuple[str, ...] = ("staged", "linear", "mastery", "none")
+#: The prior pass rate of a prompt not seen yet (its mastery weight is the largest, p (1 - p) = 0.25).
+UNSEEN_PASS_RATE = 0.5
 STATE_FORMAT = "cpr.curriculum/1"
 
 
@@ -44,7 +53,8 @@ class CurriculumConfig:
     schedule: str = field(default="staged", metadata={"help": (
         "How the prompt mix moves from easy to hard: 'staged' (bucket sets unlocked at fixed fractions of "
         "training), 'linear' (per-bucket sampling weights interpolated from linear_start to linear_end over "
-        "training) or 'none' (TRL's seeded permutation, no curriculum).")})
+        "training), 'mastery' (the next bucket opens when the online pass rate of the hardest open one reaches "
+        "mastery_threshold; prompts weighted by p (1 - p)) or 'none' (TRL's seeded permutation, no curriculum).")})
     buckets: tuple[str, ...] = field(default=("easy", "medium", "hard"), metadata={"help": (
         "Difficulty bucket names, easiest first; every value of the dataset's 'difficulty' column must be one.")})
     stage_fractions: tuple[float, ...] = field(default=(0.3, 0.6), metadata={"help": (
@@ -56,6 +66,22 @@ class CurriculumConfig:
     linear_end: str | tuple[float, ...] = field(default="data", metadata={"help": (
         "linear: per-bucket weights at the end: 'data' (the dataset's own proportions, the mix it is evaluated "
         "on; default), 'uniform' (equal weights, oversamples a rare hard bucket) or one weight per bucket.")})
+    mastery_threshold: float = field(default=0.7, metadata={"help": (
+        "mastery: the next bucket opens when the hardest open bucket's online pass rate (the mean pass rate of "
+        "its last mastery_window groups) reaches this value, in (0, 1].")})
+    mastery_window: int = field(default=8, metadata={"help": (
+        "mastery: groups (one prompt's num_generations completions) of a bucket its online pass rate averages; "
+        "a bucket needs this many before the next one can open.")})
+    mastery_floor: float = field(default=0.05, metadata={"help": (
+        "mastery: a prompt's sampling weight within the open buckets is max(p (1 - p), floor), p its last "
+        "group's pass rate (0.5 before it was seen), so that mastered and hopeless prompts still come back; "
+        "in (0, 0.25].")})
+    mastery_reward: str | None = field(default=None, metadata={"help": (
+        "mastery: the reward function whose value decides whether a completion passes (null: the phase's last "
+        "reward function, accuracy in answer_only and cpr in cpr).")})
+    mastery_pass: float = field(default=0.5, metadata={"help": (
+        "mastery: a completion passes when mastery_reward is at least this value (0.5: a correct answer for "
+        "accuracy and for cpr, whose wrong answers score at most lambda x s_w = 0.105).")})
 
     def __post_init__(self) -> None:
         for name in ("buckets", "stage_fractions", "linear_start", "linear_end"):
@@ -120,10 +146,49 @@ class CurriculumConfig:
                         fail(key, f"weights must be finite and non-negative, got {x!r}")
                 if sum(w) <= 0:
                     fail(key, f"weights must not all be zero, got {list(w)}")
+        if self.schedule == "mastery":
+            t, w, f, pr = self.mastery_threshold, self.mastery_window, self.mastery_floor, self.mastery_pass
+            if not _is_number(t) or not 0.0 < t <= 1.0:
+                fail("mastery_threshold", f"must be a number in (0, 1], got {t!r}")
+            if not isinstance(w, int) or isinstance(w, bool) or w < 1:
+                fail("mastery_window", f"must be a positive integer, got {w!r}")
+            if not _is_number(f) or not 0.0 < f <= 0.25:
+                fail("mastery_floor", f"must be a number in (0, 0.25] (p (1 - p) is at most 0.25), got {f!r}")
+            if not _is_number(pr) or not math.isfinite(pr):
+                fail("mastery_pass", f"must be a finite number, got {pr!r}")
+            if self.mastery_reward is not None and not (isinstance(self.mastery_reward, str) and self.mastery_reward):
+                fail("mastery_reward", f"must be a reward function name or null, got {self.mastery_reward!r}")
+
+    def identity(self) -> dict[str, Any]:
+        """:meth:`to_dict` without the ``mastery_*`` fields unless the schedule is ``mastery`` (what the prompt
+        order depends on, compared on resume)."""
+        out = self.to_dict()
+        return out if self.schedule == "mastery" else {k: v for k, v in out.items() if not k.startswith("mastery_")}
 
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def derived_seed(*parts: Any) -> int:
+    """A 63-bit seed from ``parts`` (JSON-serialisable): the first 8 bytes of their sha256, the same on every
+    process and platform."""
+    return int.from_bytes(hashlib.sha256(json.dumps(parts).encode()).digest()[:8], "big") >> 1
+
+
+def weighted_draw(weights: torch.Tensor, n: int, exclude: Sequence[int], seed: int) -> list[int]:
+    """``n`` row indices drawn with probabilities proportional to ``weights`` (shape ``(rows,)``, non-negative,
+    not all zero), without replacement, by ``torch.multinomial`` on a generator seeded with ``seed``. Rows in
+    ``exclude`` are left out when enough others have weight; rows repeat only when fewer than ``n`` have weight."""
+    w = weights.clone()
+    if exclude:
+        kept = w.clone()
+        kept[list(exclude)] = 0.0
+        if int((kept > 0).sum()) >= n:
+            w = kept
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return torch.multinomial(w, n, replacement=int((w > 0).sum()) < n, generator=g).tolist()
 
 
 def total_generation_batches(
@@ -174,6 +239,8 @@ class CurriculumSampler(Sampler[int]):
         total_batches: generation batches in the run (:func:`total_generation_batches`; not for ``none``);
             batch ``b`` is drawn at training fraction ``min(b / total_batches, 1)``.
         config: the schedule; seed: seed of the sampler's own ``torch.Generator``.
+        fresh_rounds: extra generation rounds a batch may take (dynamic sampling's ``max_resample``; 0: none).
+        observation_lag: ``mastery``: batch ``b`` uses the observations of batches ``<= b - observation_lag``.
 
     The order is a pure function of the arguments, the same on every rank:
 
@@ -187,17 +254,33 @@ class CurriculumSampler(Sampler[int]):
       than the batch); the batch is shuffled. ``staged`` weights are the data's proportions restricted to the
       unlocked buckets. An empty bucket set falls back to the next non-empty one (staged), or an empty
       bucket's weight moves to the next harder non-empty bucket (linear), with a warning.
+    - ``mastery``: buckets open one at a time, easiest first; after the groups of a generation batch are
+      observed (:meth:`observe`: each prompt's pass rate, the share of its completions that pass), the next
+      non-empty bucket opens when the hardest open bucket's last ``mastery_window`` groups pass at a mean rate
+      of at least ``mastery_threshold``. Batch ``b`` holds ``batch_size`` distinct prompts of the open buckets
+      drawn with weight ``max(p (1 - p), mastery_floor)``, ``p`` a prompt's last observed pass rate
+      (:data:`UNSEEN_PASS_RATE` before), from the observations of batches ``<= b - observation_lag`` only
+      (:func:`weighted_draw`, seeded by ``seed`` and ``b``), so the order is a function of the arguments and
+      the observed rewards. Weighting by ``p (1 - p)``, the reward variance of a prompt with a binary reward,
+      puts the batch where the groups have a learning signal.
+
+    Fresh prompts (:meth:`fresh_prompts`, dynamic sampling): round ``k`` of batch ``b`` draws ``batch_size``
+    prompts with batch ``b``'s per-row weights (the bucket mix spread evenly over a bucket's rows; mastery: the
+    batch's own weights), leaving out the batch's prompts and earlier rounds', seeded by ``seed``, ``b`` and
+    ``k``; ``mastery`` draws the ``fresh_rounds`` rounds together with the batch.
 
     Raises:
         InputError: a difficulty that is not a bucket name (names the value, row and id).
         ConfigError: a bad size, a missing ``total_batches``, fewer rows than ``batch_size``.
+        RuntimeError: ``mastery``: batch ``b`` drawn before batch ``b - observation_lag`` was observed, or an
+            observation of a batch older than the last one observed (the trainer's order was not kept).
     """
 
     def __init__(self, difficulties: Sequence[str], mini_repeat_count: int, batch_size: int, repeat_count: int,
                  total_batches: int | None, config: CurriculumConfig, seed: int,
-                 record_ids: Sequence[str] | None = None) -> None:
+                 record_ids: Sequence[str] | None = None, fresh_rounds: int = 0, observation_lag: int = 1) -> None:
         for name, value in (("mini_repeat_count", mini_repeat_count), ("batch_size", batch_size),
-                            ("repeat_count", repeat_count)):
+                            ("repeat_count", repeat_count), ("observation_lag", observation_lag)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"must be a positive integer, got {value!r}", field=name)
         if config.schedule != "none" and not (isinstance(total_batches, int) and total_batches >= 1):
@@ -207,6 +290,9 @@ class CurriculumSampler(Sampler[int]):
         self.config, self.seed, self.epoch = config, seed, 0
         self.mini_repeat_count, self.batch_size, self.repeat_count = mini_repeat_count, batch_size, repeat_count
         self.total_batches = total_batches if config.schedule != "none" else None
+        if not isinstance(fresh_rounds, int) or isinstance(fresh_rounds, bool) or fresh_rounds < 0:
+            raise ConfigError(f"must be a non-negative integer, got {fresh_rounds!r}", field="max_resample")
+        self.fresh_rounds, self.observation_lag = fresh_rounds, observation_lag
         index = {name: k for k, name in enumerate(config.buckets)}
         self._bucket_of: list[int] = []
         for row, value in enumerate(difficulties):
@@ -232,6 +318,159 @@ class CurriculumSampler(Sampler[int]):
         self._credit = [0.0] * len(config.buckets)
         self._fingerprint: str | None = None
         self.resumed_position: dict[str, Any] | None = None
+        self._fresh: dict[tuple[int, int], list[int]] = {}
+        if config.schedule == "mastery":
+            self._init_mastery()
+
+    # ------------------------------------------------------------------ mastery
+
+    @property
+    def observes(self) -> bool:
+        """Whether the order depends on the observed pass rates (``mastery``): the trainer calls :meth:`observe`."""
+        return self.config.schedule == "mastery"
+
+    def _init_mastery(self) -> None:
+        n = len(self.config.buckets)
+        self._bucket_index = torch.tensor(self._bucket_of, dtype=torch.long)
+        self._pass = torch.full((self.num_rows,), math.nan, dtype=torch.float64)
+        self._windows: list[deque[float]] = [deque(maxlen=self.config.mastery_window) for _ in range(n)]
+        self._open = self._next_open(0)
+        self.opened_at: dict[str, int] = {self.config.buckets[k]: 0 for k in range(self._open)}
+        self._pending: dict[int, list[tuple[int, float]]] = {}
+        self._folded_through = self._observed_through = -1
+        self._drawn: dict[int, list[int]] = {}
+        self._drawn_fresh: dict[int, list[list[int]]] = {}
+        self._mix: dict[int, dict[str, float]] = {}
+        self._next_draw = 0
+
+    def _next_open(self, opened: int) -> int:
+        """The number of open buckets once the next non-empty bucket after the first ``opened`` opens."""
+        k = opened
+        while k < len(self._sizes) and self._sizes[k] == 0:
+            k += 1
+        return min(k + 1, len(self._sizes))
+
+    def online_pass_rates(self) -> dict[str, float | None]:
+        """``mastery``: each bucket's online pass rate, the mean of its last ``mastery_window`` groups' pass rates
+        folded into the schedule so far (``None``: no group yet)."""
+        return {b: (sum(w) / len(w) if w else None) for b, w in zip(self.config.buckets, self._windows, strict=True)}
+
+    @property
+    def open_buckets(self) -> list[str]:
+        """``mastery``: the buckets prompts are drawn from at the latest drawn batch."""
+        return list(self.config.buckets[: self._open])
+
+    def _fold_through(self, batch_index: int, drawing: int) -> None:
+        """Fold the observations of batches ``<= batch_index`` into the pass rates, batch after batch, opening
+        the next bucket (from batch ``drawing`` on) after a batch that brings the hardest open bucket's online
+        pass rate to the threshold."""
+        cfg = self.config
+        for b in sorted(k for k in self._pending if k <= batch_index):
+            for row, rate in self._pending.pop(b):
+                self._pass[row] = rate
+                self._windows[self._bucket_of[row]].append(rate)
+            window = self._windows[self._open - 1]
+            if (self._open < len(self._sizes) and len(window) == cfg.mastery_window
+                    and sum(window) / len(window) >= cfg.mastery_threshold):
+                self._open = self._next_open(self._open)
+                self.opened_at[cfg.buckets[self._open - 1]] = drawing
+                logger.info("mastery curriculum: bucket %r opens at generation batch %d (online pass rate of the "
+                            "previous bucket %.3f)", cfg.buckets[self._open - 1], drawing, sum(window) / len(window))
+        self._folded_through = max(self._folded_through, batch_index)
+
+    def _mastery_weights(self) -> torch.Tensor:
+        """Per-row sampling weights ``max(p (1 - p), floor)`` over the open buckets, 0 elsewhere (float64)."""
+        p = torch.where(torch.isnan(self._pass), torch.full_like(self._pass, UNSEEN_PASS_RATE), self._pass)
+        w = torch.clamp(p * (1.0 - p), min=self.config.mastery_floor)
+        return torch.where(self._bucket_index < self._open, w, torch.zeros_like(w))
+
+    def _mix_of(self, weights: torch.Tensor) -> dict[str, float]:
+        total = float(weights.sum())
+        return {b: float(weights[self._bucket_index == k].sum()) / total for k, b in enumerate(self.config.buckets)}
+
+    def _draw_mastery(self, batch_index: int) -> None:
+        seen = batch_index - self.observation_lag
+        if seen > self._observed_through:
+            raise RuntimeError(
+                f"mastery curriculum: generation batch {batch_index} is drawn before the rewards of batch {seen} "
+                f"were observed (last observed: {self._observed_through}); observation_lag "
+                f"{self.observation_lag} is too small for this trainer's dataloader")
+        self._fold_through(seen, batch_index)
+        weights = self._mastery_weights()
+        batch = weighted_draw(weights, self.batch_size, (), derived_seed(self.seed, "mastery", batch_index))
+        taken, fresh = list(batch), []
+        for k in range(1, self.fresh_rounds + 1):
+            fresh.append(weighted_draw(weights, self.batch_size, taken,
+                                       derived_seed(self.seed, "fresh", batch_index, k)))
+            taken += fresh[-1]
+        self._drawn[batch_index], self._drawn_fresh[batch_index] = batch, fresh
+        self._mix[batch_index] = self._mix_of(weights)
+
+    def observe(self, batch_index: int, rows: Sequence[int], pass_rates: Sequence[float]) -> None:
+        """Record the pass rate (in [0, 1]) of each group of generation batch ``batch_index`` (the prompt row
+        of each group, its share of passing completions); a no-op unless ``mastery``. Call it for a batch's
+        groups and its fresh rounds' in order, batch after batch. Raises ``RuntimeError`` for a batch older
+        than the last observed one or one already folded into the schedule; ``ValueError`` for lengths that
+        differ or a rate outside [0, 1]."""
+        if not self.observes:
+            return
+        if batch_index < self._observed_through or batch_index <= self._folded_through:
+            raise RuntimeError(f"mastery curriculum: observation of generation batch {batch_index} after batch "
+                               f"{max(self._observed_through, self._folded_through)}")
+        if len(rows) != len(pass_rates):
+            raise ValueError(f"{len(rows)} rows but {len(pass_rates)} pass rates")
+        for r in pass_rates:
+            if not 0.0 <= r <= 1.0:
+                raise ValueError(f"a pass rate must be in [0, 1], got {r!r}")
+        self._pending.setdefault(batch_index, []).extend((int(i), float(r)) for i, r in zip(rows, pass_rates, strict=True))
+        self._observed_through = batch_index
+
+    def fresh_prompts(self, batch_index: int, round_: int) -> list[int]:
+        """The ``batch_size`` fresh prompt indices of extra generation round ``round_`` (1 to ``fresh_rounds``)
+        of generation batch ``batch_index``. Raises ``ValueError`` for a round outside that range."""
+        if not 1 <= round_ <= self.fresh_rounds:
+            raise ValueError(f"round {round_} is outside 1..{self.fresh_rounds} (max_resample)")
+        if self.observes:
+            self.generation_batch(batch_index)
+            if batch_index not in self._drawn_fresh:
+                raise RuntimeError(f"generation batch {batch_index} precedes the resumed position; no fresh prompts")
+            return list(self._drawn_fresh[batch_index][round_ - 1])
+        key = (batch_index, round_)
+        if key not in self._fresh:
+            taken = self.generation_batch(batch_index)
+            for k in range(1, round_):
+                taken = taken + self.fresh_prompts(batch_index, k)
+            per_bucket = self._weights(batch_index)
+            w = torch.tensor([per_bucket[b] / self._sizes[b] for b in self._bucket_of], dtype=torch.float64)
+            self._fresh[key] = weighted_draw(w, self.batch_size, taken,
+                                             derived_seed(self.seed, "fresh", batch_index, round_))
+        return list(self._fresh[key])
+
+    def _mastery_state(self, first_batch: int) -> dict[str, Any]:
+        keep = sorted(b for b in self._drawn if b >= first_batch)
+        return {
+            "pass_rate": {str(i): float(self._pass[i]) for i in torch.nonzero(~torch.isnan(self._pass)).flatten().tolist()},
+            "windows": [list(w) for w in self._windows], "open": self._open, "opened_at": dict(self.opened_at),
+            "pending": {str(b): [list(x) for x in v] for b, v in sorted(self._pending.items())},
+            "folded_through": self._folded_through, "observed_through": self._observed_through,
+            "next_draw": self._next_draw, "batches": {str(b): list(self._drawn[b]) for b in keep},
+            "fresh": {str(b): [list(f) for f in self._drawn_fresh[b]] for b in keep},
+            "mix": {str(b): dict(self._mix[b]) for b in keep},
+        }
+
+    def _load_mastery(self, state: Mapping[str, Any]) -> None:
+        self._init_mastery()
+        for i, rate in state["pass_rate"].items():
+            self._pass[int(i)] = float(rate)
+        for window, saved in zip(self._windows, state["windows"], strict=True):
+            window.extend(float(x) for x in saved)
+        self._open, self.opened_at = int(state["open"]), {k: int(v) for k, v in state["opened_at"].items()}
+        self._pending = {int(b): [(int(i), float(r)) for i, r in v] for b, v in state["pending"].items()}
+        self._folded_through, self._observed_through = int(state["folded_through"]), int(state["observed_through"])
+        self._next_draw = int(state["next_draw"])
+        self._drawn = {int(b): [int(i) for i in v] for b, v in state["batches"].items()}
+        self._drawn_fresh = {int(b): [[int(i) for i in f] for f in v] for b, v in state["fresh"].items()}
+        self._mix = {int(b): {k: float(x) for k, x in v.items()} for b, v in state["mix"].items()}
 
     def _prepare_schedule(self) -> tuple[list[tuple[int, ...]], tuple[list[float], list[float]] | None]:
         sizes, names = self._sizes, self.config.buckets
@@ -246,7 +485,7 @@ class CurriculumSampler(Sampler[int]):
                                    stage + 1, list(names[: stage + 1]), list(names[: s + 1]))
                 stage_sets.append(tuple(k for k in range(s + 1) if sizes[k] > 0))
             return stage_sets, None
-        if self.config.schedule == "none":
+        if self.config.schedule in ("none", "mastery"):
             return stage_sets, None
         start = self._shift_empty(list(self.config.linear_start), "linear_start")
         end = self.config.linear_end
@@ -288,7 +527,10 @@ class CurriculumSampler(Sampler[int]):
 
     def bucket_mix(self, batch_index: int) -> dict[str, float]:
         """Scheduled sampling weight of each bucket for global generation batch ``batch_index`` (sums to 1;
-        ``none``: the data's bucket proportions, the expected mix of a random permutation)."""
+        ``none``: the data's bucket proportions, the expected mix of a random permutation; ``mastery``: the
+        drawn batch's share of the sampling weight, for a batch not drawn yet the current weights')."""
+        if self.observes:
+            return dict(self._mix[batch_index]) if batch_index in self._mix else self._mix_of(self._mastery_weights())
         return dict(zip(self.config.buckets, self._weights(batch_index), strict=True))
 
     def _extend_to(self, num_batches: int) -> None:
@@ -320,12 +562,19 @@ class CurriculumSampler(Sampler[int]):
         return [picks[i] for i in torch.randperm(self.batch_size, generator=self._rng).tolist()]
 
     def generation_batch(self, batch_index: int) -> list[int]:
-        """Unique prompt indices of global generation batch ``batch_index`` (``batch_size`` of them)."""
+        """Unique prompt indices of global generation batch ``batch_index`` (``batch_size`` of them; ``mastery``
+        after a resume: before the resumed position, which the Trainer skips, the first ``batch_size`` rows)."""
+        if self.observes:
+            while self._next_draw <= batch_index:
+                self._draw_mastery(self._next_draw)
+                self._next_draw += 1
+            return list(self._drawn.get(batch_index, range(self.batch_size)))
         self._extend_to(batch_index + 1)
         return list(self._batches[batch_index])
 
     def order_for_epoch(self, epoch: int) -> list[int]:
-        """Unique prompt indices of epoch ``epoch``, batch after batch (the sampler repeats them)."""
+        """Unique prompt indices of epoch ``epoch``, batch after batch (the sampler repeats them; ``mastery``:
+        draws the epoch's batches, so only once the earlier ones were observed)."""
         first = epoch * self.batches_per_epoch
         return [i for b in range(first, first + self.batches_per_epoch) for i in self.generation_batch(b)]
 
@@ -347,15 +596,20 @@ class CurriculumSampler(Sampler[int]):
     def _identity(self) -> dict[str, Any]:
         """The arguments the order depends on (compared on resume)."""
         keys = ("seed", "num_rows", "bucket_sizes", "batch_size", "mini_repeat_count", "repeat_count", "total_batches")
-        return {"config": self.config.to_dict(), **{k: getattr(self, k) for k in keys}}
+        extra = {"fresh_rounds": self.fresh_rounds} if self.fresh_rounds else {}
+        if self.observes:
+            extra["observation_lag"] = self.observation_lag
+        return {"config": self.config.identity(), **{k: getattr(self, k) for k in keys}, **extra}
 
     def fingerprint(self) -> str:
-        """``sha256:`` hash of the identity, the per-row buckets and the run's batches (``none``: the first epoch)."""
+        """``sha256:`` hash of the identity, the per-row buckets and the run's batches (``none``: the first epoch;
+        ``mastery``: no batches, they depend on the rewards)."""
         if self._fingerprint is None:
             h = hashlib.sha256()
             h.update(json.dumps(self._identity(), sort_keys=True).encode())
             h.update((",".join(map(str, self._bucket_of)) + "|").encode())
             n = self.total_batches if self.total_batches is not None else self.batches_per_epoch
+            n = 0 if self.observes else n
             self._extend_to(n)
             for batch in self._batches[:n]:
                 h.update((",".join(map(str, batch)) + ";").encode())
@@ -364,13 +618,20 @@ class CurriculumSampler(Sampler[int]):
 
     def state_dict(self, micro_batches_in_epoch: int = 0, epoch: int | None = None) -> dict[str, Any]:
         """JSON-serialisable state: identity, fingerprint and the position after ``micro_batches_in_epoch``
-        per-rank dataloader batches of ``epoch`` (default: the current one), what the Trainer skips on resume."""
+        per-rank dataloader batches of ``epoch`` (default: the current one), what the Trainer skips on resume;
+        ``mastery`` adds ``mastery``: the pass rates, the bucket windows and the open buckets, the observations
+        not folded in yet and the batches drawn from the position on (with their fresh prompts)."""
         epoch = self.epoch if epoch is None else epoch
         batch = epoch * self.batches_per_epoch + micro_batches_in_epoch // self.repeat_count
         position = {"epoch": epoch, "micro_batches_in_epoch": micro_batches_in_epoch, "generation_batch": batch,
                     "training_fraction": self.training_fraction(batch), "bucket_mix": self.bucket_mix(batch)}
-        return {"format": STATE_FORMAT, **self._identity(), "batches_per_epoch": self.batches_per_epoch,
-                "epoch": epoch, "position": position, "fingerprint": self.fingerprint()}
+        if self.observes:
+            position.update(open_buckets=self.open_buckets, online_pass_rate=self.online_pass_rates())
+        out = {"format": STATE_FORMAT, **self._identity(), "batches_per_epoch": self.batches_per_epoch,
+               "epoch": epoch, "position": position, "fingerprint": self.fingerprint()}
+        if self.observes:
+            out["mastery"] = self._mastery_state(batch)
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Check that ``state`` describes this sampler's order, then restore its epoch; the saved position is
@@ -388,6 +649,8 @@ class CurriculumSampler(Sampler[int]):
             raise ConfigError(f"the checkpoint's prompt order (fingerprint {state.get('fingerprint')}) differs from "
                               f"this run's ({self.fingerprint()}): same settings but different difficulties or "
                               "library versions", field="curriculum_state.fingerprint")
+        if self.observes:
+            self._load_mastery(state["mastery"])
         self.set_epoch(int(state["epoch"]))
         self.resumed_position = dict(state["position"])
 
@@ -431,20 +694,36 @@ class CurriculumStateCallback(CheckpointState):
         self.curriculum_state = {**sampler_state, "global_step": state.global_step}
 
 
-class CurriculumGRPOTrainer(TrainSamplerHook, GRPOTrainer):
+def observation_lag(gradient_accumulation_steps: int, repeat_count: int) -> int:
+    """Generation batches between a batch's rewards and the first batch the ``mastery`` schedule may draw from
+    them: ``max(1, ceil(2 * gradient_accumulation_steps / repeat_count))``. transformers' Trainer fetches an
+    optimizer step's ``gradient_accumulation_steps`` micro-batches when the step starts and accelerate's
+    dataloader one more, so generation batch ``b`` (micro-batches ``[b R, (b + 1) R)``, ``R = repeat_count``)
+    is drawn at the start of the step before the one that holds micro-batch ``b R - 1`` at the earliest, after
+    every batch whose first micro-batch was trained ``2 x gradient_accumulation_steps`` micro-batches earlier."""
+    return max(1, math.ceil(2 * gradient_accumulation_steps / repeat_count))
+
+
+class CurriculumGRPOTrainer(DynamicSamplingTrainer, TrainSamplerHook, GRPOTrainer):
     """``trl.GRPOTrainer`` whose train sampler is a :class:`CurriculumSampler` (``self.curriculum_sampler``,
-    seeded with ``args.seed``) when ``curriculum`` is given, with a :class:`CurriculumStateCallback`.
+    seeded with ``args.seed``) when ``curriculum`` is given, with a :class:`CurriculumStateCallback`, and
+    dynamic sampling (:class:`cpr.training.sampling.DynamicSamplingTrainer`) when ``dynamic_sampling`` is
+    enabled (``dynamic_sampling_field`` names the setting in errors).
 
     Raises:
-        ConfigError: ``shuffle_dataset`` False, a train dataset that is not a map-style ``datasets.Dataset``, or
-            (when training starts) ``max_steps`` not positive with ``staged`` / ``linear``.
+        ConfigError: ``shuffle_dataset`` False, a train dataset that is not a map-style ``datasets.Dataset``,
+            dynamic sampling without a curriculum, or (when training starts) ``max_steps`` not positive with
+            ``staged`` / ``linear`` / ``mastery``, a ``mastery_reward`` that is not one of the reward functions.
         InputError: no ``difficulty`` column, or an unknown difficulty.
     """
 
-    def __init__(self, *args: Any, curriculum: CurriculumConfig | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, curriculum: CurriculumConfig | None = None, dynamic_sampling: Any = None,
+                 dynamic_sampling_field: str = "dynamic_sampling", **kwargs: Any) -> None:
+        check_dynamic_sampling(dynamic_sampling, has_sampler=curriculum is not None, field=dynamic_sampling_field)
         self.curriculum = curriculum
         self.curriculum_sampler: CurriculumSampler | None = None
         super().__init__(*args, **kwargs)
+        self._init_dynamic_sampling(dynamic_sampling)
         if curriculum is None:
             return
         if not self.args.shuffle_dataset:
@@ -470,8 +749,16 @@ class CurriculumGRPOTrainer(TrainSamplerHook, GRPOTrainer):
         if self.curriculum.schedule != "none":  # fewer rows than batch_size: the sampler says so
             total = total_generation_batches(self.args.max_steps, self.args.gradient_accumulation_steps,
                                              repeat_count, max(len(source) // batch_size, 1))
+        if self.curriculum.schedule == "mastery":
+            name = self.curriculum.mastery_reward or self.reward_func_names[-1]
+            if name not in self.reward_func_names:
+                raise ConfigError(f"{name!r} is not one of the phase's reward functions {self.reward_func_names}",
+                                  field="curriculum.mastery_reward")
+            self.mastery_reward, self.mastery_pass = self.reward_func_names.index(name), self.curriculum.mastery_pass
+        fresh = self.dynamic_sampling.max_resample if self.dynamic_sampling is not None else 0
         self.curriculum_sampler = CurriculumSampler(
             source["difficulty"], self.num_generations, batch_size, repeat_count, total, self.curriculum,
-            self.args.seed, record_ids=source["id"] if "id" in source.column_names else None,
+            self.args.seed, record_ids=source["id"] if "id" in source.column_names else None, fresh_rounds=fresh,
+            observation_lag=observation_lag(self.args.gradient_accumulation_steps, repeat_count),
         )
         return self.curriculum_sampler

@@ -331,7 +331,8 @@ class GuardedGRPOTrainer(AdvantageHook, CurriculumGRPOTrainer):
 
         grpo = kwargs.get("args")
         check_credit(credit, credit_weight, reward_funcs, loss_type=getattr(grpo, "loss_type", "grpo"),
-                     off_policy_mask_threshold=getattr(grpo, "off_policy_mask_threshold", None))
+                     off_policy_mask_threshold=getattr(grpo, "off_policy_mask_threshold", None),
+                     dynamic_sampling=bool(getattr(kwargs.get("dynamic_sampling"), "enabled", False)))
         self.credit, self.credit_weight = credit, float(credit_weight)
         self._credit_funcs = [(i, f) for i, f in enumerate(reward_funcs) if getattr(f, "scores_steps", False)]
         self.guard = DivergenceGuard(guards, events_path=guard_events_path) if guards and guards.enabled else None

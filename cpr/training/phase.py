@@ -140,7 +140,9 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
     Returns:
         The phase's entry in ``summary.json``: ``phase``, ``steps``, ``wall_time_s``, ``rewards``,
         ``reward_weights``, ``curriculum``, ``init_adapter``, ``adapter``, ``frac_reward_zero_std``,
-        ``reward_trend``, ``kl_max``, ``guards`` and, when the eval hook ran, ``best_eval``; a phase a guard
+        ``reward_trend``, ``kl_max``, ``guards``, with dynamic sampling ``dynamic_sampling`` (``max_resample`` and
+        the phase's totals: generation batches, groups, dropped groups, extra rounds, refilled groups) and, when
+        the eval hook ran, ``best_eval``; a phase a guard
         stopped has ``status: "diverged"``, ``adapter: None`` and ``diverged`` (phase, the event, the checkpoint).
 
     Raises:
@@ -181,6 +183,7 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
         sampler_curriculum = None
     trainer = guards.GuardedGRPOTrainer(
         model=model, reward_funcs=funcs, args=args, processing_class=processor, curriculum=sampler_curriculum,
+        dynamic_sampling=phase.dynamic_sampling, dynamic_sampling_field=f"phase_settings.{phase.name}.dynamic_sampling",
         train_dataset=to_grpo_dataset(splits.train, templates, mode="train"),
         peft_config=None if init_adapter is not None else policy.lora_config(cfg, model_path),
         callbacks=[JsonlLogCallback(phase_dir / "log.jsonl")],
@@ -223,6 +226,9 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
         "kl_max": max((r["kl"] for r in rows if isinstance(r.get("kl"), (int, float))), default=math.nan),
         "guards": guard.report() if guard is not None else None,
     }
+    if trainer.dynamic_sampling is not None:
+        result["dynamic_sampling"] = {"max_resample": phase.dynamic_sampling.max_resample,
+                                      **trainer.dynamic_sampling_totals}
     if hook is not None and hook.best is not None:
         result["best_eval"] = hook.best
     if stopped is not None:
