@@ -17,7 +17,7 @@ COMMANDS: dict[str, str] = {
     "score": "cpr.scoring",
     "data": "cpr.data.cli",
     "train": "cpr.training.cli",
-    "eval": "cpr.evaluation.cli",
+    "eval": "cpr.eval_cli",
     "ablate": "cpr.ablation",
     "audit-reward": "cpr.audit",
     "export": "cpr.export",

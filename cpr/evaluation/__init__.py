@@ -1,7 +1,7 @@
 """Evaluation: batched greedy generation (:mod:`~cpr.evaluation.generation`), benchmark scorers
 (:mod:`~cpr.evaluation.benchmarks`), :func:`evaluate_model` (:mod:`~cpr.evaluation.runner`), markdown
 reports, the training hook :class:`~cpr.evaluation.callback.EvalCallback` and ``cpr eval``
-(:mod:`~cpr.evaluation.cli`)::
+(:mod:`cpr.eval_cli`)::
 
     records = load_records("mathvision", "data/samples/mathvision/test_subset.jsonl", limit=8)
     metrics = evaluate_model(model, processor, "crystal", records,
