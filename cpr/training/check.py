@@ -23,6 +23,7 @@ import json
 import os
 import unittest.mock
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -328,17 +329,18 @@ def _image_sizes(arch: Architecture, config: Any, folder: Path, cfg: Any) -> tup
     raise ConfigError(f"no image-size rule for model family {arch.family!r}", field="model.name_or_path")
 
 
-def _phase_shapes(cfg: Any, processes: int, image: tuple[int, int], text_tokens: int) -> list[PhaseShape]:
-    from cpr.training.config import training_values
-
+def _phase_shapes(cfg: Any, phases: Mapping[str, Any], processes: int, image: tuple[int, int],
+                  text_tokens: int) -> list[PhaseShape]:
+    """Each phase's shapes from the settings its trainer is given (:meth:`cpr.training.build.PhaseSpec.setting`)."""
     shapes = []
-    for name in cfg.phases:
-        args = training_values(cfg, name)
-        b = args["per_device_train_batch_size"]
-        spg = args["steps_per_generation"] or args["gradient_accumulation_steps"]
-        gen = args["generation_batch_size"] // processes if args["generation_batch_size"] else b * spg
+    for name, spec in phases.items():
+        b = spec.setting("per_device_train_batch_size")
+        spg = spec.setting("steps_per_generation") or spec.setting("gradient_accumulation_steps")
+        gen_batch = spec.setting("generation_batch_size")
+        gen = gen_batch // processes if gen_batch else b * spg
         ckpt = cfg.model.gradient_checkpointing is not False  # None: on, as on a GPU
-        shapes.append(PhaseShape(name, b, gen, text_tokens, image[0], image[1], args["max_completion_length"], ckpt))
+        shapes.append(PhaseShape(name, b, gen, text_tokens, image[0], image[1], spec.setting("max_completion_length"),
+                                 ckpt))
     return shapes
 
 
@@ -354,7 +356,8 @@ def run_check(args: argparse.Namespace) -> int:
     its options), ``InputError`` (an invalid record: missing image, bad field) and ``ModelNotAvailableError``
     (no ``config.json`` for the model)."""
     from cpr.training import policy
-    from cpr.training.config import config_from_args, phase_training_args
+    from cpr.training.build import build_phases
+    from cpr.training.config import config_from_args
 
     launchers, n = list(LAUNCHERS), args.num_processes
     if n is not None and n < 1:
@@ -365,24 +368,26 @@ def run_check(args: argparse.Namespace) -> int:
     n = n or 1
     with unittest.mock.patch.dict(os.environ, {"WORLD_SIZE": str(n)}):  # validated as on n processes
         cfg = config_from_args(args)
-    data_lines = ["data: not loaded (--skip-data)"]
+    data_lines, splits = ["data: not loaded (--skip-data)"], None
     if not args.skip_data:  # as the run loads it, so that a data error the run would hit is one here
-        from cpr.training.curriculum import CurriculumConfig, empty_buckets_message
         from cpr.training.splits import load_run_data
 
         splits = load_run_data(cfg)[0]
         data_lines = ["data: " + ", ".join(f"{k} {v}" for k, v in splits.counts().items()) + " records, loaded and validated"]
-        for name in cfg.phases:
-            curriculum = CurriculumConfig.from_dict(cfg.phase(name).curriculum)
-            if empty := empty_buckets_message(curriculum, splits.train.column("difficulty"), name):
-                data_lines.append(f"warning: {empty}")
     folder = config_folder(cfg.model.name_or_path)
+    phases = build_phases(cfg, str(folder))  # their GRPOConfigs are not built: no process state, no processor
+    if splits is not None:
+        from cpr.training.curriculum import empty_buckets_message
+
+        for name, spec in phases.items():
+            if empty := empty_buckets_message(spec.curriculum, splits.train.column("difficulty"), name):
+                data_lines.append(f"warning: {empty}")
     arch, config = load_architecture(folder, policy.lora_config(cfg, str(folder)), include_vision=cfg.lora.include_vision)
     from cpr.models import resolve_dtype
 
     wb = 2 if cfg.model.dtype == "auto" else resolve_dtype(cfg.model.dtype, "cuda").itemsize  # auto: bf16 on GPUs
     image = _image_sizes(arch, config, folder, cfg)
-    shapes = _phase_shapes(cfg, n, image, args.prompt_tokens)
+    shapes = _phase_shapes(cfg, phases, n, image, args.prompt_tokens)
     print(f"config {args.config}: valid for {n} process{'es' if n > 1 else ''}; phases {', '.join(cfg.phases)}")
     print("\n".join(data_lines))
     print(f"model {cfg.model.name_or_path}: {arch.family}, config from {folder}, {'bf16' if wb == 2 else 'fp32'} weights")
@@ -399,7 +404,7 @@ def run_check(args: argparse.Namespace) -> int:
           f"(--prompt-tokens) + one image")
     if image[3]:
         print(f"warning: {image[3]}")
-    if any(phase_training_args(cfg, name).get("use_vllm") for name in cfg.phases):
+    if any(spec.setting("use_vllm") for spec in phases.values()):
         print("note: training.use_vllm: generation runs in vLLM, which reserves vllm_gpu_memory_utilization of each GPU "
               "(colocate mode); the 'gen:' rows below are for transformers' generate")
     fits = dict.fromkeys(launchers, True)

@@ -34,7 +34,7 @@ from cpr.errors import ConfigError
 from cpr.scoring import ScoringSettings
 
 __all__ = ["ExperimentConfig", "PhaseConfig", "apply_overrides", "config_from_args", "config_from_dict", "load_config",
-           "phase_reward_weights", "phase_training_args", "read_run_config", "read_yaml", "training_values",
+           "phase_reward_weights", "phase_training_args", "read_run_config", "read_yaml",
            "warm_start_settings"]
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -403,15 +403,6 @@ def phase_training_args(cfg: ExperimentConfig, name: str) -> dict[str, Any]:
     args.setdefault("output_dir", str(Path(cfg.output_dir) / name))
     args.setdefault("run_name", f"{cfg.run_name}-{name}")
     return args
-
-
-def training_values(cfg: ExperimentConfig, name: str | None) -> dict[str, Any]:
-    """Every ``trl.GRPOConfig`` field's value for phase ``name`` (the shared ``training`` when ``None``):
-    TRL's defaults under :func:`phase_training_args`, without building a GRPOConfig (which sets up devices)."""
-    from trl import GRPOConfig
-
-    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
-    return {**defaults, **(phase_training_args(cfg, name) if name is not None else cfg.training)}
 
 
 def phase_reward_weights(phase: PhaseConfig, args: Mapping[str, Any]) -> tuple[list[float] | None, str]:

@@ -6,9 +6,11 @@ import contextlib
 import os
 import traceback
 from collections.abc import Iterator
+from typing import Any
 
 from cpr.errors import CprError
-from cpr.training.config import ExperimentConfig, PhaseConfig, training_values
+from cpr.training.build import PhaseSpec, trl_default
+from cpr.training.config import ExperimentConfig
 
 
 class TrainingOutOfMemoryError(CprError):
@@ -37,7 +39,7 @@ def _raised_in(exc: BaseException, *parts: str) -> bool:
     return any(f.filename.endswith(suffix) or f"{suffix}{os.sep}" in f.filename for f in frames)
 
 
-def _advice(cfg: ExperimentConfig, stage: str, phase: PhaseConfig | None, oom: BaseException) -> str:
+def _advice(cfg: ExperimentConfig, stage: str, phase: Any, oom: BaseException) -> str:
     """``"out of memory <where> (<phase or stage>): <error type>: <first line>; lower <settings>"``; an error
     raised in ``cpr/matching.py`` is the step encoder's, one in ``cpr/evaluation`` an evaluation's."""
     pixels = f"model.max_pixels (now {cfg.model.max_pixels}; fewer image tokens)"
@@ -55,12 +57,14 @@ def _advice(cfg: ExperimentConfig, stage: str, phase: PhaseConfig | None, oom: B
         advice = [f"warm_start.per_device_train_batch_size (now {ws.per_device_train_batch_size})",
                   f"warm_start.max_length (now {ws.max_length})", pixels]
     else:
-        args = training_values(cfg, phase.name if phase is not None else None)
+        def value(key: str) -> Any:  # the phase's trainer's setting, else the shared training section's
+            return phase.setting(key) if isinstance(phase, PhaseSpec) else cfg.training.get(key, trl_default(key))
+
         where = "in training or generation"
-        advice = [f"training.per_device_train_batch_size (now {args['per_device_train_batch_size']})",
-                  f"training.num_generations (now {args['num_generations']}; keep the generation batch divisible "
+        advice = [f"training.per_device_train_batch_size (now {value('per_device_train_batch_size')})",
+                  f"training.num_generations (now {value('num_generations')}; keep the generation batch divisible "
                   "by it)",
-                  pixels, f"training.max_completion_length (now {args['max_completion_length']})",
+                  pixels, f"training.max_completion_length (now {value('max_completion_length')})",
                   f"or turn on model.gradient_checkpointing; the encoder's batch is {encoder}"]
     first = (str(oom).strip().splitlines() or [type(oom).__name__])[0][:200]
     place = f"phase {phase.name}" if phase is not None else stage
@@ -68,7 +72,7 @@ def _advice(cfg: ExperimentConfig, stage: str, phase: PhaseConfig | None, oom: B
 
 
 @contextlib.contextmanager
-def explain_oom(cfg: ExperimentConfig, stage: str, phase: PhaseConfig | None = None) -> Iterator[None]:
+def explain_oom(cfg: ExperimentConfig, stage: str, phase: Any = None) -> Iterator[None]:
     """Turn an out-of-memory error (``torch.OutOfMemoryError``, ``MemoryError`` or a ``RuntimeError`` saying
     "out of memory", anywhere in the cause chain) raised in the block into a :class:`TrainingOutOfMemoryError`;
     other errors pass unchanged.
@@ -76,7 +80,8 @@ def explain_oom(cfg: ExperimentConfig, stage: str, phase: PhaseConfig | None = N
     Args:
         cfg: the run's config (the current values named in the advice).
         stage: ``"training"``, ``"evaluation"`` or ``"warm start"``.
-        phase: the GRPO phase, if any (its merged ``training`` settings are named).
+        phase: the GRPO phase, if any: in training its :class:`cpr.training.build.PhaseSpec` (the settings its
+            trainer was given are named), else its ``PhaseConfig`` (named by its ``name``).
     """
     try:
         yield

@@ -1,28 +1,21 @@
-"""One GRPO phase of an experiment (:func:`train_phase`): its ``trl.GRPOConfig`` (:func:`grpo_config`), reward
-functions, curriculum and a :class:`cpr.training.guards.GuardedGRPOTrainer` with LoRA."""
+"""One GRPO phase of an experiment (:func:`train_phase`): a :class:`cpr.training.guards.GuardedGRPOTrainer` with
+LoRA of the phase's :class:`cpr.training.build.PhaseSpec` (its ``trl.GRPOConfig``, reward functions, curriculum)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cpr.errors import ConfigError
 from cpr.training import policy
+from cpr.training.build import PhaseSpec
 from cpr.training.checkpoints import DIVERGED_MARKER, has_curriculum_state, prepare_resume
-from cpr.training.config import (
-    ExperimentConfig,
-    PhaseConfig,
-    _reward_shared,
-    phase_reward_weights,
-    phase_training_args,
-)
+from cpr.training.config import ExperimentConfig
 from cpr.training.splits import DataSplits
 
 logger = logging.getLogger("cpr.training")
@@ -42,79 +35,11 @@ def reward_trend(log_rows: Sequence[dict[str, Any]], share: float = 0.1) -> dict
     return {"first": first, "last": last, "delta": last - first, "n_logged": len(rewards)}
 
 
-def grpo_args(cfg: ExperimentConfig, name: str) -> dict[str, Any]:
-    """The keyword arguments of phase ``name``'s ``trl.GRPOConfig``: :func:`cpr.training.config.phase_training_args`
-    with cpr's defaults where unset (CPU / bf16 by device, the data columns kept for the reward functions, no
-    reports, a log row every step, a checkpoint every quarter of ``max_steps``), activation checkpointing from
-    ``model.gradient_checkpointing`` (default: on GPU) and the resolved ``reward_weights``."""
-    import torch
-
-    from cpr.rewards import get_reward_set
-
-    phase, args = cfg.phase(name), phase_training_args(cfg, name)
-    on_gpu = torch.cuda.is_available()
-    gc = cfg.model.gradient_checkpointing
-    weights = phase_reward_weights(phase, args)[0]
-    shared = _reward_shared(cfg.rewards)
-    args["reward_weights"] = get_reward_set(phase.rewards, weights, phase.reward_params, **shared)[1]
-    args["activation_checkpointing"] = on_gpu if gc is None else gc
-    defaults = {"use_cpu": not on_gpu, "bf16": on_gpu and torch.cuda.is_bf16_supported(),
-                "gradient_checkpointing": False,  # TRL's alias; the transformers 5 name is set above
-                "remove_unused_columns": False, "report_to": "none", "logging_steps": 1, "save_strategy": "steps",
-                "save_steps": max(1, int(args.get("max_steps") or 100) // 4), "disable_tqdm": False}
-    return {**defaults, **args}
-
-
-def grpo_config(cfg: ExperimentConfig, phase: PhaseConfig) -> Any:
-    """The phase's ``trl.GRPOConfig`` of :func:`grpo_args`; wandb logs offline without a ``WANDB_API_KEY``.
-
-    Raises:
-        ConfigError: TRL's own consistency checks fail (field ``phase_settings.<phase>.training``).
-    """
-    from trl import GRPOConfig
-
-    args = grpo_args(cfg, phase.name)
-    report = args["report_to"]
-    targets = [report] if isinstance(report, str) else list(report or [])
-    if {"wandb", "all"} & set(targets) and not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE"):
-        os.environ["WANDB_MODE"] = "offline"  # never a login prompt
-        logger.info("wandb: no WANDB_API_KEY set, logging offline (sync later with `wandb sync`)")
-    try:
-        return GRPOConfig(**args)
-    except ValueError as e:
-        raise ConfigError(str(e), field=f"phase_settings.{phase.name}.training") from None
-
-
-#: TrainingArguments fields that change a GRPO phase's result (besides every GRPO-specific field).
-_RESULT_FIELDS = (
-    "seed", "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "weight_decay", "optim",
-    "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "max_steps", "num_train_epochs",
-    "per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "activation_checkpointing",
-)
-#: GRPO-specific fields that do not change the result (logging, vLLM server plumbing, ...).
-_PLUMBING_PREFIXES = ("vllm_", "log_", "num_completions_to_print", "ds3_", "use_transformers_", "transformers_",
-                      "model_init_kwargs", "trust_remote_code", "cache_implementation", "pad_to_multiple_of")
-
-
-def effective_training_args(args: Any) -> dict[str, Any]:
-    """The values of a ``trl.GRPOConfig`` that change a phase's result, as the trainer uses them: every
-    GRPO-specific field but logging and vLLM plumbing, and the optimizer / batch fields of :data:`_RESULT_FIELDS`
-    (enums as values, ``TrainingArguments.to_dict``; ``epsilon_high: None`` as ``epsilon``, which GRPOTrainer uses)."""
-    from transformers import TrainingArguments
-
-    base = {f.name for f in dataclasses.fields(TrainingArguments)}
-    values = args.to_dict()
-    if values.get("epsilon_high") is None:
-        values["epsilon_high"] = values.get("epsilon")
-    return {k: v for k, v in values.items()
-            if k in _RESULT_FIELDS or (k not in base and not k.startswith(_PLUMBING_PREFIXES))}
-
-
-def resolved_config(cfg: ExperimentConfig) -> dict[str, Any]:
+def resolved_config(cfg: ExperimentConfig, phases: Mapping[str, PhaseSpec]) -> dict[str, Any]:
     """The run's ``config.yaml``: the config with every default filled in, plus ``training_effective``
-    (per phase, :func:`effective_training_args`, TRL's defaults included)."""
-    effective = {name: effective_training_args(grpo_config(cfg, cfg.phase(name))) for name in cfg.phases}
-    return {**cfg.to_dict(), "training_effective": effective}
+    (per phase of ``phases``, :meth:`cpr.training.build.PhaseSpec.effective`: the arguments its trainer is given,
+    TRL's defaults included)."""
+    return {**cfg.to_dict(), "training_effective": {name: spec.effective() for name, spec in phases.items()}}
 
 
 def _save_adapter(trainer: Any, processor: Any, adapter_dir: Path, state: Any) -> None:
@@ -132,9 +57,10 @@ def _save_adapter(trainer: Any, processor: Any, adapter_dir: Path, state: Any) -
     state.wait_for_everyone()
 
 
-def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, templates: Any, model_path: str,
+def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, templates: Any, model_path: str,
                 init_adapter: Path | None, resume: bool, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
-    """Train one GRPO phase from ``init_adapter`` (trainable; ``None``: a new LoRA adapter), resuming from its
+    """Train the GRPO phase ``spec`` (:func:`cpr.training.build.build_phases`; its GRPOConfig, reward functions,
+    curriculum) from ``init_adapter`` (trainable; ``None``: a new LoRA adapter, ``spec.lora``), resuming from its
     last complete checkpoint with ``resume``, with extra ``callbacks``; save its final adapter in ``<phase>/adapter``.
 
     Returns:
@@ -151,29 +77,25 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
     """
     from cpr.data import to_grpo_dataset
     from cpr.distributed import process_state
-    from cpr.rewards import get_reward_set, set_completion_recorder
+    from cpr.rewards import set_completion_recorder
     from cpr.training import guards
     from cpr.training.checkpoints import CheckpointCallback
     from cpr.training.curriculum import CurriculumConfig, empty_buckets_message
     from cpr.training.evaluate import eval_hook
     from cpr.training.logs import JsonlLogCallback, ScoredCompletionLog, quiet_console, read_log
     from cpr.training.oom import explain_oom
-    from cpr.training.vllm import vllm_generation_kwargs
 
+    phase = spec.phase
     phase_dir = Path(cfg.output_dir) / phase.name
-    args = grpo_config(cfg, phase)
+    args = spec.args
     state = process_state()
-    shared = _reward_shared(cfg.rewards)
-    funcs, weights = get_reward_set(phase.rewards, args.reward_weights, phase.reward_params, **shared)
-    curriculum = CurriculumConfig.from_dict(phase.curriculum, prefix=f"phase_settings.{phase.name}.curriculum")
+    funcs, weights, curriculum = spec.reward_funcs, spec.reward_weights, spec.curriculum
     if empty := empty_buckets_message(curriculum, splits.train.column("difficulty"), phase.name):
         logger.warning("%s", empty)
     ckpt = prepare_resume(phase_dir, resume, state)
 
     logger.info("phase %s: device %s", phase.name, policy.device_memory(state.device))
     model, processor = policy.load_policy(cfg, model_path)
-    if args.use_vllm:  # TRL's vLLM path does not suppress the vision placeholders (cpr.training.vllm)
-        args.generation_kwargs = vllm_generation_kwargs(model.config, processor.tokenizer, args.generation_kwargs)
     model = policy.with_adapter(model, init_adapter, cfg, field=f"phase_settings.{phase.name}.init_adapter")
     sampler_curriculum: CurriculumConfig | None = curriculum  # schedule none too: TRL's order, resumed exactly
     if ckpt is not None and curriculum.schedule == "none" and not has_curriculum_state(ckpt):
@@ -185,7 +107,7 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
         model=model, reward_funcs=funcs, args=args, processing_class=processor, curriculum=sampler_curriculum,
         dynamic_sampling=phase.dynamic_sampling, dynamic_sampling_field=f"phase_settings.{phase.name}.dynamic_sampling",
         train_dataset=to_grpo_dataset(splits.train, templates, mode="train"),
-        peft_config=None if init_adapter is not None else policy.lora_config(cfg, model_path),
+        peft_config=None if init_adapter is not None else spec.lora,
         callbacks=[JsonlLogCallback(phase_dir / "log.jsonl")],
         guards=cfg.guards, guard_events_path=phase_dir / guards.EVENTS_FILE,
         credit=phase.credit, credit_weight=phase.credit_weight,
@@ -206,7 +128,7 @@ def train_phase(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, t
     set_completion_recorder(ScoredCompletionLog(phase_dir / "scored_completions.jsonl", rank=state.process_index))
     t0 = time.time()
     try:
-        with explain_oom(cfg, "training", phase):
+        with explain_oom(cfg, "training", spec):
             trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
     finally:
         set_completion_recorder(None)

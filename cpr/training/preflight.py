@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -139,23 +140,27 @@ def preflight(cfg: ExperimentConfig, device: str) -> None:
         encoder.max_cached_completions = cfg.rewards.max_cached_completions
 
 
-def process_group_timeout(cfg: Any) -> float:
-    """The process group's timeout (seconds) for a run of ``cfg``: the largest ``ddp_timeout`` of its phases'
-    ``training`` and of ``warm_start.extra`` (``TrainingArguments``' default 1800 where unset), which the
-    trainers would use if they created the group (cpr creates it before them)."""
+def process_group_timeout(cfg: Any, phases: Mapping[str, Any] | None = None) -> float:
+    """The process group's timeout (seconds) for a run of ``cfg``: the largest ``ddp_timeout`` of its phases
+    (``phases`` of :func:`cpr.training.build.build_phases`, built from ``cfg`` when not given) and of
+    ``warm_start.extra`` (``TrainingArguments``' default 1800 where unset), which the trainers would use if they
+    created the group (cpr creates it before them)."""
     from transformers import TrainingArguments
 
-    from cpr.training.config import phase_training_args
+    from cpr.training.build import build_phases
 
     default = TrainingArguments.__dataclass_fields__["ddp_timeout"].default
-    values = [phase_training_args(cfg, name).get("ddp_timeout", default) for name in cfg.phases]
+    phases = build_phases(cfg) if phases is None else phases
+    values = [spec.setting("ddp_timeout") for spec in phases.values()]
     if cfg.warm_start.enabled:
         values.append(cfg.warm_start.extra.get("ddp_timeout", default))
     return float(max(values, default=default))
 
 
-def check_launch(cfg: Any) -> None:
-    """Refuse, before anything loads, launcher settings that would fail later with another library's message.
+def check_launch(cfg: Any, phases: Mapping[str, Any] | None = None) -> None:
+    """Refuse, before anything loads, launcher settings that would fail later with another library's message;
+    a phase's settings are those of ``phases`` (:func:`cpr.training.build.build_phases`, built from ``cfg`` when
+    not given).
 
     Raises:
         ConfigError: ``ACCELERATE_USE_CPU`` with a DeepSpeed launch (plain DDP around a ZeRO-partitioned
@@ -167,7 +172,7 @@ def check_launch(cfg: Any) -> None:
     import torch
 
     from cpr.models import resolve_dtype
-    from cpr.training.phase import grpo_args
+    from cpr.training.build import build_phases
 
     deepspeed = env_flag("ACCELERATE_USE_DEEPSPEED")
     if deepspeed and env_flag("ACCELERATE_USE_CPU"):
@@ -177,17 +182,17 @@ def check_launch(cfg: Any) -> None:
             "processes by itself), or launch without the DeepSpeed config for plain DDP on CPU",
             field="ACCELERATE_USE_CPU",
         )
-    precision, phases = [], {name: grpo_args(cfg, name) for name in cfg.phases}
+    precision, phases = [], build_phases(cfg) if phases is None else phases
     if cfg.warm_start.enabled:
         from cpr.training.sft import sft_precision
 
         cuda = torch.cuda.is_available()
         sft = sft_precision(resolve_dtype(cfg.model.dtype, "cuda" if cuda else "cpu"), cfg.warm_start.extra)
         precision.append(("warm_start.extra", sft["bf16"], sft["fp16"]))
-    for name, args in phases.items():
-        own = cfg.phase(name).training
+    for name, spec in phases.items():
+        own = spec.phase.training
         key = f"phase_settings.{name}.training" if "bf16" in own or "fp16" in own else "training"
-        precision.append((key, args.get("bf16"), args.get("fp16")))
+        precision.append((key, spec.kwargs.get("bf16"), spec.kwargs.get("fp16")))
     mixed = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
     if deepspeed and mixed in ("bf16", "fp16"):
         want = (mixed == "bf16", mixed == "fp16")
@@ -199,11 +204,12 @@ def check_launch(cfg: Any) -> None:
                 f"config), or set {' and '.join(f'{k}.{mixed}: true' for k in keys)}",
                 field=keys[0],
             )
-    if any(args.get("use_vllm") for args in phases.values()):
+    modes = {spec.setting("vllm_mode") for spec in phases.values() if spec.setting("use_vllm")}
+    if modes:
         from cpr.training.vllm import check_vllm_pixels
 
-        check_vllm_pixels(cfg)
-    if any(args.get("use_vllm") for args in phases.values()) and importlib.util.find_spec("vllm") is None:
+        check_vllm_pixels(cfg, modes)
+    if modes and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             "training.use_vllm is true but vLLM is not installed (pip install vllm; it needs a CUDA GPU): "
             "install it or set training.use_vllm: false",

@@ -24,7 +24,7 @@ import math
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ def run_experiment(
     import torch
 
     from cpr.distributed import check_shared_output_dir, process_state
+    from cpr.training.build import build_phases
     from cpr.training.evaluate import final_evaluation, summary_entries
     from cpr.training.guards import TrainingDivergedError
     from cpr.training.logs import close_run_log, open_run_log
@@ -69,15 +70,16 @@ def run_experiment(
     from cpr.training.selection import select_best
     from cpr.training.warm_start import run_warm_start
 
-    check_launch(cfg)  # before the process group forms: every process refuses alike
+    phases = build_phases(cfg)  # each phase's TRL objects, built once: what every step below reads
+    check_launch(cfg, phases)  # before the process group forms: every process refuses alike
     if cfg.torch_threads is not None:
         torch.set_num_threads(cfg.torch_threads)
-    state = process_state(timeout_s=process_group_timeout(cfg))  # ranks wait at most ddp_timeout for each other
+    state = process_state(timeout_s=process_group_timeout(cfg, phases))  # ranks wait at most ddp_timeout for each other
     out = Path(cfg.output_dir)
     check_shared_output_dir(out, state)  # multi-node: every rank reads what the main process writes
     checked = None
     if claim_output_dir(out, resume=resume, overwrite=overwrite, state=state):
-        checked = check_before_training(cfg, state)  # nothing of the previous run is touched before this passed
+        checked = check_before_training(cfg, state, phases)  # nothing of the previous run is touched before this passed
         delete_previous_run(out, state)
     handler = open_run_log(out, write=state.is_main_process)
     t_start = time.time()
@@ -95,9 +97,9 @@ def run_experiment(
             check_resumed_config(out, cfg)
         if state.is_main_process:
             out.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(out / "config.yaml", yaml.safe_dump(resolved_config(cfg), sort_keys=False, allow_unicode=True))
+            atomic_write_text(out / "config.yaml", yaml.safe_dump(resolved_config(cfg, phases), sort_keys=False, allow_unicode=True))
         logger.info("run %s -> %s (torch threads: %d)", cfg.run_name, out.resolve(), torch.get_num_threads())
-        splits, templates, model_path = checked or check_before_training(cfg, state)
+        splits, templates, model_path = checked or check_before_training(cfg, state, phases)
         logger.info("data: %s", splits.counts())
         logger.info("model: %s", model_path)
         summary["data"] = splits.counts()
@@ -110,17 +112,17 @@ def run_experiment(
             )
             summary["warm_start_adapter"] = str(handover)
 
-        for name in cfg.phases:
-            phase = cfg.phase(name)
+        for name, spec in phases.items():
+            phase = spec.phase
             done_file = out / name / "phase_done.json"
             if resume and done_file.is_file():
                 logger.info("phase %s: already finished, skipping", name)
                 summary["phases"].append(json.loads(done_file.read_text(encoding="utf-8")))
                 handover = Path(summary["phases"][-1]["handover_adapter"])
                 continue
-            init = Path(phase.init_adapter) if phase.init_adapter else handover
+            init = spec.init_adapter or handover
             stage = name
-            result = train_phase(cfg, phase, splits, templates, model_path, init, resume, callbacks)
+            result = train_phase(cfg, spec, splits, templates, model_path, init, resume, callbacks)
             summary["phases"].append(result)
             if result.get("status") == "diverged":
                 d = summary["diverged"] = result["diverged"]
@@ -307,11 +309,12 @@ def delete_previous_run(out: Path, state: Any) -> None:
     state.wait_for_everyone()
 
 
-def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = True) -> tuple[Any, Any, str]:
+def check_before_training(cfg: ExperimentConfig, state: Any, phases: Mapping[str, Any] | None = None
+                          ) -> tuple[Any, Any, str]:
     """Everything that can be checked before anything trains: the model and step encoder can be had
     (:func:`cpr.training.preflight.preflight`, which loads the encoder), the data and templates load, each
-    ``init_adapter`` was trained on the model (:func:`cpr.training.policy.check_base`) and, with ``grpo``
-    (not for the SFT baseline), each phase's ``GRPOConfig`` and the warm start's settings pass their checks.
+    ``init_adapter`` was trained on the model (:func:`cpr.training.policy.check_base`) and each phase of
+    ``phases`` (:func:`cpr.training.build.build_phases`; none for the SFT baseline) builds its ``GRPOConfig``.
 
     Returns:
         ``(splits, templates, model_path)``.
@@ -321,13 +324,11 @@ def check_before_training(cfg: ExperimentConfig, state: Any, *, grpo: bool = Tru
         ModelNotAvailableError: the model or the step encoder cannot be had.
         InputError: a dataset that does not load.
     """
-    from cpr.training.phase import grpo_config
     from cpr.training.policy import check_base
     from cpr.training.preflight import preflight
 
-    if grpo:  # (the warm start's settings were checked with the config)
-        for name in cfg.phases:
-            grpo_config(cfg, cfg.phase(name))
+    for spec in (phases or {}).values():  # TRL's checks (the warm start's settings were checked with the config)
+        spec.args  # noqa: B018 (built once, here)
     preflight(cfg, str(state.device))
     splits, templates = load_run_data(cfg)
     model_path = cfg.model.name_or_path

@@ -72,9 +72,10 @@ def vllm_image_limits(model_path: str, min_pixels: int | None, max_pixels: int |
     return _limits(saved, family), _limits(limited, family)
 
 
-def check_vllm_pixels(cfg: Any) -> None:
+def check_vllm_pixels(cfg: Any, modes: set[str]) -> None:
     """Refuse ``training.use_vllm`` when vLLM would process images with other limits than the trainer
-    (module docstring): ``model.min_pixels`` / ``max_pixels`` must be the model folder's own.
+    (module docstring): ``model.min_pixels`` / ``max_pixels`` must be the model folder's own. ``modes``: the
+    ``vllm_mode`` of each phase with ``use_vllm`` (``colocate`` / ``server``; empty: nothing to check).
 
     Raises:
         ConfigError: one line (field ``model.max_pixels``) saying what vLLM would use, what the config
@@ -84,11 +85,7 @@ def check_vllm_pixels(cfg: Any) -> None:
     """
     import json
 
-    from cpr.training.config import training_values
-
     m = cfg.model
-    modes = {training_values(cfg, name).get("vllm_mode", "colocate") for name in cfg.phases
-             if training_values(cfg, name).get("use_vllm")}
     if not modes or (m.min_pixels is None and m.max_pixels is None):
         return
     vllm, trainer = vllm_image_limits(m.name_or_path, m.min_pixels, m.max_pixels, m.trust_remote_code)

@@ -1,0 +1,222 @@
+"""Each GRPO phase of a run built once (:func:`build_phases`) into a :class:`PhaseSpec`: its ``trl.GRPOConfig``,
+reward functions and weights, curriculum, ``peft.LoraConfig`` and init adapter.
+
+The launch check (:func:`cpr.training.preflight.check_launch`), ``--check`` (:mod:`cpr.training.check`), the
+run's ``config.yaml`` (:func:`cpr.training.phase.resolved_config`), the out-of-memory advice
+(:mod:`cpr.training.oom`) and :func:`cpr.training.phase.train_phase` all read these objects, so what
+``config.yaml`` records is what the trainer was given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cpr.errors import ConfigError
+from cpr.training import policy
+from cpr.training.config import (
+    ExperimentConfig,
+    PhaseConfig,
+    _reward_shared,
+    phase_reward_weights,
+    phase_training_args,
+)
+
+logger = logging.getLogger("cpr.training")
+
+#: TrainingArguments fields that change a GRPO phase's result (besides every GRPO-specific field).
+_RESULT_FIELDS = (
+    "seed", "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "weight_decay", "optim",
+    "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "max_steps", "num_train_epochs",
+    "per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "activation_checkpointing",
+)
+#: GRPO-specific fields that do not change the result (logging, vLLM server plumbing, ...).
+_PLUMBING_PREFIXES = ("vllm_", "log_", "num_completions_to_print", "ds3_", "use_transformers_", "transformers_",
+                      "model_init_kwargs", "trust_remote_code", "cache_implementation", "pad_to_multiple_of")
+
+
+def effective_training_args(args: Any) -> dict[str, Any]:
+    """The values of a ``trl.GRPOConfig`` that change a phase's result, as the trainer uses them: every
+    GRPO-specific field but logging and vLLM plumbing, and the optimizer / batch fields of :data:`_RESULT_FIELDS`
+    (enums as values, ``TrainingArguments.to_dict``; ``epsilon_high: None`` as ``epsilon``, which GRPOTrainer uses)."""
+    from transformers import TrainingArguments
+
+    base = {f.name for f in dataclasses.fields(TrainingArguments)}
+    values = args.to_dict()
+    if values.get("epsilon_high") is None:
+        values["epsilon_high"] = values.get("epsilon")
+    return {k: v for k, v in values.items()
+            if k in _RESULT_FIELDS or (k not in base and not k.startswith(_PLUMBING_PREFIXES))}
+
+
+def trl_default(key: str) -> Any:
+    """``trl.GRPOConfig``'s default of field ``key`` (before ``__post_init__`` derives the batch sizes).
+
+    Raises:
+        KeyError: ``key`` is not a GRPOConfig field.
+    """
+    from trl import GRPOConfig
+
+    f = GRPOConfig.__dataclass_fields__[key]
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+@dataclass
+class PhaseSpec:
+    """One GRPO phase, built once by :func:`build_phases`.
+
+    What reads the model's files is built on first use and kept: :attr:`args` (``trl.GRPOConfig`` also sets
+    up accelerate's process state, so the runner first reads it once that exists) and :attr:`lora`; the rest
+    is built with the spec (the launch check reads it before anything loads).
+
+    Attributes:
+        cfg: the run's config.
+        phase: the phase's validated settings.
+        kwargs: the keyword arguments of its ``trl.GRPOConfig`` (:func:`grpo_kwargs`; with ``use_vllm``,
+            ``generation_kwargs`` bans the vision placeholders once :attr:`args` is built).
+        reward_funcs / reward_weights: TRL's ``reward_funcs`` / ``reward_weights`` (one weight a function).
+        curriculum: the phase's :class:`cpr.training.curriculum.CurriculumConfig`.
+        init_adapter: the phase's configured ``init_adapter`` folder, or ``None`` (the runner hands on the
+            previous phase's, else the warm start's, else a new adapter trains).
+        model_path: the model whose family gives the LoRA targets and whose processor the vision placeholders.
+        ban_placeholders: whether ``use_vllm`` bans the vision placeholders (a caller that sets its own passes
+            ``False``).
+    """
+
+    cfg: ExperimentConfig = field(repr=False)
+    phase: PhaseConfig
+    kwargs: dict[str, Any]
+    reward_funcs: list[Any]
+    reward_weights: list[float]
+    curriculum: Any
+    init_adapter: Path | None
+    model_path: str
+    ban_placeholders: bool = True
+    _args: Any = field(default=None, repr=False, compare=False)
+    _lora: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.phase.name
+
+    def setting(self, key: str) -> Any:
+        """GRPOConfig field ``key`` as given (:attr:`kwargs`, else TRL's default), without building the
+        GRPOConfig (which sets up accelerate's process state); the batch sizes TRL derives in ``__post_init__``
+        (``generation_batch_size``, ``steps_per_generation``) are ``None`` here unless set."""
+        return self.kwargs[key] if key in self.kwargs else trl_default(key)
+
+    @property
+    def args(self) -> Any:
+        """The phase's ``trl.GRPOConfig`` of :attr:`kwargs` (with ``use_vllm`` first the placeholder ban into
+        ``generation_kwargs``), built on first use and the same object afterwards; wandb logs offline without a
+        ``WANDB_API_KEY``.
+
+        Raises:
+            ConfigError: TRL's own consistency checks fail (field ``phase_settings.<phase>.training``).
+            ModelNotAvailableError: with ``use_vllm``, the model's config or processor cannot be had.
+        """
+        if self._args is None:
+            from trl import GRPOConfig
+
+            if self.kwargs.get("use_vllm") and self.ban_placeholders:  # TRL's vLLM path does not (cpr.training.vllm)
+                self.kwargs["generation_kwargs"] = _placeholder_ban(self.cfg, self.model_path,
+                                                                    self.kwargs.get("generation_kwargs"))
+            report = self.kwargs["report_to"]
+            targets = [report] if isinstance(report, str) else list(report or [])
+            if {"wandb", "all"} & set(targets) and not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE"):
+                os.environ["WANDB_MODE"] = "offline"  # never a login prompt
+                logger.info("wandb: no WANDB_API_KEY set, logging offline (sync later with `wandb sync`)")
+            try:
+                self._args = GRPOConfig(**self.kwargs)
+            except ValueError as e:
+                raise ConfigError(str(e), field=f"phase_settings.{self.name}.training") from None
+        return self._args
+
+    @property
+    def lora(self) -> Any | None:
+        """A new adapter's ``peft.LoraConfig`` (:func:`cpr.training.policy.lora_config` for :attr:`model_path`),
+        built on first use; ``None`` when :attr:`init_adapter` is given (that adapter trains on)."""
+        if self.init_adapter is not None:
+            return None
+        if self._lora is None:
+            self._lora = policy.lora_config(self.cfg, self.model_path)
+        return self._lora
+
+    def effective(self) -> dict[str, Any]:
+        """:func:`effective_training_args` of :attr:`args` (``config.yaml``'s ``training_effective`` entry)."""
+        return effective_training_args(self.args)
+
+
+def grpo_kwargs(cfg: ExperimentConfig, phase: PhaseConfig, reward_weights: list[float]) -> dict[str, Any]:
+    """The keyword arguments of ``phase``'s ``trl.GRPOConfig``: :func:`cpr.training.config.phase_training_args`
+    with cpr's defaults where unset (CPU / bf16 by device, the data columns kept for the reward functions, no
+    reports, a log row every step, a checkpoint every quarter of ``max_steps``), activation checkpointing from
+    ``model.gradient_checkpointing`` (default: on GPU) and the resolved ``reward_weights``."""
+    import torch
+
+    args = phase_training_args(cfg, phase.name)
+    on_gpu = torch.cuda.is_available()
+    gc = cfg.model.gradient_checkpointing
+    args["reward_weights"] = reward_weights
+    args["activation_checkpointing"] = on_gpu if gc is None else gc
+    defaults = {"use_cpu": not on_gpu, "bf16": on_gpu and torch.cuda.is_bf16_supported(),
+                "gradient_checkpointing": False,  # TRL's alias; the transformers 5 name is set above
+                "remove_unused_columns": False, "report_to": "none", "logging_steps": 1, "save_strategy": "steps",
+                "save_steps": max(1, int(args.get("max_steps") or 100) // 4), "disable_tqdm": False}
+    return {**defaults, **args}
+
+
+def _placeholder_ban(cfg: ExperimentConfig, model_path: str, generation_kwargs: Any) -> dict[str, Any]:
+    """``generation_kwargs`` with the model's vision placeholders banned in vLLM (its config and tokenizer,
+    read from ``model_path``; :func:`cpr.training.vllm.vllm_generation_kwargs`).
+
+    Raises:
+        ModelNotAvailableError: the model's config or processor is neither local nor downloadable.
+    """
+    from transformers import AutoConfig, AutoProcessor
+
+    from cpr.models import _not_available, resolve_model_path
+    from cpr.training.vllm import vllm_generation_kwargs
+
+    path, remote = resolve_model_path(model_path), cfg.model.trust_remote_code
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=remote)
+        tokenizer = AutoProcessor.from_pretrained(path, trust_remote_code=remote).tokenizer
+    except (OSError, ValueError) as err:
+        raise _not_available(model_path, "processor of model", err) from None
+    return vllm_generation_kwargs(config, tokenizer, generation_kwargs)
+
+
+def build_phase(cfg: ExperimentConfig, name: str, model_path: str | None = None, *,
+                ban_placeholders: bool = True) -> PhaseSpec:
+    """Phase ``name`` of ``cfg`` as a :class:`PhaseSpec` (its GRPOConfig and LoraConfig are built on first use);
+    ``model_path`` (default ``model.name_or_path``) gives the LoRA targets' model family and, with ``use_vllm``
+    and ``ban_placeholders``, the vision placeholders (read from its processor when :attr:`PhaseSpec.args` is
+    built). Reads no file.
+
+    Raises:
+        ConfigError: an invalid reward set or curriculum (the config's checks, naming the key).
+    """
+    from cpr.rewards import get_reward_set
+    from cpr.training.curriculum import CurriculumConfig
+
+    phase, model_path = cfg.phase(name), model_path or cfg.model.name_or_path
+    weights = phase_reward_weights(phase, phase_training_args(cfg, name))[0]
+    funcs, weights = get_reward_set(phase.rewards, weights, phase.reward_params, **_reward_shared(cfg.rewards))
+    kwargs = grpo_kwargs(cfg, phase, weights)
+    return PhaseSpec(
+        cfg=cfg, phase=phase, kwargs=kwargs, reward_funcs=funcs, reward_weights=weights,
+        curriculum=CurriculumConfig.from_dict(phase.curriculum, prefix=f"phase_settings.{name}.curriculum"),
+        init_adapter=Path(phase.init_adapter) if phase.init_adapter else None, model_path=model_path,
+        ban_placeholders=ban_placeholders,
+    )
+
+
+def build_phases(cfg: ExperimentConfig, model_path: str | None = None, *,
+                 ban_placeholders: bool = True) -> dict[str, PhaseSpec]:
+    """``{phase name: PhaseSpec}`` for every phase of ``cfg`` in order (:func:`build_phase`); called once a run."""
+    return {name: build_phase(cfg, name, model_path, ban_placeholders=ban_placeholders) for name in cfg.phases}
