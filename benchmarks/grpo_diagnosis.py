@@ -44,6 +44,8 @@ ROWS: dict[str, tuple[str, dict[str, object]]] = {
     "lr_3e-4_beta_0.04": ("CPR, lr 3e-4, KL beta 0.04 to the warm start", {"p.learning_rate": 3e-4, "training.beta": 0.04}),
     "credit_step_lr_1e-4": ("CPR with step-level credit (credit: step), lr 1e-4",
                             {"phase_settings.cpr.credit": "step", "p.learning_rate": 1e-4}),
+    "credit_step_lr_3e-4": ("CPR with step-level credit, lr 3e-4",
+                            {"phase_settings.cpr.credit": "step", "p.learning_rate": 3e-4}),
     "lr_1e-5": ("CPR, lr 1e-5", {"p.learning_rate": 1e-5}),
     "prompts_32x2": ("32 prompts x 2 generations", {"training.num_generations": 2}),
     "prompts_4x16": ("4 prompts x 16 generations", {"training.num_generations": 16}),
