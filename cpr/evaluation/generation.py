@@ -30,7 +30,7 @@ import hashlib
 import importlib.util
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -398,31 +398,49 @@ def generate_completions(
     results = {rid: done[rid] for rid in ids if rid in done}
     todo = [r for r in records if r.id not in done]
     batches = [todo[start: start + batch_size] for start in range(0, len(todo), batch_size)]
-    rank, world = (0, 1) if shard is None else (shard.process_index, shard.num_processes)
     main = shard is None or shard.is_main_process
+
+    def generate(batch: list[Record]) -> list[dict[str, Any]]:
+        outputs = generator([messages_fn(r) for r in batch])
+        if len(outputs) != len(batch):
+            raise ValueError(f"generator returned {len(outputs)} completions for {len(batch)} prompts")
+        return [{"id": r.id, "completion": g.text, "num_tokens": g.num_tokens, "finished": g.finished}
+                for r, g in zip(batch, outputs, strict=True)]
+
     with tqdm(total=len(ids), initial=len(results), desc=description, disable=not (progress and main),
               unit="sample") as bar:
-        for first in range(0, len(batches), world):
-            mine = first + rank
-            batch = batches[mine] if mine < len(batches) else batches[0][:1]  # padding: generated, dropped
-            rows, error = [], None
-            try:
-                outputs = generator([messages_fn(r) for r in batch])
-                if len(outputs) != len(batch):
-                    raise ValueError(f"generator returned {len(outputs)} completions for {len(batch)} prompts")
-                rows = [{"id": r.id, "completion": g.text, "num_tokens": g.num_tokens, "finished": g.finished}
-                        for r, g in zip(batch, outputs, strict=True)] if mine < len(batches) else []
-            except Exception as e:
-                if world == 1:
-                    raise
-                error = e
-            if world > 1:
-                rows = gather_round(rows, error, rank)
+        for rows in sharded_rounds(batches, shard, generate):
             if output_path is not None and main:
                 append_jsonl_many(output_path, rows)
             results.update((row["id"], row["completion"]) for row in rows)
             bar.update(len(rows))
     return {rid: results[rid] for rid in ids}
+
+
+def sharded_rounds(batches: Sequence[Sequence[Record]], shard: Any,
+                   rows_of: Callable[[Sequence[Record]], list[dict[str, Any]]]) -> Iterator[list[dict[str, Any]]]:
+    """The rows of ``batches``, round by round: in round ``r`` process ``k`` of ``shard`` (``None``: one
+    process) computes ``rows_of(batches[r * N + k])``; a process past the last batch runs a padding batch
+    (the first record of ``batches[0]``) and drops its rows, so every process calls ``rows_of`` equally often
+    (what ZeRO-3's lock-step generation needs). Each yield is the round's rows of every process, in process
+    order (:func:`gather_round`), on every process.
+
+    Raises:
+        What ``rows_of`` raises (on one process), or ``RuntimeError`` naming the process where it failed.
+    """
+    rank, world = (0, 1) if shard is None else (shard.process_index, shard.num_processes)
+    for first in range(0, len(batches), world):
+        mine = first + rank
+        padding = mine >= len(batches)
+        rows, error = [], None
+        try:
+            rows = rows_of(batches[0][:1] if padding else batches[mine])
+        except Exception as e:
+            if world == 1:
+                raise
+            error = e
+        rows = [] if padding else rows
+        yield gather_round(rows, error, rank) if world > 1 else rows
 
 
 def gather_round(rows: list[dict[str, Any]], error: BaseException | None, rank: int) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cpr.data.records import Record
-from cpr.evaluation.generation import DecodingSettings, batch_seed
+from cpr.evaluation.generation import DecodingSettings, batch_seed, sharded_rounds
 
 __all__ = ["SAMPLED_COMPLETIONS", "SAMPLED_SAMPLES", "add_sampled_metrics", "generate_samples",
            "sampled_key"]
@@ -59,7 +59,6 @@ def generate_samples(
     from tqdm.auto import tqdm
 
     from cpr.errors import InputError
-    from cpr.evaluation.generation import gather_round
     from cpr.io import append_jsonl_many
     from cpr.scoring import load_sampled_predictions
 
@@ -76,31 +75,20 @@ def generate_samples(
     complete = {rid for rid, by in done.items() if len(by) == k}
     batches = [records[start: start + batch_size] for start in range(0, len(records), batch_size)]
     batches = [b for b in batches if not all(r.id in complete for r in b)]
-    rank, world = (0, 1) if shard is None else (shard.process_index, shard.num_processes)
     main = shard is None or shard.is_main_process
+
+    def sample(batch: Sequence[Record]) -> list[dict[str, Any]]:
+        outputs = generator.sample([messages_fn(r) for r in batch], decoding, batch_seed(decoding.seed, batch[0].id))
+        if len(outputs) != len(batch) or any(len(o) != k for o in outputs):
+            raise ValueError(f"generator returned {[len(o) for o in outputs]} completions for {len(batch)} prompts "
+                             f"x {k} samples")
+        return [{"id": r.id, "sample": j, "completion": g.text, "num_tokens": g.num_tokens, "finished": g.finished}
+                for r, gens in zip(batch, outputs, strict=True) for j, g in enumerate(gens)
+                if j not in done.get(r.id, {})]
+
     with tqdm(total=len(ids), initial=len(complete & set(ids)), desc=description, disable=not (progress and main),
               unit="sample") as bar:
-        for first in range(0, len(batches), world):
-            mine = first + rank
-            batch = batches[mine] if mine < len(batches) else batches[0][:1]  # padding: sampled, dropped
-            rows, error = [], None
-            try:
-                outputs = generator.sample([messages_fn(r) for r in batch], decoding,
-                                           batch_seed(decoding.seed, batch[0].id))
-                if len(outputs) != len(batch) or any(len(o) != k for o in outputs):
-                    raise ValueError(f"generator returned {[len(o) for o in outputs]} completions for {len(batch)} "
-                                     f"prompts x {k} samples")
-                if mine < len(batches):
-                    rows = [{"id": r.id, "sample": j, "completion": g.text, "num_tokens": g.num_tokens,
-                             "finished": g.finished}
-                            for r, gens in zip(batch, outputs, strict=True) for j, g in enumerate(gens)
-                            if j not in done.get(r.id, {})]
-            except Exception as e:
-                if world == 1:
-                    raise
-                error = e
-            if world > 1:
-                rows = gather_round(rows, error, rank)
+        for rows in sharded_rounds(batches, shard, sample):
             if output_path is not None and main:
                 append_jsonl_many(output_path, rows)
             for row in rows:
