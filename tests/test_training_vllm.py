@@ -77,3 +77,20 @@ def test_the_run_records_in_config_yaml_the_generation_settings_its_trainer_was_
     recorded = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text(encoding="utf-8"))["training_effective"]
     assert recorded["cpr"]["generation_kwargs"] == expected
     assert recorded["cpr"] == yaml.safe_load(yaml.safe_dump(effective_training_args(args)))
+
+
+def test_the_trainers_grpo_config_is_built_at_its_phase_and_equals_the_recorded_one(tmp_path):
+    """Under DeepSpeed a GRPOConfig carries a DeepSpeedPlugin that accelerate refuses once an earlier phase's
+    Accelerator exists, unless it was made after it: train_phase takes a new GRPOConfig of the spec's own
+    keyword arguments (tests/test_deepspeed.py runs two phases under ZeRO-2/3), equal to what config.yaml records."""
+    from conftest import tiny_run_config
+
+    from cpr.training.build import build_phases, effective_training_args
+    from cpr.training.config import config_from_dict
+
+    cfg = config_from_dict(tiny_run_config("t", tmp_path, training={"max_steps": 2, "num_generations": 2,
+                                                                   "per_device_train_batch_size": 2}))
+    spec = list(build_phases(cfg).values())[-1]
+    fresh = spec.trainer_args()
+    assert fresh is not spec.args and fresh is not spec.trainer_args()
+    assert effective_training_args(fresh) == effective_training_args(spec.args)

@@ -136,6 +136,20 @@ class PhaseSpec:
                 raise ConfigError(str(e), field=f"phase_settings.{self.name}.training") from None
         return self._args
 
+    def trainer_args(self) -> Any:
+        """A new ``trl.GRPOConfig`` of the same :attr:`kwargs` as :attr:`args` (equal field by field), for the
+        phase's trainer, built when the phase starts: under DeepSpeed a GRPOConfig carries a
+        ``DeepSpeedPlugin``, and accelerate refuses (``NotImplementedError``) a plugin that was created before
+        an earlier phase's ``Accelerator`` existed, while one created after it is taken.
+
+        Raises:
+            ConfigError: as :attr:`args`.
+        """
+        from trl import GRPOConfig
+
+        self.args  # noqa: B018 - TRL's checks, the placeholder ban and the wandb setting, once
+        return GRPOConfig(**self.kwargs)
+
     @property
     def lora(self) -> Any | None:
         """A new adapter's ``peft.LoraConfig`` (:func:`cpr.training.policy.lora_config` for :attr:`model_path`),

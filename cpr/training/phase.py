@@ -87,7 +87,7 @@ def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, temp
 
     phase = spec.phase
     phase_dir = Path(cfg.output_dir) / phase.name
-    args = spec.args
+    args = spec.trainer_args()  # its DeepSpeed plugin made now, after the previous phase's accelerator
     state = process_state()
     funcs, weights, curriculum = spec.reward_funcs, spec.reward_weights, spec.curriculum
     if empty := empty_buckets_message(curriculum, splits.train.column("difficulty"), phase.name):
