@@ -63,8 +63,8 @@ def evaluate_model(
     recomputes ``overall``), ``completions.jsonl`` (resumed from when there), ``metrics.json`` (without
     the rows), ``samples.jsonl`` and ``metrics.md`` (:func:`~cpr.evaluation.report.render_markdown`
     with ``label`` and ``title``; ``paper_rows`` for records of CRYSTAL's test set only): the files of
-    ``cpr eval``, in every folder an evaluation writes. Sampled decoding adds ``sampled_completions.jsonl`` (resumed) and
-    ``sampled_samples.jsonl``.
+    ``cpr eval``, in every folder an evaluation writes. Sampled decoding adds ``sampled_completions.jsonl``
+    (resumed) and ``sampled_samples.jsonl``.
 
     With ``shard`` (the process state, every process of the group calling this alike) each process
     generates its share of the records (:func:`~cpr.evaluation.generation.generate_completions`); the
