@@ -203,6 +203,7 @@ try:
     print("probe:", json.dumps({"rank": state.process_index, "error": None}))
 except ConfigError as e:
     print("probe:", json.dumps({"rank": state.process_index, "error": str(e)}))
+state.destroy_process_group()  # a gloo group left to the interpreter's exit can abort it (SIGABRT)
 """
 
 
