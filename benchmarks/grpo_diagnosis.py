@@ -54,6 +54,20 @@ ROWS: dict[str, tuple[str, dict[str, object]]] = {
     "constant_lr": ("constant learning rate (no warmup, no decay)",
                     {"p.lr_scheduler_type": "constant", "p.warmup_steps": 0}),
     "steps_x2": ("twice the completions (120 steps)", {"p.max_steps": 120}),
+    "constant_lr_1e-4": ("CPR, lr 1e-4 constant (no warmup, no decay)",
+                         {"p.learning_rate": 1e-4, "p.lr_scheduler_type": "constant", "p.warmup_steps": 0}),
+    # Dynamic sampling needs the curriculum sampler (its fresh prompts): 'linear' with equal weights from start
+    # to end draws all buckets in the data's own (equal) proportions, as schedule 'none' does. One extra round
+    # (max_resample 1) costs a whole generation batch; 35 steps keep the completions near the 3,840 of 60 steps
+    # at Answer-Only's share of zero-variance groups (the row records the completions it generated).
+    "answer_only_dyn_lr_1e-4": ("Answer-Only, lr 1e-4, dynamic sampling (max_resample 1), 35 steps",
+                                {"phase": "answer_only", "p.learning_rate": 1e-4, "p.max_steps": 35,
+                                 "phase_settings.answer_only.curriculum.schedule": "linear",
+                                 "phase_settings.answer_only.curriculum.linear_start": [1.0, 1.0, 1.0],
+                                 "phase_settings.answer_only.curriculum.linear_end": [1.0, 1.0, 1.0],
+                                 "phase_settings.answer_only.dynamic_sampling": {"enabled": True, "max_resample": 1}}),
+    "mastery_lr_1e-4": ("CPR, lr 1e-4, curriculum schedule mastery (threshold 0.7)",
+                        {"p.learning_rate": 1e-4, "phase_settings.cpr.curriculum.schedule": "mastery"}),
 }
 
 
@@ -127,6 +141,14 @@ def score(adapter: str, model: str, records: list, cfg, samples: int, temperatur
     return {"greedy": greedy, "sampled": mean, "score_s": round(time.time() - t0)}
 
 
+def completions(phase: dict, row: dict[str, object]) -> int:
+    """Completions the phase generated: one generation batch of ``per_device_train_batch_size`` a step, plus
+    the extra rounds of dynamic sampling."""
+    ds = phase.get("dynamic_sampling") or {}
+    batches = ds.get("generation_batches", phase["steps"]) + ds.get("extra_rounds", 0)
+    return int(batches * {**BUDGET, **row}["training.per_device_train_batch_size"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated rows of {', '.join(ROWS)}")
@@ -137,6 +159,8 @@ def main() -> None:
     parser.add_argument("--val-size", type=int, default=270, help="validation items scored (default 270)")
     parser.add_argument("--val-seed", type=int, default=0, help="generator seed of the validation items (default 0)")
     parser.add_argument("--samples", type=int, default=4, help="sampled completions an item (default 4)")
+    parser.add_argument("--curve", type=int, default=0,
+                        help="also save a checkpoint every N steps and score each (the learning curve; 0: off)")
     parser.add_argument("--set", dest="extra", action="append", default=[], help="extra override for every row")
     args = parser.parse_args()
 
@@ -162,13 +186,21 @@ def main() -> None:
             if key in results:
                 continue
             sets = phase_overrides(name, ROWS[name][1], args.init_adapter, out, seed) + args.extra
+            if args.curve:
+                sets.append(f"phase_settings.{ROWS[name][1].get('phase', 'cpr')}.training.save_steps={args.curve}")
             cfg = load_config(args.config, sets)
             t0 = time.time()
             summary = run_experiment(cfg, overwrite=True)
             phase = summary["phases"][0]
             res = score(phase["adapter"], cfg.model.name_or_path, records, cfg, args.samples, 1.0, seed)
             res.update(train_s=round(time.time() - t0), reward=phase["reward_trend"],
-                       zero_std=phase["frac_reward_zero_std"])
+                       zero_std=phase["frac_reward_zero_std"], dynamic_sampling=phase.get("dynamic_sampling"),
+                       completions=completions(phase, ROWS[name][1]))
+            if args.curve:
+                folder = Path(phase["adapter"]).parent
+                res["curve"] = {c.name.split("-")[1]: score(str(c), cfg.model.name_or_path, records, cfg,
+                                                            args.samples, 1.0, seed)
+                                for c in sorted(folder.glob("checkpoint-*"), key=lambda c: int(c.name.split("-")[1]))}
             results[key] = res
             out.mkdir(parents=True, exist_ok=True)
             results_path.write_text(json.dumps(results, indent=1))
