@@ -66,6 +66,16 @@ ROWS: dict[str, tuple[str, dict[str, object]]] = {
                                  "phase_settings.answer_only.curriculum.linear_start": [1.0, 1.0, 1.0],
                                  "phase_settings.answer_only.curriculum.linear_end": [1.0, 1.0, 1.0],
                                  "phase_settings.answer_only.dynamic_sampling": {"enabled": True, "max_resample": 1}}),
+    # Four times the completions (15,360) at a constant learning rate: with --curve 60 each quarter's
+    # checkpoint is the same run stopped at 3,840 x k completions.
+    "long_lr_1e-4": ("CPR, lr 1e-4 constant, 240 steps", {"p.learning_rate": 1e-4, "p.max_steps": 240,
+                                                         "p.lr_scheduler_type": "constant", "p.warmup_steps": 0}),
+    "long_answer_only_lr_1e-4": ("Answer-Only, lr 1e-4 constant, 240 steps",
+                                 {"phase": "answer_only", "p.learning_rate": 1e-4, "p.max_steps": 240,
+                                  "p.lr_scheduler_type": "constant", "p.warmup_steps": 0}),
+    "long_credit_step_beta": ("CPR, credit: step, KL beta 0.04, lr 2e-4 constant, 240 steps",
+                              {"phase_settings.cpr.credit": "step", "training.beta": 0.04, "p.learning_rate": 2e-4,
+                               "p.max_steps": 240, "p.lr_scheduler_type": "constant", "p.warmup_steps": 0}),
     "mastery_lr_1e-4": ("CPR, lr 1e-4, curriculum schedule mastery (threshold 0.7)",
                         {"p.learning_rate": 1e-4, "phase_settings.cpr.curriculum.schedule": "mastery"}),
 }

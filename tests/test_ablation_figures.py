@@ -174,3 +174,36 @@ def test_plot_table_skips_missing_values(tmp_path):
              "columns": [{"title": "Acc", "key": "accuracy", "decimals": 2}, {"title": "KL", "key": "kl_max", "decimals": 3}],
              "rows": [{"label": "a", "accuracy": 50.0, "kl_max": None}, {"label": "b", "accuracy": 25.0, "kl_max": 0.3}]}
     _png_ok(figures.plot_table(table, tmp_path / "t.png"))
+
+
+def _scores(f1: float, acc: float, sf1: float, sacc: float) -> dict:
+    return {"greedy": {"match_f1": f1, "accuracy": acc}, "sampled": {"match_f1": sf1, "accuracy": sacc}}
+
+
+def test_learning_curves_average_seeds_point_by_point_and_start_at_the_warm_start(tmp_path):
+    diagnosis = {
+        "warm_start|val0x9": _scores(0.5, 50.0, 0.4, 40.0),
+        # two seeds of 'cpr', 4 steps of 16 completions, checkpoints at steps 2 and 4
+        "cpr|seed1|val0x9|": {**_scores(0.6, 60.0, 0.5, 50.0), "completions": 64,
+                              "curve": {"2": _scores(0.52, 52.0, 0.42, 42.0), "4": _scores(0.6, 60.0, 0.5, 50.0)}},
+        "cpr|seed2|val0x9|": {**_scores(0.7, 70.0, 0.6, 60.0), "completions": 64,
+                              "curve": {"4": _scores(0.7, 70.0, 0.6, 60.0), "2": _scores(0.56, 54.0, 0.44, 44.0)}},
+        "no_curve|seed1|val0x9|": _scores(0.1, 10.0, 0.1, 10.0),
+    }
+    curves = figures.learning_curves(diagnosis)
+    assert list(curves) == ["cpr (val0x9, 2 seeds)"]
+    points = curves["cpr (val0x9, 2 seeds)"]
+    assert [p["completions"] for p in points] == [0.0, 32.0, 64.0]
+    assert points[0]["greedy_match_f1"] == 0.5 and points[0]["sampled_accuracy"] == 40.0
+    assert points[1]["greedy_match_f1"] == pytest.approx(0.54)  # (0.52 + 0.56) / 2
+    assert points[1]["greedy_accuracy"] == pytest.approx(53.0) and points[1]["sampled_match_f1"] == pytest.approx(0.43)
+    assert points[2]["greedy_match_f1"] == pytest.approx(0.65) and points[2]["seeds"] == 2
+    _png_ok(figures.plot_learning_curves(curves, tmp_path / "curves.png"))
+
+
+def test_learning_curves_refuse_a_curve_without_completions_or_warm_start():
+    row = {**_scores(0.6, 60.0, 0.5, 50.0), "curve": {"2": _scores(0.6, 60.0, 0.5, 50.0)}}
+    with pytest.raises(InputError, match="no 'completions'"):
+        figures.learning_curves({"warm_start|val0x9": _scores(0.5, 50.0, 0.4, 40.0), "cpr|seed1|val0x9|": row})
+    with pytest.raises(InputError, match="no warm start"):
+        figures.learning_curves({"cpr|seed1|val0x9|": {**row, "completions": 32}})

@@ -69,12 +69,13 @@ def strategies(tmp_path_factory, one_thread_module):
     return tmp / "abl"
 
 
-def _execute(kernel: str, run_dir: Path, fig_dir: Path) -> nbformat.NotebookNode:
+def _execute(kernel: str, run_dir: Path, fig_dir: Path, diagnosis: Path | None = None) -> nbformat.NotebookNode:
     from nbclient import NotebookClient
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
     params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    params.source = f"RUN_DIR = {str(run_dir)!r}\nFIG_DIR = {str(fig_dir)!r}\nKL_LIMIT = None"
+    params.source = (f"RUN_DIR = {str(run_dir)!r}\nFIG_DIR = {str(fig_dir)!r}\nKL_LIMIT = None\n"
+                     f"DIAGNOSIS = {None if diagnosis is None else str(diagnosis)!r}")
     NotebookClient(nb, kernel_name=kernel, timeout=240, resources={"metadata": {"path": str(REPO)}}).execute()
     return nb
 
@@ -100,6 +101,7 @@ def test_notebook_on_an_ablation_folder(kernel, strategies, tmp_path):
     for name in made:
         _check_png(tmp_path / "figs" / name)
     assert "ablation folder" in _stdout(nb) and "7 figures in" in _stdout(nb)
+    assert "no DIAGNOSIS: no learning curves" in _stdout(nb)
     assert "cpr: KL limit 7.5 (the run's guards.kl.limit)" in _stdout(nb)
     tables = [o for c in nb.cells for o in c.get("outputs", []) if "text/markdown" in o.get("data", {})]
     assert any("# Strategy comparison: nb" in o["data"]["text/markdown"] for o in tables)
@@ -107,11 +109,22 @@ def test_notebook_on_an_ablation_folder(kernel, strategies, tmp_path):
     assert len(images) == 7
 
 
+def _scores(f1: float, sampled_f1: float) -> dict:
+    return {"greedy": {"match_f1": f1, "accuracy": 100 * f1}, "sampled": {"match_f1": sampled_f1, "accuracy": 50.0}}
+
+
 @pytest.mark.slow
 def test_notebook_on_a_run_folder(kernel, strategies, tmp_path):
-    nb = _execute(kernel, strategies / "cpr", tmp_path / "figs")
+    diagnosis = tmp_path / "diagnosis.json"  # a diagnosis with one curve: warm start, steps 30 and 60 of 3,840
+    diagnosis.write_text(json.dumps({
+        "warm_start|val0x9": _scores(0.5, 0.4),
+        "cpr|seed1|val0x9|": {**_scores(0.6, 0.45), "completions": 3840,
+                              "curve": {"30": _scores(0.55, 0.42), "60": _scores(0.6, 0.45)}}}))
+    nb = _execute(kernel, strategies / "cpr", tmp_path / "figs", diagnosis)
     made = sorted(p.name for p in (tmp_path / "figs").rglob("*.png"))
-    assert made == ["bucket_mix.png", "f1_vs_accuracy.png", "hack_monitors.png", "kl.png", "reward_components.png"]
+    assert made == ["bucket_mix.png", "f1_vs_accuracy.png", "hack_monitors.png", "kl.png", "learning_curves.png",
+                    "reward_components.png"]
+    assert "cpr (val0x9, 1 seed) 0:0.500/0.400 1920:0.550/0.420 3840:0.600/0.450" in _stdout(nb)
     for path in (tmp_path / "figs").rglob("*.png"):
         _check_png(path)
     assert "run folder" in _stdout(nb) and "a run folder: no ablation table" in _stdout(nb)
