@@ -76,9 +76,49 @@ ROWS: dict[str, tuple[str, dict[str, object]]] = {
     "long_credit_step_beta": ("CPR, credit: step, KL beta 0.04, lr 2e-4 constant, 240 steps",
                               {"phase_settings.cpr.credit": "step", "training.beta": 0.04, "p.learning_rate": 2e-4,
                                "p.max_steps": 240, "p.lr_scheduler_type": "constant", "p.warmup_steps": 0}),
+    # Control: the same phase with CPR's rewards shuffled within each group (no signal, the same advantages'
+    # sizes): how far the policy drifts from the update's noise alone.
+    "shuffled_lr_3e-4": ("CPR rewards shuffled within each group (no signal), lr 3e-4",
+                         {"phase_settings.cpr.rewards": ["format", "cpr_shuffled"],
+                          "phase_settings.cpr.reward_weights": [1.0, 1.0], "p.learning_rate": 3e-4}),
+    "shuffled_lr_1e-4": ("CPR rewards shuffled within each group (no signal), lr 1e-4",
+                         {"phase_settings.cpr.rewards": ["format", "cpr_shuffled"],
+                          "phase_settings.cpr.reward_weights": [1.0, 1.0], "p.learning_rate": 1e-4}),
+    # Less gradient noise per update: 4 x 64 completions an optimizer step (gradient accumulation), 60 steps:
+    # the 15,360 completions of the 240-step rows.
+    "batch_256_lr_3e-4": ("CPR, 256 completions an optimizer step (32 prompts x 8), lr 3e-4, 60 steps",
+                          {"p.learning_rate": 3e-4, "p.gradient_accumulation_steps": 4}),
     "mastery_lr_1e-4": ("CPR, lr 1e-4, curriculum schedule mastery (threshold 0.7)",
                         {"p.learning_rate": 1e-4, "phase_settings.cpr.curriculum.schedule": "mastery"}),
 }
+
+
+def register_shuffled_cpr() -> None:
+    """Registers ``cpr_shuffled``: CPR's rewards of each group (``group`` consecutive completions, TRL's
+    ``num_generations``: 8 here) permuted at random, a seeded control with no learning signal."""
+    import random
+
+    from cpr.rewards import REWARD_FUNCTIONS, CPRReward, register_reward_function
+
+    if "cpr_shuffled" in REWARD_FUNCTIONS:
+        return
+
+    @register_reward_function
+    class ShuffledCPR(CPRReward):
+        name = "cpr_shuffled"
+
+        def __init__(self, group: int = 8, seed: int = 0, **settings):
+            super().__init__(**settings)
+            self.group, self.rng = group, random.Random(seed)
+
+        def score(self, completions, kwargs):
+            rewards = super().score(completions, kwargs)
+            out = []
+            for i in range(0, len(rewards), self.group):
+                chunk = rewards[i:i + self.group]
+                self.rng.shuffle(chunk)
+                out.extend(chunk)
+            return out
 
 
 def phase_overrides(name: str, row: dict[str, object], init_adapter: str, out: Path, seed: int) -> list[str]:
@@ -152,11 +192,12 @@ def score(adapter: str, model: str, records: list, cfg, samples: int, temperatur
 
 
 def completions(phase: dict, row: dict[str, object]) -> int:
-    """Completions the phase generated: one generation batch of ``per_device_train_batch_size`` a step, plus
-    the extra rounds of dynamic sampling."""
+    """Completions the phase generated: one generation batch of ``per_device_train_batch_size`` x
+    ``gradient_accumulation_steps`` an optimizer step, plus the extra rounds of dynamic sampling."""
+    settings = {**BUDGET, **row}
     ds = phase.get("dynamic_sampling") or {}
     batches = ds.get("generation_batches", phase["steps"]) + ds.get("extra_rounds", 0)
-    return int(batches * {**BUDGET, **row}["training.per_device_train_batch_size"])
+    return int(batches * settings["training.per_device_train_batch_size"] * settings.get("p.gradient_accumulation_steps", 1))
 
 
 def main() -> None:
@@ -182,6 +223,7 @@ def main() -> None:
     torch.set_num_threads(1)  # as the runs' torch_threads: one thread is faster on a shared 2-core machine
     from cpr.training.runner import run_experiment
 
+    register_shuffled_cpr()
     out = Path(args.output_dir)
     records = list(generate(args.val_size, seed=args.val_seed, split="validation"))
     cfg0 = load_config(args.config)
