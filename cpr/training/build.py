@@ -79,7 +79,8 @@ class PhaseSpec:
         kwargs: the keyword arguments of its ``trl.GRPOConfig`` (:func:`grpo_kwargs`; with ``use_vllm``,
             ``generation_kwargs`` bans the vision placeholders once :attr:`args` is built).
         reward_funcs / reward_weights: TRL's ``reward_funcs`` / ``reward_weights`` (one weight a function).
-        curriculum: the phase's :class:`cpr.training.curriculum.CurriculumConfig`.
+        curriculum: the phase's :class:`cpr.training.curriculum.CurriculumConfig` (the config's own object,
+            :attr:`cpr.training.config.PhaseConfig.curriculum_config`).
         init_adapter: the phase's configured ``init_adapter`` folder, or ``None`` (the runner hands on the
             previous phase's, else the warm start's, else a new adapter trains).
         model_path: the model whose family gives the LoRA targets and whose processor the vision placeholders.
@@ -216,15 +217,14 @@ def build_phase(cfg: ExperimentConfig, name: str, model_path: str | None = None,
         ConfigError: an invalid reward set or curriculum (the config's checks, naming the key).
     """
     from cpr.rewards import get_reward_set
-    from cpr.training.curriculum import CurriculumConfig
 
     phase, model_path = cfg.phase(name), model_path or cfg.model.name_or_path
-    weights = phase_reward_weights(phase, phase_training_args(cfg, name))[0]
+    weights = phase_reward_weights(phase, phase.training_args)[0]
     funcs, weights = get_reward_set(phase.rewards, weights, phase.reward_params, **_reward_shared(cfg.rewards))
     kwargs = grpo_kwargs(cfg, phase, weights)
     return PhaseSpec(
         cfg=cfg, phase=phase, kwargs=kwargs, reward_funcs=funcs, reward_weights=weights,
-        curriculum=CurriculumConfig.from_dict(phase.curriculum, prefix=f"phase_settings.{name}.curriculum"),
+        curriculum=phase.curriculum_config,
         init_adapter=Path(phase.init_adapter) if phase.init_adapter else None, model_path=model_path,
         ban_placeholders=ban_placeholders,
     )

@@ -10,6 +10,7 @@ encoder loads, an invalid value raising :class:`cpr.errors.ConfigError` that nam
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import functools
 import logging
@@ -25,7 +26,7 @@ import yaml
 from annotated_types import Ge, Gt
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, field_validator
 
 from cpr.data import ADAPTERS, BucketConfig, load_templates
 from cpr.data.adapters.hf import looks_like_hub_name
@@ -87,9 +88,22 @@ class DataConfig(_Section):
     test_size: float = Field(0.0, ge=0)
     split_seed: int = 0
     on_invalid: Literal["error", "skip"] = "error"  # skip: drop invalid records (logged with counts)
-    buckets: dict[str, Any] = {}  # cpr.data.buckets.BucketConfig overrides
+    buckets: dict[str, Any] = {}  # cpr.data.buckets.BucketConfig overrides (as given; built: bucket_config)
     prompts: str | dict[str, Any] | None = None  # prompt templates: a YAML path or a mapping of overrides
     validate_images: bool = True  # open every image once at load time
+    _bucket_config: BucketConfig | None = PrivateAttr(None)
+
+    @property
+    def bucket_config(self) -> BucketConfig:
+        """``buckets`` as a :class:`cpr.data.BucketConfig`, built on first use (by :func:`load_config`, which
+        checks it) and the same object afterwards: what the data loaders bucket records with.
+
+        Raises:
+            ConfigError: an invalid ``buckets`` mapping (:meth:`cpr.data.BucketConfig.from_dict`).
+        """
+        if self._bucket_config is None:
+            self._bucket_config = BucketConfig.from_dict(self.buckets)
+        return self._bucket_config
 
 
 class WarmStartConfig(_Section):
@@ -130,6 +144,40 @@ class PhaseConfig(_Section):
     credit: Literal["completion", "step"] = "completion"  # step: step-level credit (cpr.credit)
     credit_weight: float = 1.0  # w of credit: step (token advantage = completion advantage + w x process advantage)
     training: dict[str, Any] = {}  # trl.GRPOConfig fields over the shared training section
+    _curriculum: Any = PrivateAttr(None)
+    _training_args: dict[str, Any] | None = PrivateAttr(None)
+
+    @property
+    def curriculum_config(self) -> Any:
+        """``curriculum`` as a :class:`cpr.training.curriculum.CurriculumConfig`, built on first use (by
+        :func:`load_config`, which checks it) and the same object afterwards: what the phase's trainer and
+        curriculum sampler read.
+
+        Raises:
+            ConfigError: an unknown key or invalid value, named ``phase_settings.<name>.curriculum.<key>``.
+        """
+        if self._curriculum is None:
+            from cpr.training.curriculum import CurriculumConfig
+
+            key = f"phase_settings.{self.name}"
+            try:
+                self._curriculum = CurriculumConfig.from_dict(self.curriculum, prefix=f"{key}.curriculum")
+            except ConfigError as e:
+                field_ = e.field or "curriculum"
+                raise ConfigError(e.message, field=field_ if field_.startswith(key) else f"{key}.{field_}") from None
+        return self._curriculum
+
+    @property
+    def training_args(self) -> dict[str, Any]:
+        """The phase's ``trl.GRPOConfig`` keyword arguments (:func:`phase_training_args`), merged once by
+        :func:`load_config`.
+
+        Raises:
+            RuntimeError: the phase was not resolved by :func:`load_config`.
+        """
+        if self._training_args is None:
+            raise RuntimeError(f"phase {self.name!r}: its settings were not resolved by load_config")
+        return self._training_args
 
 
 class EvalBenchmarkConfig(_Section):
@@ -261,6 +309,7 @@ class ExperimentConfig(_Section):
     evaluation: EvaluationConfig = EvaluationConfig()
     guards: GuardsConfig = GuardsConfig()
     config_path: str | None = None  # set by load_config
+    _warm_start_settings: Any = PrivateAttr(None)
 
     @field_validator("rewards", mode="before")
     @classmethod
@@ -397,11 +446,17 @@ def num_processes() -> int:
 
 def phase_training_args(cfg: ExperimentConfig, name: str) -> dict[str, Any]:
     """The GRPOConfig keyword arguments of phase ``name``: shared ``training`` merged with the
-    phase's own (phase wins), with ``seed``, ``output_dir`` and ``run_name`` filled in if unset."""
-    args = _merge(cfg.training, cfg.phase(name).training)
+    phase's own (phase wins), with ``seed``, ``output_dir`` and ``run_name`` filled in if unset; a copy
+    of :attr:`PhaseConfig.training_args`, merged once by :func:`load_config`."""
+    return copy.deepcopy(cfg.phase(name).training_args)
+
+
+def _merge_training(cfg: ExperimentConfig, phase: PhaseConfig) -> dict[str, Any]:
+    """:func:`phase_training_args` of ``phase``, merged (by :func:`_resolve_phase`, once a phase)."""
+    args = _merge(cfg.training, phase.training)
     args.setdefault("seed", cfg.seed)
-    args.setdefault("output_dir", str(Path(cfg.output_dir) / name))
-    args.setdefault("run_name", f"{cfg.run_name}-{name}")
+    args.setdefault("output_dir", str(Path(cfg.output_dir) / phase.name))
+    args.setdefault("run_name", f"{cfg.run_name}-{phase.name}")
     return args
 
 
@@ -464,7 +519,6 @@ def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> Phase
     """Phase ``name``'s settings over its preset, checked with the shared ``training`` and ``rewards``."""
     from cpr.credit import check_credit
     from cpr.rewards import get_reward_set
-    from cpr.training.curriculum import CurriculumConfig
 
     key, given = f"phase_settings.{name}", cfg.phase_settings.get(name)
     if given is not None and not isinstance(given, Mapping):
@@ -477,7 +531,7 @@ def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> Phase
         preset.pop("reward_params", None)  # the preset's parameters belong to its own rewards
     phase = _parse(PhaseConfig, {**_merge(preset, given or {}), "name": name}, key)
     _check_training(phase.training, f"{key}.training")
-    args = _merge(cfg.training, phase.training)
+    args = phase._training_args = _merge_training(cfg, phase)
     weights, weights_key = phase_reward_weights(phase, args)
     try:
         funcs, _ = get_reward_set(phase.rewards, weights, phase.reward_params, **_reward_shared(cfg.rewards))
@@ -488,11 +542,7 @@ def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> Phase
     check_credit(phase.credit, phase.credit_weight, funcs, loss_type=args.get("loss_type", "dapo"),
                  off_policy_mask_threshold=args.get("off_policy_mask_threshold"),
                  dynamic_sampling=phase.dynamic_sampling.enabled, field=f"{key}.credit")
-    try:
-        schedule = CurriculumConfig.from_dict(phase.curriculum, prefix=f"{key}.curriculum").schedule
-    except ConfigError as e:
-        field_ = e.field or "curriculum"
-        raise ConfigError(e.message, field=field_ if field_.startswith(key) else f"{key}.{field_}") from None
+    schedule = phase.curriculum_config.schedule  # built once, here
     if schedule != "none" and not (args.get("max_steps") or 0) > 0:
         raise ConfigError(f"a {schedule!r} curriculum needs max_steps > 0 (the schedule is a fraction of training)",
                           field=f"{key}.training.max_steps")
@@ -529,17 +579,21 @@ def warm_start_settings(cfg: ExperimentConfig) -> Any:
     """The :class:`~cpr.training.sft.SFTSettings` of an experiment's warm start: the ``warm_start``
     section's values and ``extra`` fields, the experiment's seed, a log line every 1/20 of the steps,
     a checkpoint every ``warm_start.save_steps`` (default: a quarter of ``max_steps``, as a phase), no reports.
-    Raises ``ConfigError`` (field ``warm_start.<key>``)."""
+    Built and checked once (by :func:`load_config`), the same object afterwards: what the warm start trains
+    with and the launch checks read (``extra``: its ``trl.SFTConfig`` fields). Raises ``ConfigError`` (field
+    ``warm_start.<key>``)."""
     from cpr.training.sft import SFTSettings
 
-    ws = cfg.warm_start
-    settings = SFTSettings(
-        max_steps=ws.max_steps, learning_rate=ws.learning_rate, per_device_train_batch_size=ws.per_device_train_batch_size,
-        max_length=ws.max_length, warmup_ratio=ws.warmup_ratio, seed=cfg.seed, logging_steps=max(1, ws.max_steps // 20),
-        save_strategy="steps", save_steps=ws.save_steps or max(1, ws.max_steps // 4), report_to="none", **ws.extra,
-    )
-    settings.validate(prefix="warm_start")
-    return settings
+    if cfg._warm_start_settings is None:
+        ws = cfg.warm_start
+        settings = SFTSettings(
+            max_steps=ws.max_steps, learning_rate=ws.learning_rate, per_device_train_batch_size=ws.per_device_train_batch_size,
+            max_length=ws.max_length, warmup_ratio=ws.warmup_ratio, seed=cfg.seed, logging_steps=max(1, ws.max_steps // 20),
+            save_strategy="steps", save_steps=ws.save_steps or max(1, ws.max_steps // 4), report_to="none", **ws.extra,
+        )
+        settings.validate(prefix="warm_start")
+        cfg._warm_start_settings = settings
+    return cfg._warm_start_settings
 
 
 def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -557,7 +611,7 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     _rekey("model.dtype", resolve_dtype, cfg.model.dtype, "cpu")
     for k in set(cfg.warm_start.extra) - {f.name for f in dataclasses.fields(SFTSettings)}:
         raise ConfigError("not a cpr.training.sft.SFTSettings field", field=f"warm_start.extra.{k}")
-    warm_start_settings(cfg)
+    warm_start_settings(cfg)  # built once, here
     if not cfg.data.train:
         raise ConfigError("no training data: give at least one {source, path}", field="data.train")
     for split in ("train", "validation", "test"):
@@ -567,7 +621,7 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
             raise ConfigError("text-only questions cannot be trained with GRPO: TRL cannot generate for a batch "
                               "mixing text-only and image prompts; use text_only: skip",
                               field=f"data.train[{i}].options.text_only")
-    BucketConfig.from_dict(cfg.data.buckets)
+    cfg.data.bucket_config  # noqa: B018 - built once, here
     if isinstance(cfg.data.prompts, str):
         cfg.data.prompts = _resolve_path(cfg.data.prompts, base)
     load_templates(cfg.data.prompts)

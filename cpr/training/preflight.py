@@ -19,7 +19,7 @@ from typing import Any
 from cpr.distributed import env_flag
 from cpr.errors import ConfigError, ModelNotAvailableError
 from cpr.matching import _looks_like_path
-from cpr.training.config import ExperimentConfig
+from cpr.training.config import ExperimentConfig, warm_start_settings
 
 logger = logging.getLogger("cpr.training")
 
@@ -153,7 +153,7 @@ def process_group_timeout(cfg: Any, phases: Mapping[str, Any] | None = None) -> 
     phases = build_phases(cfg) if phases is None else phases
     values = [spec.setting("ddp_timeout") for spec in phases.values()]
     if cfg.warm_start.enabled:
-        values.append(cfg.warm_start.extra.get("ddp_timeout", default))
+        values.append(warm_start_settings(cfg).extra.get("ddp_timeout", default))
     return float(max(values, default=default))
 
 
@@ -187,7 +187,7 @@ def check_launch(cfg: Any, phases: Mapping[str, Any] | None = None) -> None:
         from cpr.training.sft import sft_precision
 
         cuda = torch.cuda.is_available()
-        sft = sft_precision(resolve_dtype(cfg.model.dtype, "cuda" if cuda else "cpu"), cfg.warm_start.extra)
+        sft = sft_precision(resolve_dtype(cfg.model.dtype, "cuda" if cuda else "cpu"), warm_start_settings(cfg).extra)
         precision.append(("warm_start.extra", sft["bf16"], sft["fp16"]))
     for name, spec in phases.items():
         own = spec.phase.training

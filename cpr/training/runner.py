@@ -25,6 +25,7 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,10 @@ def run_experiment(
     cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, callbacks: Sequence[Any] = ()
 ) -> dict[str, Any]:
     """Run every phase of ``cfg`` and return the summary (also ``summary.json``, rewritten after each phase; with
-    ``evaluation.final``, ``final_eval`` / ``final_eval_validation``: ``{benchmark: overall}``).
+    ``evaluation.final``, ``final_eval`` / ``final_eval_validation``: ``{benchmark: overall}``). The steps, in order:
+    each phase built (its GRPOConfig, reward functions and weights, curriculum), the launch checked, the output
+    folder claimed, ``config.yaml`` written, the data loaded, the warm start, each phase trained from the adapter
+    handed over, its best checkpoint selected and handed on, the final evaluation and the closing table.
 
     Args:
         cfg: a validated config (:func:`cpr.training.config.load_config`).
@@ -57,127 +61,235 @@ def run_experiment(
         ModelNotAvailableError: the model or encoder is neither local nor downloadable.
         TrainingDivergedError / TrainingOutOfMemoryError: a guard stopped a phase / out of memory.
     """
+    from cpr.training.build import build_phases
+    from cpr.training.guards import TrainingDivergedError
+    from cpr.training.logs import close_run_log, open_run_log
+
+    phases = build_phases(cfg)  # each phase's TRL objects (rewards included), built once: what every step reads
+    state, checked = _launch(cfg, phases, resume=resume, overwrite=overwrite)
+    handler = open_run_log(Path(cfg.output_dir), write=state.is_main_process)
+    run = _Run(cfg, Path(cfg.output_dir), state, resume)
+    try:
+        _write_config(run, phases)
+        splits, templates, model_path = _load_data(run, phases, checked)
+        handover = _warm_start(run, splits, templates, model_path)
+        for spec in phases.values():
+            if (finished := _finished_phase(run, spec)) is not None:  # a resumed run's finished phase
+                handover = finished
+                continue
+            result = _train(run, spec, splits, templates, model_path, handover, callbacks)
+            adapter = _select_best(run, spec, result, splits, templates, model_path)
+            handover = _hand_over(run, spec, result, adapter)
+        _final_evaluation(run, splits, templates, model_path, handover)
+        return _close(run, splits)
+    except TrainingDivergedError:
+        raise
+    except BaseException as e:
+        _record_failure(run, e)
+        raise
+    finally:
+        close_run_log(handler)
+
+
+@dataclass
+class _Run:
+    """What the steps of one :func:`run_experiment` share: the config, the run folder ``out``, accelerate's
+    process ``state``, ``resume``, the ``summary`` (``summary.json``) and the ``stage`` running now (the line of
+    an interrupted run names it)."""
+
+    cfg: ExperimentConfig
+    out: Path
+    state: Any
+    resume: bool
+    t_start: float = field(default_factory=time.time)
+    summary: dict[str, Any] = field(init=False)
+    stage: str = "setup"
+
+    def __post_init__(self) -> None:
+        self.summary = {"run_name": self.cfg.run_name, "output_dir": str(self.out), "model": self.cfg.model.name_or_path,
+                        "phases": [], "status": "running"}
+
+    def write_summary(self) -> None:
+        """``summary.json`` (main process), with the wall time so far."""
+        self.summary["wall_time_s"] = round(time.time() - self.t_start, 1)
+        if self.state.is_main_process:
+            atomic_write_json(self.out / "summary.json", self.summary)
+
+
+def _launch(cfg: ExperimentConfig, phases: Mapping[str, Any], *, resume: bool, overwrite: bool) -> tuple[Any, Any]:
+    """Check the launch (:func:`cpr.training.preflight.check_launch`, before the process group forms: every
+    process refuses alike), set the torch threads, form the process group (ranks wait at most ``ddp_timeout`` for
+    each other) and claim ``output_dir``; a previous run is deleted only once :func:`check_before_training` passed.
+
+    Returns:
+        ``(state, checked)``: accelerate's process state and what :func:`check_before_training` returned, or
+        ``None`` when it has not run yet.
+    """
     import torch
 
     from cpr.distributed import check_shared_output_dir, process_state
-    from cpr.training.build import build_phases
-    from cpr.training.evaluate import final_evaluation, summary_entries
-    from cpr.training.guards import TrainingDivergedError
-    from cpr.training.logs import close_run_log, open_run_log
-    from cpr.training.phase import resolved_config, train_phase
     from cpr.training.preflight import check_launch, process_group_timeout
-    from cpr.training.report import chance_accuracy, compare_stages, phase_bucket_mixes
-    from cpr.training.selection import select_best
-    from cpr.training.warm_start import run_warm_start
 
-    phases = build_phases(cfg)  # each phase's TRL objects, built once: what every step below reads
-    check_launch(cfg, phases)  # before the process group forms: every process refuses alike
+    check_launch(cfg, phases)
     if cfg.torch_threads is not None:
         torch.set_num_threads(cfg.torch_threads)
-    state = process_state(timeout_s=process_group_timeout(cfg, phases))  # ranks wait at most ddp_timeout for each other
+    state = process_state(timeout_s=process_group_timeout(cfg, phases))
     out = Path(cfg.output_dir)
     check_shared_output_dir(out, state)  # multi-node: every rank reads what the main process writes
     checked = None
     if claim_output_dir(out, resume=resume, overwrite=overwrite, state=state):
         checked = check_before_training(cfg, state, phases)  # nothing of the previous run is touched before this passed
         delete_previous_run(out, state)
-    handler = open_run_log(out, write=state.is_main_process)
-    t_start = time.time()
-    summary: dict[str, Any] = {"run_name": cfg.run_name, "output_dir": str(out), "model": cfg.model.name_or_path,
-                               "phases": [], "status": "running"}
-    stage = "setup"  # what runs now, for the line of an interrupted run
+    return state, checked
 
-    def write_summary() -> None:
-        summary["wall_time_s"] = round(time.time() - t_start, 1)
-        if state.is_main_process:
-            atomic_write_json(out / "summary.json", summary)
 
-    try:
-        if resume:
-            check_resumed_config(out, cfg)
-        if state.is_main_process:
-            out.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(out / "config.yaml", yaml.safe_dump(resolved_config(cfg, phases), sort_keys=False, allow_unicode=True))
-        logger.info("run %s -> %s (torch threads: %d)", cfg.run_name, out.resolve(), torch.get_num_threads())
-        splits, templates, model_path = checked or check_before_training(cfg, state, phases)
-        logger.info("data: %s", splits.counts())
-        logger.info("model: %s", model_path)
-        summary["data"] = splits.counts()
+def _write_config(run: _Run, phases: Mapping[str, Any]) -> None:
+    """A resumed run's config checked against its ``config.yaml`` (:func:`check_resumed_config`), then
+    ``config.yaml`` written (:func:`cpr.training.phase.resolved_config`)."""
+    import torch
 
-        handover: Path | None = None
-        if cfg.warm_start.enabled:
-            stage = "warm_start"
-            handover = run_warm_start(
-                cfg, splits, out / "warm_start", templates=templates, model_path=model_path, resume=resume
-            )
-            summary["warm_start_adapter"] = str(handover)
+    from cpr.training.phase import resolved_config
 
-        for name, spec in phases.items():
-            phase = spec.phase
-            done_file = out / name / "phase_done.json"
-            if resume and done_file.is_file():
-                logger.info("phase %s: already finished, skipping", name)
-                summary["phases"].append(json.loads(done_file.read_text(encoding="utf-8")))
-                handover = Path(summary["phases"][-1]["handover_adapter"])
-                continue
-            init = spec.init_adapter or handover
-            stage = name
-            result = train_phase(cfg, spec, splits, templates, model_path, init, resume, callbacks)
-            summary["phases"].append(result)
-            if result.get("status") == "diverged":
-                d = summary["diverged"] = result["diverged"]
-                summary["status"] = "diverged"
-                write_summary()
-                where = f"checkpoint {d['checkpoint']} is marked {DIVERGED_MARKER}" if d["checkpoint"] else "no checkpoint"
-                raise TrainingDivergedError(
-                    f"phase {name} diverged at step {d['step']}: {d['reason']} (guard {d['condition']}, action stop); "
-                    f"{where}; {out / 'summary.json'} has status 'diverged'",
-                    event=d, checkpoint=d["checkpoint"], summary=summary,
-                )
-            if phase.select_best:
-                result["selection"] = select_best(cfg, phase, splits, templates, model_path)
-                handover = adapter_folder(Path(result["selection"]["picked"]), field=f"{name} selection.json picked")
-            else:
-                handover = Path(result["adapter"])
-            result["handover_adapter"] = str(handover)
-            if state.is_main_process:
-                atomic_write_json(done_file, result)
-            write_summary()
+    if run.resume:
+        check_resumed_config(run.out, run.cfg)
+    if run.state.is_main_process:
+        run.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run.out / "config.yaml",
+                          yaml.safe_dump(resolved_config(run.cfg, phases), sort_keys=False, allow_unicode=True))
+    logger.info("run %s -> %s (torch threads: %d)", run.cfg.run_name, run.out.resolve(), torch.get_num_threads())
 
-        summary["final_adapter"] = str(handover) if handover else None
-        stage = "final evaluation"
-        if cfg.evaluation.final:
-            results = final_evaluation(
-                cfg, splits, adapter=handover, run_dir=out, label=cfg.run_name, templates=templates,
-                model_path=model_path, skip_empty=True, echo=True,
-            )
-            summary.update(summary_entries(results))
-            if cfg.evaluation.compare:  # the closing table: earlier stages beside the final adapter
-                summary["chance_accuracy"] = chance_accuracy(splits.test)
-                summary["comparison"] = compare_stages(cfg, splits, summary, out, templates=templates,
-                                                       model_path=model_path)
-        summary["bucket_mix"] = phase_bucket_mixes(out, summary, splits.train)
-        summary["status"] = "finished"
-        write_summary()
-        if state.is_main_process:
-            _print_summary(summary)
-        return summary
-    except TrainingDivergedError:
-        raise
-    except BaseException as e:
-        summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
-        summary["error"] = f"{type(e).__name__}: {' '.join(str(e).split()) or type(e).__name__}"[:2000]
-        with contextlib.suppress(OSError):
-            write_summary()
-        if isinstance(e, KeyboardInterrupt):
-            if state.is_main_process:
-                if stage not in ("setup", "final evaluation"):  # the trainer's progress bar stops mid-line
-                    print(file=sys.stderr, flush=True)
-                logger.warning("%s", interrupted_line(out, stage, resume_command(state.num_processes)))
-            raise RunInterrupted(str(e)) from None
-        raise
-    finally:
-        close_run_log(handler)
+
+def _load_data(run: _Run, phases: Mapping[str, Any], checked: Any) -> tuple[Any, Any, str]:
+    """The splits, templates and model path (:func:`check_before_training`, unless :func:`_launch` ran it)."""
+    splits, templates, model_path = checked or check_before_training(run.cfg, run.state, phases)
+    logger.info("data: %s", splits.counts())
+    logger.info("model: %s", model_path)
+    run.summary["data"] = splits.counts()
+    return splits, templates, model_path
+
+
+def _warm_start(run: _Run, splits: Any, templates: Any, model_path: str) -> Path | None:
+    """The warm start's adapter (:func:`cpr.training.warm_start.run_warm_start`), or ``None`` without one."""
+    from cpr.training.warm_start import run_warm_start
+
+    if not run.cfg.warm_start.enabled:
+        return None
+    run.stage = "warm_start"
+    adapter = run_warm_start(run.cfg, splits, run.out / "warm_start", templates=templates, model_path=model_path,
+                             resume=run.resume)
+    run.summary["warm_start_adapter"] = str(adapter)
+    return adapter
+
+
+def _finished_phase(run: _Run, spec: Any) -> Path | None:
+    """With ``resume``, the adapter a phase that finished before handed over (its ``phase_done.json`` back in the
+    summary); ``None`` when it is to be trained."""
+    done_file = run.out / spec.name / "phase_done.json"
+    if not (run.resume and done_file.is_file()):
+        return None
+    logger.info("phase %s: already finished, skipping", spec.name)
+    run.summary["phases"].append(json.loads(done_file.read_text(encoding="utf-8")))
+    return Path(run.summary["phases"][-1]["handover_adapter"])
+
+
+def _train(run: _Run, spec: Any, splits: Any, templates: Any, model_path: str, handover: Path | None,
+           callbacks: Sequence[Any]) -> dict[str, Any]:
+    """Train phase ``spec`` (:func:`cpr.training.phase.train_phase`) from its ``init_adapter``, else the adapter
+    ``handover``; its result goes into the summary.
+
+    Raises:
+        TrainingDivergedError: a guard stopped it (``summary.json``: status ``diverged``).
+    """
+    from cpr.training.guards import TrainingDivergedError
+    from cpr.training.phase import train_phase
+
+    run.stage = spec.name
+    result = train_phase(run.cfg, spec, splits, templates, model_path, spec.init_adapter or handover, run.resume,
+                         callbacks)
+    run.summary["phases"].append(result)
+    if result.get("status") == "diverged":
+        d = run.summary["diverged"] = result["diverged"]
+        run.summary["status"] = "diverged"
+        run.write_summary()
+        where = f"checkpoint {d['checkpoint']} is marked {DIVERGED_MARKER}" if d["checkpoint"] else "no checkpoint"
+        raise TrainingDivergedError(
+            f"phase {spec.name} diverged at step {d['step']}: {d['reason']} (guard {d['condition']}, action stop); "
+            f"{where}; {run.out / 'summary.json'} has status 'diverged'",
+            event=d, checkpoint=d["checkpoint"], summary=run.summary,
+        )
+    return result
+
+
+def _select_best(run: _Run, spec: Any, result: dict[str, Any], splits: Any, templates: Any, model_path: str) -> Path:
+    """The adapter phase ``spec`` hands on: with ``select_best``, its best checkpoint on the validation split
+    (:func:`cpr.training.selection.select_best`, into ``result["selection"]``), else its final adapter."""
+    from cpr.training.selection import select_best
+
+    if not spec.phase.select_best:
+        return Path(result["adapter"])
+    result["selection"] = select_best(run.cfg, spec.phase, splits, templates, model_path)
+    return adapter_folder(Path(result["selection"]["picked"]), field=f"{spec.name} selection.json picked")
+
+
+def _hand_over(run: _Run, spec: Any, result: dict[str, Any], adapter: Path) -> Path:
+    """Record ``adapter`` as what phase ``spec`` hands over (``phase_done.json``, which a resumed run reads) and
+    rewrite the summary; returns ``adapter``."""
+    result["handover_adapter"] = str(adapter)
+    if run.state.is_main_process:
+        atomic_write_json(run.out / spec.name / "phase_done.json", result)
+    run.write_summary()
+    return adapter
+
+
+def _final_evaluation(run: _Run, splits: Any, templates: Any, model_path: str, adapter: Path | None) -> None:
+    """Score the final ``adapter`` with ``evaluation.final`` (:func:`cpr.training.evaluate.final_evaluation`), and
+    with ``evaluation.compare`` the earlier stages beside it (:func:`cpr.training.report.compare_stages`)."""
+    from cpr.training.evaluate import final_evaluation, summary_entries
+    from cpr.training.report import chance_accuracy, compare_stages
+
+    cfg, summary = run.cfg, run.summary
+    summary["final_adapter"] = str(adapter) if adapter else None
+    run.stage = "final evaluation"
+    if not cfg.evaluation.final:
+        return
+    results = final_evaluation(cfg, splits, adapter=adapter, run_dir=run.out, label=cfg.run_name, templates=templates,
+                               model_path=model_path, skip_empty=True, echo=True)
+    summary.update(summary_entries(results))
+    if cfg.evaluation.compare:  # the closing table: earlier stages beside the final adapter
+        summary["chance_accuracy"] = chance_accuracy(splits.test)
+        summary["comparison"] = compare_stages(cfg, splits, summary, run.out, templates=templates, model_path=model_path)
+
+
+def _close(run: _Run, splits: Any) -> dict[str, Any]:
+    """Finish the summary (each phase's bucket mix, status ``finished``), print it with the closing table
+    (main process) and return it."""
+    from cpr.training.report import phase_bucket_mixes
+
+    run.summary["bucket_mix"] = phase_bucket_mixes(run.out, run.summary, splits.train)
+    run.summary["status"] = "finished"
+    run.write_summary()
+    if run.state.is_main_process:
+        _print_summary(run.summary)
+    return run.summary
+
+
+def _record_failure(run: _Run, e: BaseException) -> None:
+    """Write ``summary.json`` with status ``failed`` (or ``interrupted``) and the error; on Ctrl-C log one line
+    (:func:`interrupted_line`).
+
+    Raises:
+        RunInterrupted: for a ``KeyboardInterrupt``.
+    """
+    run.summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+    run.summary["error"] = f"{type(e).__name__}: {' '.join(str(e).split()) or type(e).__name__}"[:2000]
+    with contextlib.suppress(OSError):
+        run.write_summary()
+    if isinstance(e, KeyboardInterrupt):
+        if run.state.is_main_process:
+            if run.stage not in ("setup", "final evaluation"):  # the trainer's progress bar stops mid-line
+                print(file=sys.stderr, flush=True)
+            logger.warning("%s", interrupted_line(run.out, run.stage, resume_command(run.state.num_processes)))
+        raise RunInterrupted(str(e)) from None
 
 
 def resume_command(num_processes: int = 1, argv: Sequence[str] | None = None) -> str:

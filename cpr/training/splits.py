@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cpr.data import BucketConfig, Records, load_records
+from cpr.data import Records, load_records
 from cpr.errors import ConfigError, InputError
 from cpr.training.config import DataConfig, DataSourceConfig, ExperimentConfig
 
@@ -46,7 +46,7 @@ def load_sources(sources: Sequence[DataSourceConfig], data: DataConfig, *, key: 
         ConfigError: a source refuses its settings (an unknown option, a bad split); the field is the config
             key (``<key>[i].options``, ``<key>[i].split``) and the path ``config_path``, the YAML file.
     """
-    buckets = BucketConfig.from_dict(data.buckets)
+    buckets = data.bucket_config
     out: list[Records] = []
     seen: dict[str, str] = {}
     for i, src in enumerate(sources):
