@@ -41,6 +41,7 @@ ROWS: dict[str, tuple[str, dict[str, object]]] = {
                         {"phase_settings.cpr.rewards": ["format", "step_f1"], "phase_settings.cpr.reward_weights": [1.0, 1.0],
                          "p.learning_rate": 1e-4}),
     "lr_3e-4": ("CPR, lr 3e-4", {"p.learning_rate": 3e-4}),
+    "answer_only_lr_3e-4": ("Answer-Only, lr 3e-4", {"phase": "answer_only", "p.learning_rate": 3e-4}),
     "lr_3e-4_beta_0.04": ("CPR, lr 3e-4, KL beta 0.04 to the warm start", {"p.learning_rate": 3e-4, "training.beta": 0.04}),
     "credit_step_lr_1e-4": ("CPR with step-level credit (credit: step), lr 1e-4",
                             {"phase_settings.cpr.credit": "step", "p.learning_rate": 1e-4}),
@@ -200,6 +201,56 @@ def completions(phase: dict, row: dict[str, object]) -> int:
     return int(batches * settings["training.per_device_train_batch_size"] * settings.get("p.gradient_accumulation_steps", 1))
 
 
+def seed_table(specs: list[str]) -> str:
+    """Markdown table of ``diagnosis.json`` files, mean +/- sample standard deviation over each row's seeds.
+
+    ``specs``: ``LABEL=PATH[,PATH...]``, the files of one warm start (the label names it in the table); within
+    a label, rows with the same name, validation items and extra overrides are one row over their seeds, and
+    the warm start's row is taken once. Columns: greedy and sampled accuracy (percent) and Match F1, the
+    share of zero-variance groups, completions generated, the median ``step_time`` (seconds an optimizer step,
+    from the phase's ``log.jsonl``; the machine's load varied between rows). Raises ``FileNotFoundError`` for
+    a missing file and ``ValueError`` for a spec without ``=``."""
+    import statistics
+
+    groups: dict[str, list[tuple[dict, Path | None]]] = {}
+    for spec in specs:
+        label, sep, files = spec.partition("=")
+        if not sep:
+            raise ValueError(f"--table takes LABEL=PATH[,PATH...], got {spec!r}")
+        for path in files.split(","):
+            folder = Path(path).parent
+            for key, res in json.loads(Path(path).read_text()).items():
+                parts = key.split("|")
+                if parts[0] == "warm_start":
+                    groups.setdefault(f"{label}: warm start", [(res, None)])
+                    continue
+                name = "|".join([parts[0], *parts[3:]]).rstrip("|")
+                groups.setdefault(f"{label}: {name}", []).append((res, folder / parts[0] / parts[1]))
+
+    def stat(values: list[float], fmt: str) -> str:
+        if len(values) < 2:
+            return format(values[0], fmt)
+        return f"{format(statistics.mean(values), fmt)} ± {format(statistics.stdev(values), fmt)}"
+
+    lines = ["| row | seeds | greedy Acc | greedy Match F1 | sampled Acc | sampled Match F1 | zero-std groups | "
+             "completions | s / step |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, runs in groups.items():
+        cells = [stat([r[m][k] for r, _ in runs], f) for m in ("greedy", "sampled")
+                 for k, f in (("accuracy", ".1f"), ("match_f1", ".3f"))]
+        zero = [r["zero_std"] for r, _ in runs if r.get("zero_std") is not None]
+        made = [r["completions"] for r, _ in runs if r.get("completions")]
+        times = []
+        for _, folder in runs:
+            for log in (folder.glob("*/log.jsonl") if folder else []):
+                steps = [json.loads(line).get("step_time") for line in log.read_text().splitlines() if line.strip()]
+                steps = [t for t in steps if t is not None]
+                if steps:
+                    times.append(statistics.median(steps))
+        lines.append(f"| {name} | {len(runs)} | {' | '.join(cells)} | {stat(zero, '.3f') if zero else '-'} | "
+                     f"{stat(made, '.0f') if made else '-'} | {stat(times, '.2f') if times else '-'} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated rows of {', '.join(ROWS)}")
@@ -213,7 +264,12 @@ def main() -> None:
     parser.add_argument("--curve", type=int, default=0,
                         help="also save a checkpoint every N steps and score each (the learning curve; 0: off)")
     parser.add_argument("--set", dest="extra", action="append", default=[], help="extra override for every row")
+    parser.add_argument("--table", nargs="+", metavar="DIAGNOSIS_JSON",
+                        help="only print the mean +/- std over seeds of these diagnosis.json files, then exit")
     args = parser.parse_args()
+    if args.table:
+        print(seed_table(args.table))
+        return
 
     import torch
 
