@@ -89,6 +89,15 @@ ROWS: dict[str, tuple[str, dict[str, object]]] = {
     # the 15,360 completions of the 240-step rows.
     "batch_256_lr_3e-4": ("CPR, 256 completions an optimizer step (32 prompts x 8), lr 3e-4, 60 steps",
                           {"p.learning_rate": 3e-4, "p.gradient_accumulation_steps": 4}),
+    # From a warm start where half of Answer-Only's groups have zero variance, nearly every step takes its extra
+    # round: 30 steps keep the completions near 3,840.
+    "answer_only_dyn30_lr_1e-4": ("Answer-Only, lr 1e-4, dynamic sampling (max_resample 1), 30 steps",
+                                  {"phase": "answer_only", "p.learning_rate": 1e-4, "p.max_steps": 30,
+                                   "phase_settings.answer_only.curriculum.schedule": "linear",
+                                   "phase_settings.answer_only.curriculum.linear_start": [1.0, 1.0, 1.0],
+                                   "phase_settings.answer_only.curriculum.linear_end": [1.0, 1.0, 1.0],
+                                   "phase_settings.answer_only.dynamic_sampling": {"enabled": True,
+                                                                                   "max_resample": 1}}),
     "mastery_lr_1e-4": ("CPR, lr 1e-4, curriculum schedule mastery (threshold 0.7)",
                         {"p.learning_rate": 1e-4, "phase_settings.cpr.curriculum.schedule": "mastery"}),
 }
