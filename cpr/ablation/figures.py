@@ -490,6 +490,6 @@ def plot_learning_curves(curves: Mapping[str, Sequence[Mapping[str, float]]], pa
                 ax.axhline(points[0][f"greedy_{metric}"], color="grey", linewidth=0.8, linestyle=":")
         ax.set(xlabel="generated completions", ylabel=label, title=label)
     if curves:
-        axes[0][0].legend(loc="lower left", fontsize=7)
+        axes[0][0].legend(loc="best", fontsize=7)
     fig.suptitle(title)
     return _save(fig, path, dpi)
