@@ -111,6 +111,9 @@ class WarmStartConfig(_Section):
 
     enabled: bool = False
     max_records: int | None = Field(None, ge=1)  # a seeded subset of the training records (None: all)
+    # each reference step of a target kept with this probability (a teacher that states some of the steps;
+    # cpr.training.warm_start.teacher_records); 1.0: the full reference
+    step_keep: float = Field(1.0, gt=0.0, le=1.0)
     max_steps: int = 150
     learning_rate: float = 5e-3
     warmup_ratio: float = 0.05
