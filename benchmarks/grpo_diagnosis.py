@@ -3,14 +3,18 @@
 Usage::
 
     make demo      # once: its warm-start adapter (outputs/demo/warm_start/adapter)
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_diagnosis.py --rows baseline,lr_low [--seeds 1]
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_diagnosis.py --rows lr_1e-4,answer_only_lr_1e-4 --seeds 1,2,3 \
+        [--curve 20] [--init-adapter ADAPTER] [--output-dir DIR]
+    .venv/bin/python benchmarks/grpo_diagnosis.py --table ws400=DIR/diagnosis.json[,...] [LABEL=...]
 
 Each row is one GRPO phase of ``recipes/configs/demo.yaml`` (tiny Qwen2.5-VL, the generated colour-grid
 task), started from the demo's warm-start adapter, with the row's overrides (``ROWS`` below), and then
 scored on ``--val-size`` items of the *validation* split (never the test split), greedy and sampled
 (``--samples`` completions an item at temperature 1, the mean over them: mean@k). Rows that compare a
 setting keep the number of generated completions (prompts x generations x steps) equal. The warm start
-itself is the first row. Output: one markdown table on standard output and ``<output-dir>/diagnosis.json``.
+itself is the first row. Output: one markdown table on standard output and ``<output-dir>/diagnosis.json``
+(a rerun skips the rows it holds). ``--curve N`` also scores the checkpoint of every N steps (the validation
+learning curve the notebook draws); ``--table`` prints the mean +/- std over seeds of finished files.
 """
 
 from __future__ import annotations
