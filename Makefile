@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export WANDB_MODE ?= offline
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo-models demo test lint bench ablation-demo reproduce clean
+.PHONY: setup demo-models demo demo-teacher test lint bench ablation-demo reproduce clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,11 @@ demo-models: $(STAMP)
 demo: $(STAMP)
 	$(PY) tools/tiny_models.py --demo recipes/configs/demo.yaml
 	$(PY) recipes/cpr_curriculum.py
+
+# The demo from a warm start whose teacher leaves steps out (where CPR keeps what Answer-Only drops).
+demo-teacher: $(STAMP)
+	$(PY) tools/tiny_models.py --demo recipes/configs/demo.yaml
+	$(PY) recipes/cpr_curriculum.py --config recipes/configs/demo_teacher.yaml
 
 # pytest exits 5 when it collected no tests: that is a failure, said in words.
 test: $(STAMP)

@@ -6,6 +6,7 @@ validation split seeds phase 2, which trains on format + CPR with an easy-to-har
 
     python recipes/cpr_curriculum.py                       # offline CPU demo (recipes/configs/demo.yaml)
     python recipes/cpr_curriculum.py --config recipes/configs/demo_tabmwp.yaml   # the real-data CPU demo
+    python recipes/cpr_curriculum.py --config recipes/configs/demo_teacher.yaml  # a warm start that leaves steps out
     accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml recipes/cpr_curriculum.py \\
         --config recipes/configs/qwen2_5_vl_3b_cpr_curriculum.yaml
     python recipes/cpr_curriculum.py --config X.yaml --resume          # continue a killed run
@@ -21,7 +22,7 @@ import sys
 from pathlib import Path
 
 DEMO = Path(__file__).resolve().parent / "configs" / "demo.yaml"
-DEMOS = (DEMO, DEMO.with_name("demo_tabmwp.yaml"))
+DEMOS = (DEMO, DEMO.with_name("demo_tabmwp.yaml"), DEMO.with_name("demo_teacher.yaml"))
 
 
 def main() -> int:
@@ -37,7 +38,8 @@ def main() -> int:
         sys.path.insert(0, str(DEMO.parents[2] / "tools"))
         import tiny_models  # test and demo tooling: the demo's tiny model, built where missing
 
-        tiny_models.build_demo_models(args.config)
+        # demo_teacher.yaml trains demo.yaml's model
+        tiny_models.build_demo_models(str(DEMO) if Path(args.config).resolve() == DEMOS[2] else args.config)
         # the demo's own outputs/demo is disposable: running it again replaces it (unless resuming);
         # a demo-based run given another output_dir (an ablation's runs) is never deleted unasked
         own_output = args.output_dir is None and not any(o.startswith("output_dir=") for o in args.overrides)
