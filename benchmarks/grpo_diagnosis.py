@@ -34,6 +34,16 @@ REPO = Path(__file__).resolve().parents[1]
 #: name -> (what it tests, overrides of demo.yaml for the GRPO phase ``p`` = phase_settings.<phase>).
 #: The default budget: 8 prompts x 8 generations x 60 steps = 3,840 completions.
 BUDGET = {"training.per_device_train_batch_size": 64, "training.num_generations": 8, "p.max_steps": 60}
+#: A constant learning rate: no warmup, no decay.
+CONSTANT_LR = {"p.lr_scheduler_type": "constant", "p.warmup_steps": 0}
+#: Answer-Only with dynamic sampling (max_resample 1). It needs the curriculum sampler (its fresh prompts):
+#: 'linear' with equal weights from start to end draws all buckets in the data's own (equal) proportions, as
+#: schedule 'none' does.
+DYNAMIC_ANSWER_ONLY = {"phase": "answer_only", "p.learning_rate": 1e-4,
+                       "phase_settings.answer_only.curriculum.schedule": "linear",
+                       "phase_settings.answer_only.curriculum.linear_start": [1.0, 1.0, 1.0],
+                       "phase_settings.answer_only.curriculum.linear_end": [1.0, 1.0, 1.0],
+                       "phase_settings.answer_only.dynamic_sampling": {"enabled": True, "max_resample": 1}}
 ROWS: dict[str, tuple[str, dict[str, object]]] = {
     "baseline": ("CPR, lr 3e-5, 8 prompts x 8, T 1.0", {}),
     "answer_only": ("Answer-Only, same budget", {"phase": "answer_only"}),
@@ -57,30 +67,22 @@ ROWS: dict[str, tuple[str, dict[str, object]]] = {
     "temp_0.7": ("training temperature 0.7", {"training.temperature": 0.7}),
     "beta_0.04": ("KL beta 0.04 to the warm start", {"training.beta": 0.04}),
     "constant_lr": ("constant learning rate (no warmup, no decay)",
-                    {"p.lr_scheduler_type": "constant", "p.warmup_steps": 0}),
+                    CONSTANT_LR),
     "steps_x2": ("twice the completions (120 steps)", {"p.max_steps": 120}),
     "constant_lr_1e-4": ("CPR, lr 1e-4 constant (no warmup, no decay)",
-                         {"p.learning_rate": 1e-4, "p.lr_scheduler_type": "constant", "p.warmup_steps": 0}),
-    # Dynamic sampling needs the curriculum sampler (its fresh prompts): 'linear' with equal weights from start
-    # to end draws all buckets in the data's own (equal) proportions, as schedule 'none' does. One extra round
-    # (max_resample 1) costs a whole generation batch; 35 steps keep the completions near the 3,840 of 60 steps
+                         {"p.learning_rate": 1e-4, **CONSTANT_LR}),
+    # One extra round costs a whole generation batch; 35 steps keep the completions near the 3,840 of 60 steps
     # at Answer-Only's share of zero-variance groups (the row records the completions it generated).
     "answer_only_dyn_lr_1e-4": ("Answer-Only, lr 1e-4, dynamic sampling (max_resample 1), 35 steps",
-                                {"phase": "answer_only", "p.learning_rate": 1e-4, "p.max_steps": 35,
-                                 "phase_settings.answer_only.curriculum.schedule": "linear",
-                                 "phase_settings.answer_only.curriculum.linear_start": [1.0, 1.0, 1.0],
-                                 "phase_settings.answer_only.curriculum.linear_end": [1.0, 1.0, 1.0],
-                                 "phase_settings.answer_only.dynamic_sampling": {"enabled": True, "max_resample": 1}}),
+                                {**DYNAMIC_ANSWER_ONLY, "p.max_steps": 35}),
     # Four times the completions (15,360) at a constant learning rate: with --curve 60 each quarter's
     # checkpoint is the same run stopped at 3,840 x k completions.
-    "long_lr_1e-4": ("CPR, lr 1e-4 constant, 240 steps", {"p.learning_rate": 1e-4, "p.max_steps": 240,
-                                                         "p.lr_scheduler_type": "constant", "p.warmup_steps": 0}),
+    "long_lr_1e-4": ("CPR, lr 1e-4 constant, 240 steps", {"p.learning_rate": 1e-4, "p.max_steps": 240, **CONSTANT_LR}),
     "long_answer_only_lr_1e-4": ("Answer-Only, lr 1e-4 constant, 240 steps",
-                                 {"phase": "answer_only", "p.learning_rate": 1e-4, "p.max_steps": 240,
-                                  "p.lr_scheduler_type": "constant", "p.warmup_steps": 0}),
+                                 {"phase": "answer_only", "p.learning_rate": 1e-4, "p.max_steps": 240, **CONSTANT_LR}),
     "long_credit_step_beta": ("CPR, credit: step, KL beta 0.04, lr 2e-4 constant, 240 steps",
                               {"phase_settings.cpr.credit": "step", "training.beta": 0.04, "p.learning_rate": 2e-4,
-                               "p.max_steps": 240, "p.lr_scheduler_type": "constant", "p.warmup_steps": 0}),
+                               "p.max_steps": 240, **CONSTANT_LR}),
     # Control: the same phase with CPR's rewards shuffled within each group (no signal, the same advantages'
     # sizes): how far the policy drifts from the update's noise alone.
     "shuffled_lr_3e-4": ("CPR rewards shuffled within each group (no signal), lr 3e-4",
@@ -96,12 +98,7 @@ ROWS: dict[str, tuple[str, dict[str, object]]] = {
     # From a warm start where half of Answer-Only's groups have zero variance, nearly every step takes its extra
     # round: 30 steps keep the completions near 3,840.
     "answer_only_dyn30_lr_1e-4": ("Answer-Only, lr 1e-4, dynamic sampling (max_resample 1), 30 steps",
-                                  {"phase": "answer_only", "p.learning_rate": 1e-4, "p.max_steps": 30,
-                                   "phase_settings.answer_only.curriculum.schedule": "linear",
-                                   "phase_settings.answer_only.curriculum.linear_start": [1.0, 1.0, 1.0],
-                                   "phase_settings.answer_only.curriculum.linear_end": [1.0, 1.0, 1.0],
-                                   "phase_settings.answer_only.dynamic_sampling": {"enabled": True,
-                                                                                   "max_resample": 1}}),
+                                  {**DYNAMIC_ANSWER_ONLY, "p.max_steps": 30}),
     "mastery_lr_1e-4": ("CPR, lr 1e-4, curriculum schedule mastery (threshold 0.7)",
                         {"p.learning_rate": 1e-4, "phase_settings.cpr.curriculum.schedule": "mastery"}),
 }

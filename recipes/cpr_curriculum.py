@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 
 DEMO = Path(__file__).resolve().parent / "configs" / "demo.yaml"
-DEMOS = (DEMO, DEMO.with_name("demo_tabmwp.yaml"), DEMO.with_name("demo_teacher.yaml"))
+TEACHER_DEMO = DEMO.with_name("demo_teacher.yaml")  # trains demo.yaml's model
+DEMOS = (DEMO, DEMO.with_name("demo_tabmwp.yaml"), TEACHER_DEMO)
 
 
 def main() -> int:
@@ -38,8 +39,7 @@ def main() -> int:
         sys.path.insert(0, str(DEMO.parents[2] / "tools"))
         import tiny_models  # test and demo tooling: the demo's tiny model, built where missing
 
-        # demo_teacher.yaml trains demo.yaml's model
-        tiny_models.build_demo_models(str(DEMO) if Path(args.config).resolve() == DEMOS[2] else args.config)
+        tiny_models.build_demo_models(str(DEMO) if Path(args.config).resolve() == TEACHER_DEMO else args.config)
         # the demo's own outputs/demo is disposable: running it again replaces it (unless resuming);
         # a demo-based run given another output_dir (an ablation's runs) is never deleted unasked
         own_output = args.output_dir is None and not any(o.startswith("output_dir=") for o in args.overrides)
