@@ -4,7 +4,7 @@ Usage::
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/greedy_vs_samples.py --config recipes/configs/demo_teacher.yaml \
         --adapter outputs/ws800k50/warm_start/adapter [--phase cpr] [--prompts 96] [--generations 8] \
-        [--temperatures 1.0,0.7,0.5] [--output FILE.json]
+        [--temperatures 1.0,0.7,0.5] [--set KEY=VALUE ...] [--output FILE.json]
 
 For ``--prompts`` items of the config's training split (the generated task, ``data.train[0]``'s options), the
 adapter's greedy completion and a group of ``--generations`` completions sampled at each temperature (as TRL's
@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--temperatures", default="1.0,0.7,0.5")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=None)
+    parser.add_argument("--set", dest="sets", action="append", default=[], help="a config override (KEY=VALUE)")
     args = parser.parse_args()
 
     import torch
@@ -106,7 +107,7 @@ def main() -> None:
     from cpr.training.config import load_config
 
     torch.set_num_threads(1)
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.sets)
     spec = build_phase(cfg, args.phase)
     options = cfg.data.train[0].options
     records = list(generate(args.prompts, seed=int(options.get("seed", 0)), split="train"))

@@ -99,6 +99,16 @@ ROWS: dict[str, tuple[str, dict[str, object]]] = {
     # round: 30 steps keep the completions near 3,840.
     "answer_only_dyn30_lr_1e-4": ("Answer-Only, lr 1e-4, dynamic sampling (max_resample 1), 30 steps",
                                   {**DYNAMIC_ANSWER_ONLY, "p.max_steps": 30}),
+    # Training temperature below 1: samples closer to the greedy completion (benchmarks/greedy_vs_samples.py
+    # measures how often a sample beats it at each temperature).
+    "temp_0.7_lr_1e-4": ("CPR, lr 1e-4, training temperature 0.7", {"p.learning_rate": 1e-4, "training.temperature": 0.7}),
+    "temp_0.5_lr_1e-4": ("CPR, lr 1e-4, training temperature 0.5", {"p.learning_rate": 1e-4, "training.temperature": 0.5}),
+    "answer_only_temp_0.5_lr_1e-4": ("Answer-Only, lr 1e-4, training temperature 0.5",
+                                     {"phase": "answer_only", "p.learning_rate": 1e-4, "training.temperature": 0.5}),
+    # The paper's Table 6 sweep point with the step term weighted above the answer (a_w / s_w 0.35 / 0.65).
+    "weights_0.35_lr_1e-4": ("CPR a_w / s_w 0.35 / 0.65, lr 1e-4",
+                             {"p.learning_rate": 1e-4, "phase_settings.cpr.reward_params.cpr.answer_weight": 0.35,
+                              "phase_settings.cpr.reward_params.cpr.step_weight": 0.65}),
     "mastery_lr_1e-4": ("CPR, lr 1e-4, curriculum schedule mastery (threshold 0.7)",
                         {"p.learning_rate": 1e-4, "phase_settings.cpr.curriculum.schedule": "mastery"}),
 }
