@@ -62,7 +62,7 @@ def group_stats(greedy_r: list[float], groups_r: list[list[float]], greedy_t: li
     n = 0
     greedy_up = varied = 0
     beat_steps: list[int] = []
-    for g, rs, gt, ts, gs, ss in zip(greedy_r, groups_r, greedy_t, groups_t, greedy_steps, groups_steps, strict=True):
+    for g, rs, gt, ts, ss in zip(greedy_r, groups_r, greedy_t, groups_t, groups_steps, strict=True):
         for r, t, s in zip(rs, ts, ss, strict=True):
             n += 1
             same += t == gt
