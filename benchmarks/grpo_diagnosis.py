@@ -109,6 +109,11 @@ ROWS: dict[str, tuple[str, dict[str, object]]] = {
     "weights_0.35_lr_1e-4": ("CPR a_w / s_w 0.35 / 0.65, lr 1e-4",
                              {"p.learning_rate": 1e-4, "phase_settings.cpr.reward_params.cpr.answer_weight": 0.35,
                               "phase_settings.cpr.reward_params.cpr.step_weight": 0.65}),
+    # The greedy completion's reward as the advantage baseline (baseline: greedy, ReMax) instead of the group mean.
+    "greedy_baseline_lr_1e-4": ("CPR, lr 1e-4, baseline: greedy", {"p.learning_rate": 1e-4, "phase_settings.cpr.baseline": "greedy"}),
+    "answer_only_greedy_baseline_lr_1e-4": ("Answer-Only, lr 1e-4, baseline: greedy",
+                                            {"phase": "answer_only", "p.learning_rate": 1e-4,
+                                             "phase_settings.answer_only.baseline": "greedy"}),
     "mastery_lr_1e-4": ("CPR, lr 1e-4, curriculum schedule mastery (threshold 0.7)",
                         {"p.learning_rate": 1e-4, "phase_settings.cpr.curriculum.schedule": "mastery"}),
 }

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -36,6 +37,18 @@ _recorder: Callable[[list[dict[str, Any]]], None] | None = None
 #: At most this many characters of a completion's text are recorded (a 256-token completion is about
 #: 1,000; the cut keeps ``scored_completions.jsonl`` bounded when a policy degenerates into long output).
 RECORDED_COMPLETION_CHARS = 2000
+
+
+@contextmanager
+def completion_records_paused() -> Iterator[None]:
+    """Within the block, scored completions are not recorded (a baseline's extra completions, which are not
+    trained on); the recorder set before is restored after it."""
+    global _recorder
+    saved, _recorder = _recorder, None
+    try:
+        yield
+    finally:
+        _recorder = saved
 
 
 def set_completion_recorder(recorder: Callable[[list[dict[str, Any]]], None] | None) -> None:

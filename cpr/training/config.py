@@ -146,6 +146,7 @@ class PhaseConfig(_Section):
     init_adapter: str | None = None  # start from this LoRA adapter folder instead of the previous phase's
     credit: Literal["completion", "step"] = "completion"  # step: step-level credit (cpr.credit)
     credit_weight: float = 1.0  # w of credit: step (token advantage = completion advantage + w x process advantage)
+    baseline: Literal["group", "greedy"] = "group"  # greedy: the greedy completion's reward replaces the group mean (cpr.baseline)
     training: dict[str, Any] = {}  # trl.GRPOConfig fields over the shared training section
     _curriculum: Any = PrivateAttr(None)
     _training_args: dict[str, Any] | None = PrivateAttr(None)
@@ -520,6 +521,7 @@ def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None)
 
 def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> PhaseConfig:
     """Phase ``name``'s settings over its preset, checked with the shared ``training`` and ``rewards``."""
+    from cpr.baseline import check_baseline
     from cpr.credit import check_credit
     from cpr.rewards import get_reward_set
 
@@ -545,6 +547,8 @@ def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> Phase
     check_credit(phase.credit, phase.credit_weight, funcs, loss_type=args.get("loss_type", "dapo"),
                  off_policy_mask_threshold=args.get("off_policy_mask_threshold"),
                  dynamic_sampling=phase.dynamic_sampling.enabled, field=f"{key}.credit")
+    check_baseline(phase.baseline, dynamic_sampling=phase.dynamic_sampling.enabled,
+                   aggregation=args.get("multi_objective_aggregation", "sum_then_normalize"), field=f"{key}.baseline")
     schedule = phase.curriculum_config.schedule  # built once, here
     if schedule != "none" and not (args.get("max_steps") or 0) > 0:
         raise ConfigError(f"a {schedule!r} curriculum needs max_steps > 0 (the schedule is a fraction of training)",

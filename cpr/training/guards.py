@@ -26,6 +26,7 @@ from cpr.io import append_jsonl, atomic_write_json
 from cpr.training.checkpoints import DIVERGED_MARKER, CheckpointState, checkpoint_folder
 from cpr.training.config import DEFAULT_GUARD_ACTIONS, GuardsConfig
 from cpr.training.curriculum import CurriculumGRPOTrainer
+from cpr.training.greedy_baseline import GreedyBaselineMixin, check_trainer_baseline
 from cpr.trl_internals import AdvantageHook, logged_metrics, process_index
 
 logger = logging.getLogger("cpr.training.guards")
@@ -315,25 +316,28 @@ class DivergenceGuard(CheckpointState):
         return {**out, "guards/skipped_steps": float(len(self.skipped_steps))}
 
 
-class GuardedGRPOTrainer(AdvantageHook, CurriculumGRPOTrainer):
+class GuardedGRPOTrainer(AdvantageHook, GreedyBaselineMixin, CurriculumGRPOTrainer):
     """:class:`cpr.training.curriculum.CurriculumGRPOTrainer` with ``self.guard``, the :class:`DivergenceGuard` of
     ``guards`` (``None`` when absent or disabled; events to ``guard_events_path``): it watches the reward
     functions, ``training_step`` hands it each loss and ``log`` adds its counters (transformers' documented
     subclass hooks). ``credit``: ``"completion"`` (TRL's advantages, untouched) or ``"step"``, step-level credit
-    with weight ``credit_weight`` (:mod:`cpr.credit`; its metrics ``credit/...`` go to the logs). Raises
+    with weight ``credit_weight`` (:mod:`cpr.credit`; its metrics ``credit/...`` go to the logs). ``baseline``:
+    ``"group"`` (TRL's group mean) or ``"greedy"`` (:mod:`cpr.training.greedy_baseline`). Raises
     :class:`ConfigError` for ``skip_step`` under DeepSpeed or fp16 loss scaling, and what
-    :func:`cpr.credit.check_credit` raises."""
+    :func:`cpr.credit.check_credit` and :func:`cpr.baseline.check_baseline` raise."""
 
     def __init__(self, *args: Any, reward_funcs: list[Any], guards: GuardsConfig | None = None,
                  guard_events_path: str | Path | None = None, credit: str = "completion", credit_weight: float = 1.0,
-                 **kwargs: Any) -> None:
+                 baseline: str = "group", **kwargs: Any) -> None:
         from cpr.credit import check_credit
 
         grpo = kwargs.get("args")
         check_credit(credit, credit_weight, reward_funcs, loss_type=getattr(grpo, "loss_type", "grpo"),
                      off_policy_mask_threshold=getattr(grpo, "off_policy_mask_threshold", None),
                      dynamic_sampling=bool(getattr(kwargs.get("dynamic_sampling"), "enabled", False)))
+        check_trainer_baseline(baseline, grpo, kwargs.get("dynamic_sampling"))
         self.credit, self.credit_weight = credit, float(credit_weight)
+        self.baseline, self.baseline_reward_funcs = baseline, list(reward_funcs)
         self._credit_funcs = [(i, f) for i, f in enumerate(reward_funcs) if getattr(f, "scores_steps", False)]
         self.guard = DivergenceGuard(guards, events_path=guard_events_path) if guards and guards.enabled else None
         if self.guard is not None:

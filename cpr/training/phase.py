@@ -110,7 +110,7 @@ def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, temp
         peft_config=None if init_adapter is not None else spec.lora,
         callbacks=[JsonlLogCallback(phase_dir / "log.jsonl")],
         guards=cfg.guards, guard_events_path=phase_dir / guards.EVENTS_FILE,
-        credit=phase.credit, credit_weight=phase.credit_weight,
+        credit=phase.credit, credit_weight=phase.credit_weight, baseline=phase.baseline,
     )
     hook = eval_hook(cfg, splits, templates, phase_dir)
     if hook is not None:
@@ -121,10 +121,10 @@ def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, temp
 
     if ckpt is not None:
         logger.info("phase %s: resuming from %s", phase.name, ckpt)
-    logger.info("phase %s: %s steps, rewards %s (weights %s), credit %s, curriculum %s, from %s", phase.name,
-                args.max_steps, [f.__name__ for f in funcs], weights,
+    logger.info("phase %s: %s steps, rewards %s (weights %s), credit %s, baseline %s, curriculum %s, from %s",
+                phase.name, args.max_steps, [f.__name__ for f in funcs], weights,
                 phase.credit if phase.credit == "completion" else f"step (weight {phase.credit_weight:g})",
-                curriculum.schedule, init_adapter or "a new LoRA adapter")
+                phase.baseline, curriculum.schedule, init_adapter or "a new LoRA adapter")
     set_completion_recorder(ScoredCompletionLog(phase_dir / "scored_completions.jsonl", rank=state.process_index))
     t0 = time.time()
     try:

@@ -1,0 +1,134 @@
+"""``baseline: greedy`` in training: each generation round also decodes every prompt greedily with the current
+policy, scores that completion with the phase's reward functions and weights, and gives the round's sampled
+completions the advantages of :func:`cpr.baseline.greedy_advantages` instead of TRL's group-mean ones
+(ReMax, arXiv 2310.10505, section 4). The greedy completions are not trained on and not recorded.
+
+Costs one greedy generation of each prompt a round (``1 / num_generations`` more generated completions, without
+sampling) and one reward call on them. Logged per step: ``baseline/greedy_reward`` (mean total reward of the
+greedy completions) and ``baseline/above_greedy`` (share of the sampled completions whose reward is above their
+greedy completion's).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from cpr.baseline import check_baseline, greedy_advantages
+from cpr.errors import CprError
+from cpr.trl_internals import logged_metrics, process_index
+
+
+def with_images(prompt: list[dict[str, Any]], images: list[Any] | None) -> list[dict[str, Any]]:
+    """A TRL prompt (messages whose image blocks are bare ``{"type": "image"}``) with its row's ``images`` put
+    into those blocks in order, for generation outside TRL. Raises :class:`CprError` when the counts differ."""
+    pending = list(images or [])
+    out = []
+    for message in prompt:
+        content = message.get("content")
+        if isinstance(content, list):
+            blocks = []
+            for block in content:
+                if isinstance(block, dict) and block.get("type") == "image":
+                    if not pending:
+                        raise CprError("a prompt has more image blocks than its row has images")
+                    block = {**block, "image": pending.pop(0)}
+                blocks.append(block)
+            content = blocks
+        out.append({**message, "content": content})
+    if pending:
+        raise CprError(f"a prompt has {len(pending)} images more than image blocks")
+    return out
+
+
+class GreedyBaselineMixin:
+    """Mixin before :class:`cpr.training.curriculum.CurriculumGRPOTrainer` (its ``score_generation_batch`` hook,
+    :class:`cpr.trl_internals.GenerationHook`): with ``baseline="greedy"`` each training generation round's
+    ``advantages`` (``(B,)``, this process's rows) become :func:`cpr.baseline.greedy_advantages` of the round's
+    gathered rewards and the greedy completions' rewards. ``baseline_reward_funcs``: the phase's reward
+    functions before any wrapping (the divergence guard's monitors are not fed the greedy completions)."""
+
+    baseline: str = "group"
+    baseline_reward_funcs: list[Any] = []
+
+    def score_generation_batch(self, inputs: list[dict[str, Any]], generate: Any) -> dict[str, Any]:
+        batch = super().score_generation_batch(inputs, generate)
+        if self.baseline == "greedy":
+            batch["advantages"] = self.greedy_baseline_advantages(inputs).to(batch["advantages"])
+        return batch
+
+    def greedy_completions(self, rows: list[dict[str, Any]]) -> list[str]:
+        """The current policy's greedy completion of each row's prompt (``max_completion_length`` new tokens), with
+        the ZeRO-3 parameters gathered and, with several ZeRO-3 processes, transformers' lock-step ``synced_gpus``
+        (every process calls this once a round)."""
+        from trl.models.utils import unwrap_model_for_generation
+
+        from cpr.evaluation.generation import TransformersGenerator
+
+        accelerator = self.accelerator
+        plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+        synced = accelerator.num_processes > 1 and plugin is not None and plugin.zero_stage == 3
+        conversations = [with_images(row["prompt"], row.get("images")) for row in rows]
+        with unwrap_model_for_generation(self.model_wrapped, accelerator, gather_deepspeed3_params=True,
+                                         gradient_checkpointing_kwargs=getattr(self.args, "gradient_checkpointing_kwargs",
+                                                                               None)) as unwrapped:
+            generator = TransformersGenerator(unwrapped, self.processing_class, self.max_completion_length,
+                                              synced_gpus=synced)
+            return [g.text for g in generator(conversations)]
+
+    def total_rewards(self, rows: list[dict[str, Any]], texts: list[str]) -> list[float]:
+        """TRL's total reward of each completion ``texts[i]`` of ``rows[i]``: the weighted sum over the reward
+        functions (``None`` counts 0; NaN when every function returned ``None``), scored with the completion
+        recorder paused and without the trainer's logging."""
+        from cpr.rewards import completion_records_paused
+
+        columns = {key: [row[key] for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
+        weights = self.reward_weights.tolist()
+        totals, scored = [0.0] * len(texts), [False] * len(texts)
+        with completion_records_paused():
+            for func, weight in zip(self.baseline_reward_funcs, weights, strict=True):
+                values = func(prompts=[row["prompt"] for row in rows], completions=texts, **columns)
+                for i, value in enumerate(values):
+                    if value is not None and not (isinstance(value, float) and math.isnan(value)):
+                        totals[i] += weight * float(value)
+                        scored[i] = True
+        return [t if s else math.nan for t, s in zip(totals, scored, strict=True)]
+
+    def greedy_baseline_advantages(self, inputs: list[dict[str, Any]]) -> Any:
+        """This process's ``(B,)`` advantages with the greedy baseline, from ``gathered_rewards`` (the round's
+        ``(processes x B, reward functions)`` reward matrix) and the greedy completions of the groups its rows
+        belong to (the greedy rewards are exchanged between processes, so a group split over processes gets one
+        baseline); logs ``baseline/greedy_reward`` and ``baseline/above_greedy``."""
+        import torch
+        from accelerate.utils import gather_object
+
+        group = self.num_generations
+        matrix = self.gathered_rewards
+        rewards = (matrix * self.reward_weights.to(matrix.device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(matrix).all(dim=1)] = math.nan
+        start = process_index(self) * len(inputs)
+        first: dict[int, int] = {}  # group -> its first row on this process
+        for j in range(len(inputs)):
+            first.setdefault((start + j) // group, j)
+        rows = [inputs[j] for j in first.values()]
+        local = list(zip(first, self.total_rewards(rows, self.greedy_completions(rows)), strict=True))
+        pairs = gather_object(local) if self.accelerator.num_processes > 1 else local
+        greedy = torch.full((rewards.numel() // group,), math.nan)
+        for g, value in pairs:
+            greedy[g] = value
+        greedy = greedy.to(rewards)
+        advantages = greedy_advantages(rewards, greedy, group, self.scale_rewards)
+        logged = logged_metrics(self, "train")
+        known = ~torch.isnan(greedy)
+        if known.any():
+            logged["baseline/greedy_reward"].append(torch.nanmean(greedy).item())
+            grouped = rewards.view(-1, group)[known]
+            above = (grouped > greedy[known].unsqueeze(1) + 1e-6).float()
+            logged["baseline/above_greedy"].append(above.mean().item())
+        return advantages[start:start + len(inputs)]
+
+
+def check_trainer_baseline(baseline: str, grpo_args: Any, dynamic_sampling: Any) -> None:
+    """:func:`cpr.baseline.check_baseline` of a trainer's ``baseline`` against its GRPOConfig and dynamic sampling."""
+    check_baseline(baseline, dynamic_sampling=bool(getattr(dynamic_sampling, "enabled", False)),
+                   aggregation=getattr(grpo_args, "multi_objective_aggregation", "sum_then_normalize"))

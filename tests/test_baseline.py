@@ -1,0 +1,135 @@
+"""``baseline: greedy``: the advantage formula on hand-computed values, its checks, and the trainer's greedy
+completions and their rewards on a tiny model."""
+
+import math
+
+import pytest
+import torch
+
+from cpr.baseline import check_baseline, greedy_advantages
+from cpr.errors import ConfigError
+
+
+def test_greedy_advantages_subtract_the_greedy_reward_and_scale_with_it_in_the_std():
+    rewards = torch.tensor([1.0, 2.0, 3.0, 0.0, 0.0, 0.0])
+    greedy = torch.tensor([2.0, 1.0])
+    # group 1: [1, 2, 3] and greedy 2 -> sample std of [1, 2, 3, 2] = sqrt(2 / 3);
+    # group 2: [0, 0, 0] and greedy 1 -> sample std of [0, 0, 0, 1] = 0.5 (not 0: no division by 1e-4)
+    s1, s2 = math.sqrt(2 / 3) + 1e-4, 0.5 + 1e-4
+    expected = [-1 / s1, 0.0, 1 / s1, -1 / s2, -1 / s2, -1 / s2]
+    assert greedy_advantages(rewards, greedy, 3).tolist() == pytest.approx(expected, rel=1e-6)
+    assert greedy_advantages(rewards, greedy, 3, "none").tolist() == pytest.approx([-1, 0, 1, -1, -1, -1])
+    # batch: sample std of all eight values [1, 2, 3, 2, 0, 0, 0, 1]: sum of squares about 9/8 is 8.875, / 7
+    sb = math.sqrt(8.875 / 7) + 1e-4
+    assert greedy_advantages(rewards, greedy, 3, "batch").tolist() == pytest.approx(
+        [-1 / sb, 0.0, 1 / sb, -1 / sb, -1 / sb, -1 / sb], rel=1e-6)
+
+
+def test_an_unscored_greedy_completion_falls_back_to_trls_group_mean_and_an_unscorable_sample_gets_zero():
+    rewards = torch.tensor([1.0, 2.0, 3.0, 4.0, float("nan"), 0.0])
+    out = greedy_advantages(rewards, torch.tensor([float("nan"), 1.0]), 3)
+    # group 1 as TRL: (r - 2) / (std [1, 2, 3] = 1 + 1e-4); group 2: std of [4, 0, 1] = sqrt(13 / 3)
+    s2 = math.sqrt(13 / 3) + 1e-4
+    assert out.tolist() == pytest.approx([-1 / 1.0001, 0.0, 1 / 1.0001, 3 / s2, 0.0, -1 / s2], rel=1e-6)
+
+
+def test_greedy_advantages_refuse_shapes_and_scales():
+    with pytest.raises(ValueError, match="groups of 4"):
+        greedy_advantages(torch.zeros(6), torch.zeros(2), 4)
+    with pytest.raises(ValueError, match=r"shape \(2,\)"):
+        greedy_advantages(torch.zeros(6), torch.zeros(3), 3)
+    with pytest.raises(ValueError, match="scale_rewards"):
+        greedy_advantages(torch.zeros(6), torch.zeros(2), 3, "groups")
+
+
+def test_check_baseline_names_the_key():
+    check_baseline("group", dynamic_sampling=True)
+    check_baseline("greedy")
+    with pytest.raises(ConfigError) as e:
+        check_baseline("mean", field="phase_settings.cpr.baseline")
+    assert e.value.field == "phase_settings.cpr.baseline"
+    with pytest.raises(ConfigError) as e:
+        check_baseline("greedy", dynamic_sampling=True, field="phase_settings.cpr.baseline")
+    assert e.value.field == "phase_settings.cpr.dynamic_sampling.enabled"
+    with pytest.raises(ConfigError) as e:
+        check_baseline("greedy", aggregation="normalize_then_sum", field="phase_settings.cpr.baseline")
+    assert e.value.field == "phase_settings.cpr.training.multi_objective_aggregation"
+
+
+def test_the_config_validates_the_baseline_once(tmp_path):
+    from conftest import tiny_run_config
+
+    from cpr.training.config import config_from_dict
+
+    base = tiny_run_config("b", tmp_path, training={"max_steps": 2, "num_generations": 2,
+                                                    "per_device_train_batch_size": 2})
+    cfg = config_from_dict({**base, "phase_settings": {"cpr": {"baseline": "greedy"}}})
+    assert (cfg.phase("cpr").baseline, cfg.phase("answer_only").baseline) == ("greedy", "group")
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({**base, "phase_settings": {"cpr": {"baseline": "greedy",
+                                                             "dynamic_sampling": {"enabled": True}}}})
+    assert e.value.field == "phase_settings.cpr.dynamic_sampling.enabled"
+
+
+def test_with_images_fills_the_image_blocks_in_order():
+    from cpr.errors import CprError
+    from cpr.training.greedy_baseline import with_images
+
+    prompt = [{"role": "system", "content": [{"type": "text", "text": "s"}]},
+              {"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "q"}]}]
+    out = with_images(prompt, ["a", "b"])
+    assert out[1]["content"][:2] == [{"type": "image", "image": "a"}, {"type": "image", "image": "b"}]
+    assert prompt[1]["content"][0] == {"type": "image"}  # the row's prompt is left as it was
+    with pytest.raises(CprError, match="more image blocks"):
+        with_images(prompt, ["a"])
+    with pytest.raises(CprError, match="1 images more"):
+        with_images(prompt, ["a", "b", "c"])
+
+
+def test_the_trainer_scores_its_greedy_completions_unrecorded_and_logs_their_reward(tmp_path, one_thread):
+    """One training step with ``baseline="greedy"`` on a tiny model: the logged ``baseline/greedy_reward`` is the
+    reward of the model's greedy completion before the step (decoded here independently), the advantages of a
+    hand-set reward matrix are :func:`greedy_advantages` of it, and no greedy completion reaches the recorder."""
+    from conftest import tiny_model
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from cpr import rewards as reward_module
+    from cpr.evaluation.generation import TransformersGenerator
+    from cpr.models import load_model_and_processor
+    from cpr.rewards import set_completion_recorder
+    from cpr.training.guards import GuardedGRPOTrainer
+
+    def length_reward(prompts=None, completions=(), **kwargs):
+        texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
+        if reward_module._recorder is not None:  # as cpr's reward functions record what they score
+            reward_module._recorder([{"completion": t} for t in texts])
+        return [len(t) / 100 for t in texts]
+
+    model, processor = load_model_and_processor(tiny_model("qwen2_5_vl"), device="cpu")
+    prompt = [{"role": "user", "content": [{"type": "text", "text": "Add 3 and 4."}]}]
+    data = Dataset.from_dict({"prompt": [prompt] * 4, "answer": ["7"] * 4})
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_steps=1,
+                      max_completion_length=12, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
+                      beta=0.0, seed=0, logging_steps=1)
+    greedy_text = TransformersGenerator(model, processor, 12)([prompt])[0].text
+    trainer = GuardedGRPOTrainer(model=model, reward_funcs=[length_reward], args=args, train_dataset=data,
+                                 processing_class=processor, guards=None, baseline="greedy")
+    assert trainer.greedy_completions([{"prompt": prompt}]) == [greedy_text]
+    recorded = []
+    set_completion_recorder(recorded.extend)
+    try:
+        rows = [{"prompt": prompt, "answer": "7"}] * 4
+        trainer.gathered_rewards = torch.tensor([[0.1], [0.2], [float("nan")], [0.4]])
+        got = trainer.greedy_baseline_advantages(rows)
+        expected = greedy_advantages(torch.tensor([0.1, 0.2, float("nan"), 0.4]),
+                                     torch.tensor([len(greedy_text) / 100]), 4)
+        assert got.tolist() == pytest.approx(expected.tolist(), rel=1e-5)
+        assert recorded == []  # the greedy completion was scored with the recorder paused
+        trainer.train()
+    finally:
+        set_completion_recorder(None)
+    logged = [h for h in trainer.state.log_history if "baseline/greedy_reward" in h]
+    assert logged and logged[0]["baseline/greedy_reward"] == pytest.approx(len(greedy_text) / 100, rel=1e-5)
+    assert 0.0 <= logged[0]["baseline/above_greedy"] <= 1.0
+    assert len(recorded) == 4  # the step's four sampled completions, not its greedy one
