@@ -111,6 +111,9 @@ ROWS: dict[str, tuple[str, dict[str, object]]] = {
                               "phase_settings.cpr.reward_params.cpr.step_weight": 0.65}),
     # The greedy completion's reward as the advantage baseline (baseline: greedy, ReMax) instead of the group mean.
     "greedy_baseline_lr_1e-4": ("CPR, lr 1e-4, baseline: greedy", {"p.learning_rate": 1e-4, "phase_settings.cpr.baseline": "greedy"}),
+    "long_greedy_baseline_lr_1e-4": ("CPR, lr 1e-4 constant, baseline: greedy, 240 steps",
+                                     {"p.learning_rate": 1e-4, "p.max_steps": 240, **CONSTANT_LR,
+                                      "phase_settings.cpr.baseline": "greedy"}),
     "answer_only_greedy_baseline_lr_1e-4": ("Answer-Only, lr 1e-4, baseline: greedy",
                                             {"phase": "answer_only", "p.learning_rate": 1e-4,
                                              "phase_settings.answer_only.baseline": "greedy"}),
