@@ -42,17 +42,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 
 
-def total_rewards(spec, records, texts: list[str]) -> list[float]:
-    """TRL's total reward of each completion ``texts[i]`` of ``records[i]``: sum of weight x reward over the
-    phase's reward functions (a ``None`` reward counts 0, as TRL's ``nansum``)."""
-    kwargs = {"answer": [r.answer for r in records], "reference_steps": [list(r.reference_steps) for r in records],
-              "options": [list(r.options) for r in records], "question": [r.question for r in records],
-              "id": [r.id for r in records]}
-    total = [0.0] * len(texts)
-    for func, weight in zip(spec.reward_funcs, spec.reward_weights, strict=True):
-        for i, value in enumerate(func(prompts=None, completions=texts, **kwargs)):
-            total[i] += weight * (value or 0.0)
-    return total
+def reward_rows(records) -> list[dict]:
+    """The reward columns of each record (those of ``cpr.data.grpo.to_grpo_dataset`` the reward functions read)."""
+    return [{"answer": r.answer, "reference_steps": list(r.reference_steps), "options": list(r.options),
+             "question": r.question, "id": r.id} for r in records]
 
 
 def group_stats(greedy_r: list[float], groups_r: list[list[float]], greedy_t: list[str], groups_t: list[list[str]],
@@ -105,6 +98,7 @@ def main() -> None:
     from cpr.steps import parse_completion
     from cpr.training.build import build_phase
     from cpr.training.config import load_config
+    from cpr.training.greedy_baseline import total_rewards
 
     torch.set_num_threads(1)
     cfg = load_config(args.config, args.sets)
@@ -119,21 +113,21 @@ def main() -> None:
         return len(parse_completion(text).steps)
 
     batch = 16
+    conversations = [build_messages(r, templates, include_images=True) for r in records]
+    rows = reward_rows(records)
     greedy_t: list[str] = []
     for i in range(0, len(records), batch):
-        greedy_t += [g.text for g in gen([build_messages(r, templates, include_images=True) for r in records[i:i + batch]])]
-    greedy_r = total_rewards(spec, records, greedy_t)
+        greedy_t += [g.text for g in gen(conversations[i:i + batch])]
+    greedy_r = total_rewards(spec.reward_funcs, spec.reward_weights, rows, greedy_t)
     results = {}
     for temperature in [float(t) for t in args.temperatures.split(",")]:
         decoding = DecodingSettings(mode="sampled", temperature=temperature, samples=args.generations, seed=args.seed)
         groups_t: list[list[str]] = []
         for i in range(0, len(records), batch):
-            chunk = records[i:i + batch]
-            groups_t += [[g.text for g in group] for group in
-                         gen.sample([build_messages(r, templates, include_images=True) for r in chunk], decoding,
-                                    seed=args.seed * 1000 + i)]
-        flat_records = [r for r in records for _ in range(args.generations)]
-        flat = total_rewards(spec, flat_records, [t for ts in groups_t for t in ts])
+            groups_t += [[g.text for g in group]
+                         for group in gen.sample(conversations[i:i + batch], decoding, seed=args.seed * 1000 + i)]
+        flat_rows = [row for row in rows for _ in range(args.generations)]
+        flat = total_rewards(spec.reward_funcs, spec.reward_weights, flat_rows, [t for ts in groups_t for t in ts])
         groups_r = [flat[k * args.generations:(k + 1) * args.generations] for k in range(len(records))]
         results[str(temperature)] = group_stats(greedy_r, groups_r, greedy_t, groups_t, [steps(t) for t in greedy_t],
                                                 [[steps(t) for t in ts] for ts in groups_t])

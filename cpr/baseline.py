@@ -20,19 +20,6 @@ BASELINES: tuple[str, ...] = ("group", "greedy")
 SCALES: tuple[str, ...] = ("group", "batch", "none")
 
 
-def nanstd(values: Any, dim: int | None = None) -> Any:
-    """Sample standard deviation (Bessel's correction) over ``dim``, ignoring NaNs; NaN with fewer than two
-    values (``trl.trainer.utils.nanstd``'s definition)."""
-    import torch
-
-    mean = torch.nanmean(values, dim=dim, keepdim=True)
-    count = torch.sum(~torch.isnan(values), dim=dim, keepdim=True)
-    var = torch.nanmean((values - mean) ** 2, dim=dim, keepdim=True) * count / (count - 1)
-    var = torch.where(count > 1, var, torch.full_like(var, float("nan")))
-    out = torch.sqrt(var)
-    return out.squeeze(dim) if dim is not None else out.reshape(())
-
-
 def greedy_advantages(rewards: Any, greedy_rewards: Any, group_size: int, scale_rewards: str = "group") -> Any:
     """Advantages with the greedy baseline: ``(r_i - r_greedy) / (std + 1e-4)``, ``std`` the sample standard
     deviation of the group's rewards and its greedy completion's (``scale_rewards: group``; ``batch``: of all of
@@ -55,6 +42,7 @@ def greedy_advantages(rewards: Any, greedy_rewards: Any, group_size: int, scale_
             ``scale_rewards``.
     """
     import torch
+    from trl.trainer.utils import nanstd  # TRL's own: sample std ignoring NaNs, NaN below two values
 
     if scale_rewards not in SCALES:
         raise ValueError(f"scale_rewards must be one of {SCALES}, got {scale_rewards!r}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cpr.baseline import check_baseline, greedy_advantages
+from cpr.baseline import greedy_advantages
 from cpr.errors import CprError
 from cpr.trl_internals import logged_metrics, process_index
 
@@ -39,6 +39,25 @@ def with_images(prompt: list[dict[str, Any]], images: list[Any] | None) -> list[
     if pending:
         raise CprError(f"a prompt has {len(pending)} images more than image blocks")
     return out
+
+
+def total_rewards(reward_funcs: list[Any], weights: list[float], rows: list[dict[str, Any]], texts: list[str]) -> list[float]:
+    """TRL's total reward of each completion ``texts[i]`` of ``rows[i]`` (a dataset row: the reward columns and,
+    where it has one, ``prompt``, else the functions get ``prompts=None``): the weighted sum over ``reward_funcs`` (``None`` or NaN counts 0; NaN when no function scored it, as
+    TRL's unscorable rows), scored with the completion recorder paused and without a trainer's logging."""
+    from cpr.rewards import completion_records_paused
+
+    columns = {key: [row[key] for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
+    prompts = [row["prompt"] for row in rows] if "prompt" in rows[0] else None
+    totals, scored = [0.0] * len(texts), [False] * len(texts)
+    with completion_records_paused():
+        for func, weight in zip(reward_funcs, weights, strict=True):
+            values = func(prompts=prompts, completions=texts, **columns)
+            for i, value in enumerate(values):
+                if value is not None and not (isinstance(value, float) and math.isnan(value)):
+                    totals[i] += weight * float(value)
+                    scored[i] = True
+    return [t if s else math.nan for t, s in zip(totals, scored, strict=True)]
 
 
 class GreedyBaselineMixin:
@@ -76,24 +95,6 @@ class GreedyBaselineMixin:
                                               synced_gpus=synced)
             return [g.text for g in generator(conversations)]
 
-    def total_rewards(self, rows: list[dict[str, Any]], texts: list[str]) -> list[float]:
-        """TRL's total reward of each completion ``texts[i]`` of ``rows[i]``: the weighted sum over the reward
-        functions (``None`` counts 0; NaN when every function returned ``None``), scored with the completion
-        recorder paused and without the trainer's logging."""
-        from cpr.rewards import completion_records_paused
-
-        columns = {key: [row[key] for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
-        weights = self.reward_weights.tolist()
-        totals, scored = [0.0] * len(texts), [False] * len(texts)
-        with completion_records_paused():
-            for func, weight in zip(self.baseline_reward_funcs, weights, strict=True):
-                values = func(prompts=[row["prompt"] for row in rows], completions=texts, **columns)
-                for i, value in enumerate(values):
-                    if value is not None and not (isinstance(value, float) and math.isnan(value)):
-                        totals[i] += weight * float(value)
-                        scored[i] = True
-        return [t if s else math.nan for t, s in zip(totals, scored, strict=True)]
-
     def greedy_baseline_advantages(self, inputs: list[dict[str, Any]]) -> Any:
         """This process's ``(B,)`` advantages with the greedy baseline, from ``gathered_rewards`` (the round's
         ``(processes x B, reward functions)`` reward matrix) and the greedy completions of the groups its rows
@@ -111,7 +112,8 @@ class GreedyBaselineMixin:
         for j in range(len(inputs)):
             first.setdefault((start + j) // group, j)
         rows = [inputs[j] for j in first.values()]
-        local = list(zip(first, self.total_rewards(rows, self.greedy_completions(rows)), strict=True))
+        scored = total_rewards(self.baseline_reward_funcs, self.reward_weights.tolist(), rows, self.greedy_completions(rows))
+        local = list(zip(first, scored, strict=True))
         pairs = gather_object(local) if self.accelerator.num_processes > 1 else local
         greedy = torch.full((rewards.numel() // group,), math.nan)
         for g, value in pairs:
@@ -126,9 +128,3 @@ class GreedyBaselineMixin:
             above = (grouped > greedy[known].unsqueeze(1) + 1e-6).float()
             logged["baseline/above_greedy"].append(above.mean().item())
         return advantages[start:start + len(inputs)]
-
-
-def check_trainer_baseline(baseline: str, grpo_args: Any, dynamic_sampling: Any) -> None:
-    """:func:`cpr.baseline.check_baseline` of a trainer's ``baseline`` against its GRPOConfig and dynamic sampling."""
-    check_baseline(baseline, dynamic_sampling=bool(getattr(dynamic_sampling, "enabled", False)),
-                   aggregation=getattr(grpo_args, "multi_objective_aggregation", "sum_then_normalize"))

@@ -26,7 +26,7 @@ from cpr.io import append_jsonl, atomic_write_json
 from cpr.training.checkpoints import DIVERGED_MARKER, CheckpointState, checkpoint_folder
 from cpr.training.config import DEFAULT_GUARD_ACTIONS, GuardsConfig
 from cpr.training.curriculum import CurriculumGRPOTrainer
-from cpr.training.greedy_baseline import GreedyBaselineMixin, check_trainer_baseline
+from cpr.training.greedy_baseline import GreedyBaselineMixin
 from cpr.trl_internals import AdvantageHook, logged_metrics, process_index
 
 logger = logging.getLogger("cpr.training.guards")
@@ -329,13 +329,15 @@ class GuardedGRPOTrainer(AdvantageHook, GreedyBaselineMixin, CurriculumGRPOTrain
     def __init__(self, *args: Any, reward_funcs: list[Any], guards: GuardsConfig | None = None,
                  guard_events_path: str | Path | None = None, credit: str = "completion", credit_weight: float = 1.0,
                  baseline: str = "group", **kwargs: Any) -> None:
+        from cpr.baseline import check_baseline
         from cpr.credit import check_credit
 
         grpo = kwargs.get("args")
         check_credit(credit, credit_weight, reward_funcs, loss_type=getattr(grpo, "loss_type", "grpo"),
                      off_policy_mask_threshold=getattr(grpo, "off_policy_mask_threshold", None),
                      dynamic_sampling=bool(getattr(kwargs.get("dynamic_sampling"), "enabled", False)))
-        check_trainer_baseline(baseline, grpo, kwargs.get("dynamic_sampling"))
+        check_baseline(baseline, dynamic_sampling=bool(getattr(kwargs.get("dynamic_sampling"), "enabled", False)),
+                       aggregation=getattr(grpo, "multi_objective_aggregation", "sum_then_normalize"))
         self.credit, self.credit_weight = credit, float(credit_weight)
         self.baseline, self.baseline_reward_funcs = baseline, list(reward_funcs)
         self._credit_funcs = [(i, f) for i, f in enumerate(reward_funcs) if getattr(f, "scores_steps", False)]
