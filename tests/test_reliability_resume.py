@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 import yaml
 from conftest import tiny_run_config
 from launch import write_length_reward_recipe, write_reward_recipe
@@ -32,6 +34,7 @@ from cpr.training.checkpoints import (
     has_curriculum_state,
     last_checkpoint,
     prepare_resume,
+    training_done,
 )
 from cpr.training.logs import rollback_logs
 from cpr.training.warm_start import WARM_START_DONE, warm_start_finished
@@ -391,3 +394,72 @@ def test_sigint_in_the_warm_start_is_one_line_and_keeps_the_checkpoints(tmp_path
     assert lines[0][len("[cpr] "):] in (out / "run.log").read_text()
     assert checkpoint_status(out / "warm_start" / f"checkpoint-{step}") == "complete"
     assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"
+
+
+# --------------------------------------------------------------------------------------
+# a phase killed after its last checkpoint
+# --------------------------------------------------------------------------------------
+
+
+def test_training_done_reads_the_checkpoints_own_step(tmp_path):
+    done = _ckpt(tmp_path, 6, state=json.dumps({"global_step": 6, "max_steps": 6}))
+    mid = _ckpt(tmp_path, 3, state=json.dumps({"global_step": 3, "max_steps": 6}))
+    by_epochs = _ckpt(tmp_path, 9, state=json.dumps({"global_step": 9, "max_steps": 0}))
+    assert training_done(done) and not training_done(mid) and not training_done(by_epochs)
+    assert not training_done(_ckpt(tmp_path, 12, state="{"))
+
+
+def register_length_reward(monkeypatch) -> None:
+    """A ``length`` reward (completion length / 100, capped at 1: a spread in every group, so GRPO learns)."""
+    from cpr import rewards as R
+    from cpr.steps import completion_text
+
+    class Length(R.RewardFunction):
+        name = "length"
+
+        def __init__(self, **_):
+            pass
+
+        def score(self, completions, kwargs):
+            return [min(len(completion_text(c)), 100) / 100 for c in completions]
+
+    monkeypatch.setitem(R.REWARD_FUNCTIONS, "length", Length)
+
+
+def constant_lr_config(out: Path, *, steps: int, save_steps: int, **sections) -> dict:
+    """A one-phase GRPO run with a constant learning rate (every step moves the adapter)."""
+    return tiny_run_config(
+        "last", out, seed=5, lora_r=8, limit=8, heldout=0,
+        training={"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 16,
+                  "temperature": 1.0, "beta": 0.04, "logging_steps": 1, "disable_tqdm": True},
+        phases=["cpr"],
+        phase_settings={"cpr": {"rewards": ["format", "length"], "training": {
+            "max_steps": steps, "save_steps": save_steps, "learning_rate": 1.0e-2, "lr_scheduler_type": "constant"}}},
+        evaluation={"final": False}, **sections,
+    )
+
+
+@pytest.mark.slow
+def test_a_phase_killed_after_its_last_checkpoint_trains_no_further_step(tmp_path, monkeypatch, one_thread):
+    """Killed after checkpoint-3 (max_steps 3) and before phase_done.json (during selection, say): --resume
+    goes on to the adapter without a step 4 (with a constant learning rate a step 4 would move it)."""
+    from safetensors.torch import load_file
+
+    from cpr.training.config import config_from_dict
+    from cpr.training.runner import run_experiment
+
+    register_length_reward(monkeypatch)
+    out = tmp_path / "run"
+    cfg = config_from_dict(constant_lr_config(out, steps=3, save_steps=3))
+    assert run_experiment(cfg)["status"] == "finished"
+    phase = out / "cpr"
+    final = load_file(str(phase / "adapter" / "adapter_model.safetensors"))
+    (phase / "phase_done.json").unlink()  # what a kill after checkpoint-3 leaves
+    shutil.rmtree(phase / "adapter")
+    summary = run_experiment(cfg, resume=True)
+    assert summary["status"] == "finished" and summary["phases"][0]["steps"] == 3
+    assert [p.name for p in phase.iterdir() if p.name.startswith(("checkpoint-", "abandoned"))] == ["checkpoint-3"]
+    assert [r["step"] for r in _rows(phase / "log.jsonl") if "loss" in r] == [1, 2, 3]
+    resumed = load_file(str(phase / "adapter" / "adapter_model.safetensors"))
+    assert resumed.keys() == final.keys() and all(torch.equal(resumed[k], final[k]) for k in final)
+    assert any(k.endswith("lora_B.weight") and float(v.abs().max()) > 0 for k, v in final.items())  # it learned

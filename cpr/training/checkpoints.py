@@ -78,6 +78,17 @@ def last_checkpoint(phase_dir: str | Path) -> Path | None:
     return next((c for c in reversed(checkpoints_of(phase_dir)) if checkpoint_status(c) == "complete"), None)
 
 
+def training_done(ckpt: str | Path) -> bool:
+    """Whether ``ckpt`` was saved at its trainer's last step (``0 < max_steps <= global_step`` in its
+    ``trainer_state.json``): a run resumed from it has nothing left to train (transformers' loop would train one
+    step more before it looks at ``max_steps``). ``False`` when the file is missing or unreadable."""
+    saved = _trainer_state(Path(ckpt)) or {}
+    try:
+        return 0 < int(saved.get("max_steps") or 0) <= int(saved.get("global_step") or 0)
+    except (TypeError, ValueError):
+        return False
+
+
 def has_curriculum_state(ckpt: Path) -> bool:
     """Whether a checkpoint's ``trainer_state.json`` holds the curriculum sampler's state
     (:class:`cpr.training.curriculum.CurriculumStateCallback`); ``False`` when it is missing or unreadable."""

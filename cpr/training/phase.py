@@ -14,7 +14,7 @@ from typing import Any
 
 from cpr.training import policy
 from cpr.training.build import PhaseSpec
-from cpr.training.checkpoints import DIVERGED_MARKER, has_curriculum_state, prepare_resume
+from cpr.training.checkpoints import DIVERGED_MARKER, has_curriculum_state, prepare_resume, training_done
 from cpr.training.config import ExperimentConfig
 from cpr.training.splits import DataSplits
 
@@ -55,6 +55,24 @@ def _save_adapter(trainer: Any, processor: Any, adapter_dir: Path, state: Any) -
             shutil.rmtree(adapter_dir)
         os.replace(partial, adapter_dir)
     state.wait_for_everyone()
+
+
+def restore_trained(trainer: Any, ckpt: Path, hook: Any = None) -> None:
+    """Put ``trainer`` where it stood when it saved ``ckpt``, its last step (:func:`training_done`), without
+    training: its ``TrainerState``, the adapter weights (``adapter_model.safetensors``) and the state of the
+    callbacks the phase's result reads (the divergence guard, the dynamic-sampling totals, the eval hook ``hook``,
+    each restored by its ``on_train_begin``)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+    from transformers import TrainerState
+
+    from cpr.training.sampling import DynamicSamplingState
+
+    trainer.state = TrainerState.load_from_json(str(ckpt / "trainer_state.json"))
+    set_peft_model_state_dict(trainer.model, load_file(str(ckpt / "adapter_model.safetensors")))
+    for cb in trainer.callback_handler.callbacks:
+        if cb is trainer.guard or cb is hook or isinstance(cb, DynamicSamplingState):
+            cb.on_train_begin(trainer.args, trainer.state, trainer.control)
 
 
 def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, templates: Any, model_path: str,
@@ -128,8 +146,12 @@ def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, temp
     set_completion_recorder(ScoredCompletionLog(phase_dir / "scored_completions.jsonl", rank=state.process_index))
     t0 = time.time()
     try:
-        with explain_oom(cfg, "training", spec):
-            trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+        if ckpt is not None and training_done(ckpt):  # killed after its last checkpoint: on to the adapter
+            logger.info("phase %s: %s is the last step (max_steps): nothing left to train", phase.name, ckpt.name)
+            restore_trained(trainer, ckpt, hook)
+        else:
+            with explain_oom(cfg, "training", spec):
+                trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
     finally:
         set_completion_recorder(None)
     wall = time.time() - t0
