@@ -4,7 +4,7 @@ last line, which readers can skip and the next append cuts off), with located er
 
 Every JSON file cpr writes goes through :func:`json_text` and is strict JSON (RFC 8259): a non-finite
 float (NaN, Infinity) is written as ``null``, which every parser reads; Python's ``json`` would write
-the non-standard ``NaN``."""
+the non-standard ``NaN``. :func:`lock_file` keeps a folder to one process at a time."""
 
 from __future__ import annotations
 
@@ -168,3 +168,56 @@ def parse_jsonl_line(raw: str, path: str | Path, line: int) -> Any:
         return json.loads(raw.rstrip("\n"))
     except json.JSONDecodeError as e:
         raise InputError(f"malformed JSON ({e.msg} at column {e.colno})", path=path, line=line) from None
+
+
+class FolderLockedError(OSError):
+    """:func:`lock_file` found the lock held by another process (``holder``: what that process wrote into it)."""
+
+    def __init__(self, path: Path, holder: str) -> None:
+        self.path, self.holder = path, holder
+        super().__init__(f"{path} is held by another process ({holder or 'unknown'})")
+
+
+def lock_file(path: str | Path, note: str = "") -> Any:
+    """Take an exclusive lock on ``path`` (created when missing) and write ``note`` (e.g. the process id) into
+    it; the lock lasts while the returned file object stays open. It is the kernel's (``fcntl.flock``): closing
+    the file or the process ending, even by SIGKILL, releases it, so a killed process never leaves it stuck.
+
+    Raises:
+        FolderLockedError: another process holds it.
+        OSError: ``path`` cannot be created or opened.
+    """
+    import fcntl
+
+    path = Path(path)
+    while True:
+        f = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held open: the lock lives as long as the file)
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip()
+            f.close()
+            raise FolderLockedError(path, holder) from None
+        except BaseException:
+            f.close()
+            raise
+        try:
+            same = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # else its holder removed it (unlock_file) between our open and our lock: take the new one
+            break
+        f.close()
+    f.seek(0)
+    f.truncate()
+    f.write(note)
+    f.flush()
+    return f
+
+
+def unlock_file(f: Any) -> None:
+    """Release a lock of :func:`lock_file`: remove its file (while still holding it), then close it."""
+    with contextlib.suppress(OSError):
+        os.unlink(f.name)
+    f.close()

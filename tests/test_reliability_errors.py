@@ -177,7 +177,7 @@ def test_overwrite_deletes_the_previous_run_once_the_checks_passed(tmp_path, mon
     _previous_run(tmp_path / "run")
     rc, errors, _ = _run_recipe(monkeypatch, capsys, _write(tmp_path, _config(tmp_path)), "--overwrite")
     assert rc == 2 and errors == ["cpr_curriculum: error: stop here"]
-    assert seen["left"] == ["config.yaml", "run.log"]  # the new run's own files only
+    assert seen["left"] == ["config.yaml", "run.lock", "run.log"]  # the new run's own files only (run.lock: its lock)
 
 
 def test_overwrite_never_deletes_the_working_directory(tmp_path, monkeypatch, capsys, no_model_load):
@@ -483,3 +483,71 @@ def test_init_adapter_of_another_base_is_refused_before_anything_trains(tmp_path
         "(the names differ and the recorded base is not here to compare); load it on its own base, or set "
         "model.allow_base_mismatch if both are the same model (e.g. hub ids that differ only in revision)")
     assert _files(tmp_path / "run") == before  # refused before the previous run was touched
+
+
+def test_a_second_run_in_a_locked_folder_is_refused(tmp_path, monkeypatch, capsys, no_model_load):
+    """Two --resume of one run at once: the second is refused in one line, before it writes anything."""
+    from cpr.io import unlock_file
+    from cpr.training.runner import RUN_LOCK, lock_run_folder
+
+    config = _write(tmp_path, _config(tmp_path, model__name_or_path="nonexistent-org/nonexistent-model"))
+    run = tmp_path / "run"
+    assert _run_recipe(monkeypatch, capsys, config)[0] == 2  # a run (failed on the model) to resume
+    assert not (run / RUN_LOCK).exists()  # released by the run that ended
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    held = lock_run_folder(run)  # the first --resume, still running
+    try:
+        rc, errors, err = _run_recipe(monkeypatch, capsys, config, "--resume")
+        assert rc == 2 and "Traceback" not in err
+        assert len(errors) == 1 and errors[0].startswith(
+            f"cpr_curriculum: error: field 'output_dir': {run} is in use by another run (pid {os.getpid()} on ")
+        assert errors[0].endswith(f"{run / RUN_LOCK}): wait for it to end or stop it; two runs never write one folder")
+        assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != RUN_LOCK} == before
+    finally:
+        unlock_file(held)
+    rc, errors, _ = _run_recipe(monkeypatch, capsys, config, "--resume")  # once it ended: resumes
+    assert rc == 2 and errors[0].startswith("cpr_curriculum: error: model 'nonexistent-org/nonexistent-model'")
+
+
+def test_a_killed_run_does_not_leave_its_folder_locked(tmp_path):
+    from cpr.io import unlock_file
+    from cpr.training.runner import RUN_LOCK, lock_run_folder
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from cpr.training.runner import "
+         "lock_run_folder; held = lock_run_folder(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)",
+         str(tmp_path / "run")], stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        from cpr.errors import ConfigError
+
+        with pytest.raises(ConfigError, match=rf"is in use by another run \(pid {holder.pid} on "):
+            lock_run_folder(tmp_path / "run")
+    finally:
+        holder.kill()  # SIGKILL: no cleanup runs
+        holder.wait()
+    assert (tmp_path / "run" / RUN_LOCK).exists()  # left behind, but not held
+    unlock_file(lock_run_folder(tmp_path / "run"))
+    assert list((tmp_path / "run").iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["file", "read_only"])
+def test_an_output_dir_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, capsys, no_model_load, kind):
+    import errno
+
+    import cpr.io
+
+    out = tmp_path / "out"
+    if kind == "file":
+        out.write_text("not a folder")
+        expected = f"field 'output_dir': {out} is a file, not a folder: choose another output_dir"
+    else:  # the first file the run creates meets a read-only filesystem (tests run as root: chmod would not do)
+        def read_only(path, note=""):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+        monkeypatch.setattr(cpr.io, "lock_file", read_only)
+        expected = f"field 'output_dir': cannot write into {out}: Read-only file system; choose a writable output_dir"
+    rc, errors, err = _run_recipe(monkeypatch, capsys, _write(tmp_path, _config(tmp_path)), "--output-dir", str(out))
+    assert rc == 2 and "Traceback" not in err
+    assert errors == [f"cpr_curriculum: error: {expected}"]
+    assert out.is_file() if kind == "file" else not out.exists()  # nothing left behind

@@ -8,7 +8,8 @@ run folder holds ``config.yaml`` (every default filled in, and ``training_effect
 ``final_eval/`` (``stages/<stage>/``: earlier stages, ``evaluation.compare``), and per phase its
 ``checkpoint-N/`` folders (:mod:`cpr.training.checkpoints`), final ``adapter/``, ``log.jsonl``, ``scored_completions.jsonl``, ``eval_history.jsonl``, ``best_checkpoint.json``,
 ``guard_events.jsonl``, ``selection.json``, ``phase_done.json`` and ``abandoned-checkpoint-N-<time>/``.
-Resume (refused for a folder that holds no run) continues an unfinished warm start from its last complete
+While a run holds the folder it holds ``run.lock`` (:func:`lock_run_folder`: a second run into it, a second
+``--resume`` say, is refused). Resume (refused for a folder that holds no run) continues an unfinished warm start from its last complete
 checkpoint, skips finished phases and continues the current one from its last complete, not diverged checkpoint;
 on CPU with a fixed ``torch_threads`` it ends with the uninterrupted run's adapter and prompt order
 (tests/test_reliability_resume.py); on GPU only with ``training.full_determinism: true``. Ctrl-C logs one line
@@ -61,12 +62,24 @@ def run_experiment(
         ModelNotAvailableError: the model or encoder is neither local nor downloadable.
         TrainingDivergedError / TrainingOutOfMemoryError: a guard stopped a phase / out of memory.
     """
+    from cpr.io import unlock_file
     from cpr.training.build import build_phases
+
+    phases = build_phases(cfg)  # each phase's TRL objects (rewards included), built once: what every step reads
+    state, checked, lock = _launch(cfg, phases, resume=resume, overwrite=overwrite)
+    try:
+        return _run(cfg, phases, state, checked, resume, callbacks)
+    finally:
+        if lock is not None:
+            unlock_file(lock)
+
+
+def _run(cfg: ExperimentConfig, phases: Mapping[str, Any], state: Any, checked: Any, resume: bool,
+         callbacks: Sequence[Any]) -> dict[str, Any]:
+    """The steps of :func:`run_experiment` once ``output_dir`` is claimed and locked."""
     from cpr.training.guards import TrainingDivergedError
     from cpr.training.logs import close_run_log, open_run_log
 
-    phases = build_phases(cfg)  # each phase's TRL objects (rewards included), built once: what every step reads
-    state, checked = _launch(cfg, phases, resume=resume, overwrite=overwrite)
     handler = open_run_log(Path(cfg.output_dir), write=state.is_main_process)
     run = _Run(cfg, Path(cfg.output_dir), state, resume)
     try:
@@ -116,18 +129,22 @@ class _Run:
             atomic_write_json(self.out / "summary.json", self.summary)
 
 
-def _launch(cfg: ExperimentConfig, phases: Mapping[str, Any], *, resume: bool, overwrite: bool) -> tuple[Any, Any]:
+def _launch(cfg: ExperimentConfig, phases: Mapping[str, Any], *, resume: bool, overwrite: bool
+            ) -> tuple[Any, Any, Any]:
     """Check the launch (:func:`cpr.training.preflight.check_launch`, before the process group forms: every
     process refuses alike), set the torch threads, form the process group (ranks wait at most ``ddp_timeout`` for
-    each other) and claim ``output_dir``; a previous run is deleted only once :func:`check_before_training` passed.
+    each other), lock ``output_dir`` (:func:`lock_run_folder`, main process) and claim it; a previous run is
+    deleted only once :func:`check_before_training` passed.
 
     Returns:
-        ``(state, checked)``: accelerate's process state and what :func:`check_before_training` returned, or
-        ``None`` when it has not run yet.
+        ``(state, checked, lock)``: accelerate's process state, what :func:`check_before_training` returned (or
+        ``None`` when it has not run yet) and the lock (``None`` on other processes; released by
+        :func:`cpr.io.unlock_file`).
     """
     import torch
 
     from cpr.distributed import check_shared_output_dir, process_state
+    from cpr.io import unlock_file
     from cpr.training.preflight import check_launch, process_group_timeout
 
     check_launch(cfg, phases)
@@ -135,12 +152,63 @@ def _launch(cfg: ExperimentConfig, phases: Mapping[str, Any], *, resume: bool, o
         torch.set_num_threads(cfg.torch_threads)
     state = process_state(timeout_s=process_group_timeout(cfg, phases))
     out = Path(cfg.output_dir)
-    check_shared_output_dir(out, state)  # multi-node: every rank reads what the main process writes
-    checked = None
-    if claim_output_dir(out, resume=resume, overwrite=overwrite, state=state):
-        checked = check_before_training(cfg, state, phases)  # nothing of the previous run is touched before this passed
-        delete_previous_run(out, state)
-    return state, checked
+    created = state.is_main_process and not out.exists()
+    lock = lock_run_folder(out) if state.is_main_process else None
+    try:
+        check_shared_output_dir(out, state)  # multi-node: every rank reads what the main process writes
+        checked = None
+        if claim_output_dir(out, resume=resume, overwrite=overwrite, state=state):
+            checked = check_before_training(cfg, state, phases)  # nothing of the previous run is touched before this passed
+            delete_previous_run(out, state)
+    except BaseException:
+        if lock is not None:
+            unlock_file(lock)
+            if created:  # a refused run leaves no folder behind
+                with contextlib.suppress(OSError):
+                    out.rmdir()
+        raise
+    return state, checked, lock
+
+
+#: The lock file of a run folder while a run holds it (:func:`lock_run_folder`).
+RUN_LOCK = "run.lock"
+
+
+def lock_run_folder(out: Path) -> Any:
+    """Lock the run folder ``out`` (created when missing) for this process: :data:`RUN_LOCK`, a kernel lock
+    (:func:`cpr.io.lock_file`) that a killed run does not leave held; the lock file names the holder.
+
+    Returns:
+        The lock, held until :func:`cpr.io.unlock_file`.
+
+    Raises:
+        ConfigError: another run holds ``out`` (two ``--resume`` of one run at once, say); ``out`` is a file; or
+            it cannot be created or written (a read-only filesystem).
+    """
+    import os
+    import socket
+
+    from cpr.io import FolderLockedError, lock_file
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file, not a folder: choose another output_dir", field="output_dir")
+    note = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            return lock_file(out / RUN_LOCK, note)
+        except OSError:
+            if created:  # nothing left behind
+                with contextlib.suppress(OSError):
+                    out.rmdir()
+            raise
+    except FolderLockedError as e:
+        raise ConfigError(f"{out} is in use by another run ({e.holder or 'unknown process'}, {e.path}): wait for it "
+                          "to end or stop it; two runs never write one folder", field="output_dir") from None
+    except OSError as e:
+        raise ConfigError(f"cannot write into {out}: {e.strerror or e}; choose a writable output_dir",
+                          field="output_dir") from None
 
 
 def _write_config(run: _Run, phases: Mapping[str, Any]) -> None:
@@ -397,7 +465,7 @@ def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) ->
                               "output_dir, or start the run without --resume", field="output_dir")
         return False
     found = previous_run(out)
-    names = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    names = {p.name for p in out.iterdir() if p.name != RUN_LOCK} if out.is_dir() else set()
     if found and "summary.json" in names and names <= set(_RUN_MARKERS) and _status(out) in ("failed", "interrupted"):
         logger.info("replacing %s: a run that failed before it trained anything", found)
         overwrite = True
@@ -413,11 +481,18 @@ def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) ->
 
 
 def delete_previous_run(out: Path, state: Any) -> None:
-    """Delete the run in ``out`` (main process) once every process passed its :func:`check_before_training`."""
+    """Delete the run in ``out`` (main process) once every process passed its :func:`check_before_training`;
+    the lock this run holds (:data:`RUN_LOCK`) stays."""
     state.wait_for_everyone()
     if state.is_main_process:
         logger.warning("overwrite: deleting the previous run in %s", out)
-        shutil.rmtree(out)
+        for entry in out.iterdir():
+            if entry.name == RUN_LOCK:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
     state.wait_for_everyone()
 
 
