@@ -127,6 +127,7 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
         ConfigError: an unreadable run ``config.yaml`` (file and key named).
     """
     from cpr.evaluation.generation import resolve_model_and_adapter
+    from cpr.models import check_adapter_weights
     from cpr.scoring import SCORING_DEFAULTS, ScoringSettings, flag_errors
     from cpr.training.config import read_run_config
 
@@ -135,6 +136,8 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     model, adapter = resolve_model_and_adapter(args.model, args.adapter) if args.model else (None, args.adapter)
     if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
         raise InputError("not a PEFT adapter folder (no adapter_config.json)", path=adapter, field="--adapter")
+    if adapter is not None:
+        check_adapter_weights(adapter, field="--adapter")
     config_path = run_of_adapter(adapter)
     cfg = read_run_config(config_path) if config_path else None
     taken: dict[str, Any] = {}

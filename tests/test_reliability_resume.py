@@ -11,6 +11,7 @@ moves; ``cpr`` writes ``scored_completions.jsonl`` (prompt ids and rewards per s
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -30,6 +31,7 @@ from cpr.training.checkpoints import (
     COMPLETE_MARKER,
     DIVERGED_MARKER,
     GENERATION_BUFFER_FILE,
+    checkpoint_problem,
     checkpoint_status,
     has_curriculum_state,
     last_checkpoint,
@@ -463,3 +465,92 @@ def test_a_phase_killed_after_its_last_checkpoint_trains_no_further_step(tmp_pat
     resumed = load_file(str(phase / "adapter" / "adapter_model.safetensors"))
     assert resumed.keys() == final.keys() and all(torch.equal(resumed[k], final[k]) for k in final)
     assert any(k.endswith("lora_B.weight") and float(v.abs().max()) > 0 for k, v in final.items())  # it learned
+
+
+# --------------------------------------------------------------------------------------
+# a damaged checkpoint or adapter
+# --------------------------------------------------------------------------------------
+
+
+def _weights(folder: Path) -> Path:
+    from safetensors.torch import save_file
+
+    path = folder / "adapter_model.safetensors"
+    save_file({"lora_A.weight": torch.arange(1000, dtype=torch.float32)}, str(path))
+    return path
+
+
+@pytest.mark.parametrize("damage", ["truncated_adapter", "garbage_state", "missing_state", "truncated_optimizer"])
+def test_a_damaged_last_checkpoint_is_set_aside_and_the_previous_one_resumed(tmp_path, caplog, damage):
+    for step in (2, 4):
+        folder = _ckpt(tmp_path, step, complete=False)
+        _weights(folder)
+        torch.save({"state": {}}, folder / "optimizer.pt")
+        (folder / COMPLETE_MARKER).write_text(json.dumps({"files": sorted(os.listdir(folder))}))
+    last = tmp_path / "checkpoint-4"
+    if damage == "truncated_adapter":
+        data = (last / "adapter_model.safetensors").read_bytes()
+        (last / "adapter_model.safetensors").write_bytes(data[:-100])
+        problem = f"{last / 'adapter_model.safetensors'} does not load (Error while deserializing header: incomplete"
+    elif damage == "garbage_state":
+        (last / "trainer_state.json").write_bytes(b"\xff\xfe" * 100)
+        problem = f"{last / 'trainer_state.json'} does not read as JSON (UnicodeDecodeError: "
+    elif damage == "missing_state":
+        (last / "trainer_state.json").unlink()
+        problem = f"{last / 'trainer_state.json'} is missing"
+    else:
+        data = (last / "optimizer.pt").read_bytes()
+        (last / "optimizer.pt").write_bytes(data[: len(data) // 2])
+        problem = f"{last / 'optimizer.pt'} is not a whole torch file (truncated?)"
+    assert checkpoint_status(last) == "corrupt" and checkpoint_problem(last).startswith(problem)
+    assert checkpoint_problem(tmp_path / "checkpoint-2") is None and last_checkpoint(tmp_path) == tmp_path / "checkpoint-2"
+    state = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    with caplog.at_level("WARNING", logger="cpr.training"):
+        assert prepare_resume(tmp_path, True, state) == tmp_path / "checkpoint-2"
+    moved = [p.name for p in tmp_path.iterdir() if p.name.startswith("abandoned-checkpoint-4-")]
+    assert len(moved) == 1 and not last.exists()
+    [line] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert line.startswith(f"phase {tmp_path.name}: checkpoint-4 is corrupt ({problem}")
+    assert line.endswith(f"); moved aside to {moved[0]}; resuming from checkpoint-2")
+
+
+def test_an_adapter_that_does_not_load_or_holds_nan_is_refused(tmp_path):
+    from safetensors.torch import save_file
+
+    from cpr.errors import InputError
+    from cpr.models import check_adapter_weights
+
+    path = _weights(tmp_path)
+    check_adapter_weights(tmp_path)  # whole and finite
+    data = path.read_bytes()
+    path.write_bytes(data[:-100])
+    with pytest.raises(InputError, match=rf"^{path} field '--adapter': the adapter's weights do not load \(Error while "
+                                         "deserializing header: incomplete metadata"):
+        check_adapter_weights(tmp_path, field="--adapter")
+    weights = torch.zeros(10, 10)
+    weights[3, :4] = math.nan
+    weights[5, 0] = math.inf
+    save_file({"a.lora_A.weight": torch.ones(3), "b.lora_B.weight": weights}, str(path))
+    with pytest.raises(InputError, match=rf"^{path} field 'x': 5 non-finite weights \(NaN or Inf\) in 1 tensors, "
+                                         r"the first b.lora_B.weight: the file is damaged or its training diverged$"):
+        check_adapter_weights(tmp_path, field="x")
+
+
+def test_cpr_eval_refuses_an_adapter_with_nan_weights_in_one_line(tmp_path, capsys):
+    from conftest import tiny_model
+    from safetensors.torch import save_file
+
+    from cpr.cli import main
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": tiny_model()}))
+    save_file({"lora_B.weight": torch.full((2, 2), math.nan)}, str(adapter / "adapter_model.safetensors"))
+    rc = main(["eval", "--model", tiny_model(), "--adapter", str(adapter), "--benchmark", "crystal", "--data",
+               str(REPO / "data" / "samples" / "mathvision" / "test_subset.jsonl"), "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"cpr eval: error: {adapter / 'adapter_model.safetensors'} field '--adapter': 4 non-finite weights (NaN or "
+        "Inf) in 1 tensors, the first lora_B.weight: the file is damaged or its training diverged")
+    assert not (tmp_path / "out").exists()

@@ -323,3 +323,31 @@ def check_adapter_base(
         raise ConfigError(message, field=field)
     logger.warning("%s: %s", override, message)
     return recorded
+
+
+def check_adapter_weights(adapter: str | Path, *, field: str = "adapter") -> None:
+    """Refuse a LoRA adapter whose weights (``adapter_model.safetensors`` in folder ``adapter``) do not load
+    (truncated, not safetensors) or hold a non-finite value (NaN, Inf: a corrupt file or a diverged run, which
+    would score as if it were a model). A folder without that file (PEFT's older ``.bin``) passes.
+
+    Raises:
+        InputError: naming the file, ``field`` (the setting that gave the adapter) and what is wrong: the loader's
+            error, or how many values are non-finite and the first tensor holding one.
+    """
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(adapter) / "adapter_model.safetensors"
+    if not path.is_file():
+        return
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise InputError(f"the adapter's weights do not load ({e})", path=path, field=field) from None
+    bad = {k: int((~torch.isfinite(v)).sum()) for k, v in tensors.items()
+           if v.is_floating_point() and not bool(torch.isfinite(v).all())}
+    if bad:
+        first = next(iter(bad))
+        raise InputError(f"{sum(bad.values())} non-finite weights (NaN or Inf) in {len(bad)} tensors, the first "
+                         f"{first}: the file is damaged or its training diverged", path=path, field=field)

@@ -6,6 +6,7 @@ generation batch) goes into the checkpoint's ``trainer_state.json`` through tran
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -61,15 +62,57 @@ def _trainer_state(ckpt: Path) -> dict[str, Any] | None:
         return None
 
 
+#: The weights a checkpoint of a LoRA run holds (PEFT's file name).
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def checkpoint_problem(ckpt: str | Path) -> str | None:
+    """Why a saved checkpoint would not load, in words naming the file (its path), or ``None``: ``trainer_state.json``
+    missing or not JSON text; a file :data:`COMPLETE_MARKER` lists that is gone; :data:`ADAPTER_WEIGHTS` whose
+    header does not read or does not cover the file (truncated); a torch file (``.pt``, ``.pth``, ``.bin``) that
+    is not a whole zip archive (torch's format; a truncated one has no central directory). Only headers are read:
+    weights that are garbage of the right size pass (:func:`cpr.models.check_adapter_weights` reads them)."""
+    import zipfile
+
+    from safetensors import SafetensorError, safe_open
+
+    ckpt = Path(ckpt)
+    state = ckpt / "trainer_state.json"
+    if not state.is_file():
+        return f"{state} is missing"
+    try:
+        json.loads(state.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return f"{state} does not read as JSON ({type(e).__name__}: {e})"
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        listed = json.loads((ckpt / COMPLETE_MARKER).read_text(encoding="utf-8")).get("files") or []
+        if gone := [name for name in listed if not (ckpt / name).exists()]:
+            return f"{ckpt / gone[0]} is missing (listed in {COMPLETE_MARKER})"
+    weights = ckpt / ADAPTER_WEIGHTS
+    if weights.is_file():
+        try:
+            with safe_open(str(weights), "pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            return f"{weights} does not load ({e})"
+    for f in sorted(ckpt.iterdir()):
+        if f.suffix in (".pt", ".pth", ".bin") and f.is_file() and not zipfile.is_zipfile(f):
+            return f"{f} is not a whole torch file (truncated?)"
+    return None
+
+
 def checkpoint_status(ckpt: str | Path) -> str:
     """``"complete"`` (holds :data:`COMPLETE_MARKER`; in a phase saved before the marker existed: its
     ``trainer_state.json``, written last by transformers, parses), ``"diverged"`` (complete, with
-    :data:`DIVERGED_MARKER`) or ``"incomplete"`` (transformers writes in place: a kill while saving)."""
+    :data:`DIVERGED_MARKER`), ``"incomplete"`` (transformers writes in place: a kill while saving) or
+    ``"corrupt"`` (complete, but a file was damaged since: :func:`checkpoint_problem`)."""
     ckpt = Path(ckpt)
     unmarked_phase = not any((c / COMPLETE_MARKER).is_file() for c in checkpoints_of(ckpt.parent))
     complete = (ckpt / COMPLETE_MARKER).is_file() or (unmarked_phase and _trainer_state(ckpt) is not None)
     if not complete:
         return "incomplete"
+    if checkpoint_problem(ckpt) is not None:
+        return "corrupt"
     return "diverged" if (ckpt / DIVERGED_MARKER).is_file() else "complete"
 
 
@@ -103,8 +146,8 @@ def adapter_folder(path: Path, *, field: str = "init_adapter") -> Path:
 
 
 def prepare_resume(phase_dir: Path, resume: bool, state: Any) -> Path | None:
-    """The checkpoint a resumed phase continues from (:func:`last_checkpoint`; ``None`` without ``resume`` or
-    a checkpoint). The main process cuts the phase's logs back to its step
+    """The checkpoint a resumed phase continues from (:func:`last_checkpoint`, the newest that loads; ``None``
+    without ``resume`` or a checkpoint). The main process cuts the phase's logs back to its step
     (:func:`cpr.training.logs.rollback_logs`) and renames later checkpoints (incomplete or diverged)
     ``abandoned-checkpoint-N-<time>``, so the resumed run never mixes with the lost interval; all processes wait.
     """
@@ -118,8 +161,11 @@ def prepare_resume(phase_dir: Path, resume: bool, state: Any) -> Path | None:
         for other in checkpoints_of(phase_dir):
             if checkpoint_step(other) > start:
                 target = phase_dir / f"abandoned-{other.name}-{int(time.time())}"
-                logger.warning("phase %s: %s is %s; moved aside to %s", phase_dir.name, other.name,
-                               checkpoint_status(other), target.name)
+                status = checkpoint_status(other)
+                if status == "corrupt":
+                    status = f"corrupt ({checkpoint_problem(other)})"
+                logger.warning("phase %s: %s is %s; moved aside to %s; resuming from %s", phase_dir.name, other.name,
+                               status, target.name, ckpt.name if ckpt is not None else "the start")
                 os.replace(other, target)
         dropped = {k: v[1] for k, v in rollback_logs(phase_dir, start).items() if v[1]}
         if dropped:

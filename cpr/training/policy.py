@@ -64,13 +64,14 @@ def with_adapter(model: Any, adapter: Path | None, cfg: ExperimentConfig, *, fie
 
 
 def check_base(adapter: str | Path, base: str, cfg: ExperimentConfig, *, field: str) -> None:
-    """:func:`cpr.models.check_adapter_base` with the config's ``model.allow_base_mismatch``; ``field``
-    names the setting that gave the adapter."""
-    from cpr.models import check_adapter_base
+    """:func:`cpr.models.check_adapter_base` with the config's ``model.allow_base_mismatch``, then
+    :func:`cpr.models.check_adapter_weights`; ``field`` names the setting that gave the adapter."""
+    from cpr.models import check_adapter_base, check_adapter_weights
 
     check_adapter_base(
         adapter, base, allow_mismatch=cfg.model.allow_base_mismatch, field=field, override="model.allow_base_mismatch"
     )
+    check_adapter_weights(adapter, field=field)
 
 
 def device_memory(device: Any) -> str:
