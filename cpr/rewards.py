@@ -177,12 +177,24 @@ def _record(kwargs: Mapping[str, Any], name: str, rewards: Sequence[float], corr
 # --------------------------------------------------------------------------- the reward functions
 
 
+def _is_number(value: Any) -> bool:
+    """Whether a reward function's value is a number (``float(value)`` works and it is not text)."""
+    if isinstance(value, (str, bytes)):
+        return False
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 class RewardFunction:
     """Base class: a named, picklable callable with TRL's reward signature.
 
     Subclasses implement :meth:`score`. ``__name__`` is the registry name (TRL's
-    ``rewards/<name>/mean`` log keys). Every returned value must be finite and in ``[low, high]``,
-    or ``None`` (no reward); ``none_count`` is the number of ``None`` in the last call's output (the
+    ``rewards/<name>/mean`` log keys). Every returned value must be a number in ``[low, high]``, NaN or Inf
+    (passed on: the divergence guard's ``nan`` condition acts on it) or ``None`` (no reward); another value
+    raises ``CprError`` naming the reward; ``none_count`` is the number of ``None`` in the last call's output (the
     divergence guard reads it, so a ``None`` is not taken for a NaN). A class that scores reasoning
     steps sets ``needs_encoder`` (the launch's preflight then loads ``rewards.encoder``); one whose
     constructor takes ``**settings`` lists the names it takes there in ``settings_fields``
@@ -207,7 +219,12 @@ class RewardFunction:
         rewards = self.score(list(completions), kwargs)
         self.none_count = sum(r is None for r in rewards)
         for i, r in enumerate(rewards):
-            if r is not None and not (math.isfinite(r) and self.low - 1e-9 <= r <= self.high + 1e-9):
+            if r is None:
+                continue
+            if not _is_number(r):
+                raise CprError(f"reward '{self.name}' produced {r!r} ({type(r).__name__}) for completion {i}; a "
+                               "reward is a number or None")
+            if math.isfinite(r) and not self.low - 1e-9 <= r <= self.high + 1e-9:  # NaN / Inf: the guard's (guards.nan)
                 raise CprError(
                     f"reward '{self.name}' produced {r!r} for completion {i}, outside [{self.low}, {self.high}]"
                 )

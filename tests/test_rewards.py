@@ -424,3 +424,28 @@ def test_the_readme_reward_function_example_trains(tmp_path, monkeypatch, one_th
     assert trained[0]["rewards/brevity/mean"] == pytest.approx(sum(expected) / 2)
     done = json.loads((tmp_path / "run" / "cpr" / "phase_done.json").read_text())
     assert done["rewards"] == ["format", "cpr", "brevity"] and done["reward_weights"] == [1.0, 1.0, 0.5]
+
+
+def test_a_non_finite_reward_goes_to_the_guard_and_a_non_number_names_the_reward(monkeypatch):
+    """NaN / Inf are passed on (the divergence guard's ``nan`` condition acts on them: stop, skip_step or warn);
+    a value that is not a number is one error naming the reward, not a bare TypeError."""
+    from cpr import rewards as R
+
+    class Flaky(R.RewardFunction):
+        name = "flaky"
+        values: list = []
+
+        def score(self, completions, kwargs):
+            return list(self.values)
+
+    f = Flaky()
+    f.values = [0.5, math.nan, math.inf, None]
+    out = f(prompts=None, completions=["a"] * 4)
+    assert out[0] == 0.5 and math.isnan(out[1]) and out[2] == math.inf and out[3] is None
+    f.values = [0.5, "0.7"]
+    with pytest.raises(CprError, match=r"^reward 'flaky' produced '0.7' \(str\) for completion 1; a reward is a "
+                                       r"number or None$"):
+        f(prompts=None, completions=["a"] * 2)
+    f.values = [-math.inf, 1.5]
+    with pytest.raises(CprError, match=r"reward 'flaky' produced 1.5 for completion 1, outside \[0.0, 1.0\]"):
+        f(prompts=None, completions=["a"] * 2)
