@@ -244,3 +244,16 @@ def test_limit_counts_valid_records(tmp_path, image_dir):
     path = _write(tmp_path, [_good("a"), _good("b", answer=None), _good("c"), _good("d")])
     records = load_records("jsonl", path, on_invalid="skip", limit=2)
     assert [r.id for r in records] == ["a", "c"]
+
+
+def test_a_line_that_is_not_utf8_names_file_line_and_byte(tmp_path, image_dir):
+    good = json.dumps(_good("a"))
+    bad = json.dumps(_good("b")).replace('"b"', '"b\\u00e9"').encode().replace(b"\\u00e9", b"\xff")
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(good.encode() + b"\n" + bad + b"\n" + json.dumps(_good("c")).encode() + b"\n")
+    column = bad.index(b"\xff") + 1
+    with pytest.raises(InputError) as e:
+        load_records("jsonl", path)
+    assert str(e.value) == f"{path}:2: malformed JSON (not UTF-8 text: byte 0xff at column {column})"
+    records, report = load_records_with_report("jsonl", path, on_invalid="skip")
+    assert [r.id for r in records] == ["a", "c"] and dict(report.skipped) == {"malformed JSON": 1}

@@ -147,12 +147,20 @@ def reject_split(split: str | None, path: Path, source: str) -> None:
 def jsonl_rows(path: Path, *, base_dir: Path | None = None, split: str | None = None) -> Iterator[RawRow]:
     """Rows of a JSON-lines file, one per non-blank line (with ``split``: those whose ``split`` field
     is absent or equal). A line that is not valid JSON or not an object gives a row with
-    :attr:`RawRow.problem` set (reason ``malformed JSON`` / ``bad value``)."""
-    with open(path, encoding="utf-8") as f:
-        for line, raw in enumerate(f, start=1):
+    :attr:`RawRow.problem` set (reason ``malformed JSON`` / ``bad value``), as does a line that is not UTF-8
+    text (reason ``malformed JSON``, naming the first bad byte and its column)."""
+    with open(path, "rb") as f:
+        for line, raw_bytes in enumerate(f, start=1):
+            row = RawRow(data={}, path=path, line=line, base_dir=base_dir or path.parent, index=line - 1)
+            try:
+                raw = raw_bytes.decode("utf-8")
+            except UnicodeDecodeError as e:
+                row.problem = row.error(f"malformed JSON (not UTF-8 text: byte 0x{raw_bytes[e.start]:02x} at column "
+                                        f"{e.start + 1})", reason=MALFORMED_JSON)
+                yield row
+                continue
             if not raw.strip():
                 continue
-            row = RawRow(data={}, path=path, line=line, base_dir=base_dir or path.parent, index=line - 1)
             try:
                 obj = parse_jsonl_line(raw, path, line)
             except InputError as e:
