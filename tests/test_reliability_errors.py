@@ -551,3 +551,47 @@ def test_an_output_dir_that_cannot_be_written_is_one_line(tmp_path, monkeypatch,
     assert rc == 2 and "Traceback" not in err
     assert errors == [f"cpr_curriculum: error: {expected}"]
     assert out.is_file() if kind == "file" else not out.exists()  # nothing left behind
+
+
+@pytest.mark.parametrize("error", ["torch_short_write", "enospc"])
+def test_a_full_disk_is_one_line_naming_the_folder_and_the_space_a_checkpoint_needs(tmp_path, monkeypatch, capsys,
+                                                                                    one_thread, error):
+    import errno
+    from collections import namedtuple
+
+    import cpr.training.diskspace
+    import cpr.training.phase
+
+    run = tmp_path / "run"
+
+    def train_phase(cfg, *args):
+        ckpt = run / "cpr" / "checkpoint-2"  # a whole checkpoint of 3 MiB, then the next one does not fit
+        ckpt.mkdir(parents=True)
+        (ckpt / "adapter_model.safetensors").write_bytes(b"\0" * (3 * 2**20))
+        if error == "enospc":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(run / "cpr" / "checkpoint-4" / "optimizer.pt"))
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 498560 vs 498452")
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(cpr.training.phase, "train_phase", train_phase)
+    monkeypatch.setattr(cpr.training.diskspace.shutil, "disk_usage", lambda p: usage(10 * 2**20, 10 * 2**20 - 4096, 4096))
+    rc, errors, err = _run_recipe(monkeypatch, capsys, _write(tmp_path, _config(tmp_path)))
+    assert rc == 2 and "Traceback" not in err
+    cause = ("RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 498560 vs 498452"
+             if error == "torch_short_write" else
+             f"OSError: [Errno 28] No space left on device: '{run / 'cpr' / 'checkpoint-4' / 'optimizer.pt'}'")
+    assert errors == [
+        f"cpr_curriculum: error: no space left on the device of {run} (0.0 MiB free; a checkpoint of this run takes "
+        f"3.0 MiB): {cause}; the complete checkpoints are kept: free space (or lower save_total_limit) and continue "
+        "with --resume"]
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+
+
+def test_a_torch_write_error_with_room_left_is_not_called_a_full_disk(tmp_path):
+    from cpr.training.diskspace import disk_full_error
+
+    (tmp_path / "cpr" / "checkpoint-2").mkdir(parents=True)
+    (tmp_path / "cpr" / "checkpoint-2" / "optimizer.pt").write_bytes(b"\0" * 1000)
+    short = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 498560 vs 498452")
+    assert disk_full_error(short, tmp_path) is None  # this disk has far more than 1 MiB free
+    assert disk_full_error(ValueError("x"), tmp_path) is None

@@ -61,6 +61,7 @@ def run_experiment(
         ConfigError / InputError: invalid config or data (before any model loads), or a refused ``output_dir``.
         ModelNotAvailableError: the model or encoder is neither local nor downloadable.
         TrainingDivergedError / TrainingOutOfMemoryError: a guard stopped a phase / out of memory.
+        DiskFullError: no space left in ``output_dir`` (:mod:`cpr.training.diskspace`).
     """
     from cpr.io import unlock_file
     from cpr.training.build import build_phases
@@ -76,7 +77,9 @@ def run_experiment(
 
 def _run(cfg: ExperimentConfig, phases: Mapping[str, Any], state: Any, checked: Any, resume: bool,
          callbacks: Sequence[Any]) -> dict[str, Any]:
-    """The steps of :func:`run_experiment` once ``output_dir`` is claimed and locked."""
+    """The steps of :func:`run_experiment` once ``output_dir`` is claimed and locked; a full disk is one
+    :class:`cpr.training.diskspace.DiskFullError`."""
+    from cpr.training.diskspace import disk_full_error
     from cpr.training.guards import TrainingDivergedError
     from cpr.training.logs import close_run_log, open_run_log
 
@@ -99,6 +102,8 @@ def _run(cfg: ExperimentConfig, phases: Mapping[str, Any], state: Any, checked: 
         raise
     except BaseException as e:
         _record_failure(run, e)
+        if (full := disk_full_error(e, run.out)) is not None:
+            raise full from e
         raise
     finally:
         close_run_log(handler)
