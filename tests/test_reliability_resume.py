@@ -554,3 +554,41 @@ def test_cpr_eval_refuses_an_adapter_with_nan_weights_in_one_line(tmp_path, caps
         f"cpr eval: error: {adapter / 'adapter_model.safetensors'} field '--adapter': 4 non-finite weights (NaN or "
         "Inf) in 1 tensors, the first lora_B.weight: the file is damaged or its training diverged")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_warm_start_killed_after_its_last_checkpoint_trains_no_further_step(tmp_path, monkeypatch, one_thread):
+    """Killed after the warm start's checkpoint-4 (max_steps 4) and before its adapter was saved: --resume saves
+    that checkpoint's adapter without a step 5 (with a constant learning rate a step 5 would move it)."""
+    from safetensors.torch import load_file
+    from transformers import TrainerCallback
+
+    import cpr.training.sft
+    from cpr.training.config import config_from_dict
+    from cpr.training.runner import run_experiment
+
+    run_sft, steps_run = cpr.training.sft.run_sft, []
+
+    class Steps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            steps_run.append(state.global_step)
+
+    monkeypatch.setattr(cpr.training.sft, "run_sft", lambda *a, **k: run_sft(*a, **k, callbacks=[Steps()]))
+    cfg = config_from_dict(tiny_run_config(
+        # 10 records, 2 a step: 5 steps an epoch, so step 4 ends inside one (at an epoch's end the loop stops itself)
+        "warm", tmp_path / "run", seed=5, lora_r=8, limit=10, heldout=0, phases=[], evaluation={"final": False},
+        warm_start={"enabled": True, "max_steps": 4, "save_steps": 2, "learning_rate": 5e-3,
+                    "per_device_train_batch_size": 2, "max_length": 512, "extra": {"lr_scheduler_type": "constant"}},
+    ))
+    assert run_experiment(cfg)["status"] == "finished" and steps_run == [1, 2, 3, 4]
+    ws = tmp_path / "run" / "warm_start"
+    final = load_file(str(ws / "adapter" / "adapter_model.safetensors"))
+    shutil.rmtree(ws / "adapter")  # what a kill after checkpoint-4 leaves
+    (ws / WARM_START_DONE).unlink()
+    steps_run.clear()
+    assert run_experiment(cfg, resume=True)["status"] == "finished"
+    assert steps_run == [] and sorted(p.name for p in ws.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    resumed = load_file(str(ws / "adapter" / "adapter_model.safetensors"))
+    assert resumed.keys() == final.keys() and all(torch.equal(resumed[k], final[k]) for k in final)
+    losses = [r["step"] for r in json.loads((ws / "trainer_state.json").read_text())["log_history"] if "loss" in r]
+    assert losses == [1, 2, 3, 4]

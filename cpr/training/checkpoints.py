@@ -132,6 +132,20 @@ def training_done(ckpt: str | Path) -> bool:
         return False
 
 
+def restore_trained(trainer: Any, ckpt: str | Path) -> None:
+    """Put ``trainer`` (LoRA) where it stood when it saved ``ckpt``, without training: its ``TrainerState``
+    (``trainer_state.json``, the callbacks' saved states included) and the adapter weights
+    (:data:`ADAPTER_WEIGHTS`). For a checkpoint of the last step (:func:`training_done`), from which
+    ``Trainer.train`` would train one step more."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+    from transformers import TrainerState
+
+    ckpt = Path(ckpt)
+    trainer.state = TrainerState.load_from_json(str(ckpt / "trainer_state.json"))
+    set_peft_model_state_dict(trainer.model, load_file(str(ckpt / ADAPTER_WEIGHTS)))
+
+
 def has_curriculum_state(ckpt: Path) -> bool:
     """Whether a checkpoint's ``trainer_state.json`` holds the curriculum sampler's state
     (:class:`cpr.training.curriculum.CurriculumStateCallback`); ``False`` when it is missing or unreadable."""

@@ -59,17 +59,13 @@ def _save_adapter(trainer: Any, processor: Any, adapter_dir: Path, state: Any) -
 
 def restore_trained(trainer: Any, ckpt: Path, hook: Any = None) -> None:
     """Put ``trainer`` where it stood when it saved ``ckpt``, its last step (:func:`training_done`), without
-    training: its ``TrainerState``, the adapter weights (``adapter_model.safetensors``) and the state of the
-    callbacks the phase's result reads (the divergence guard, the dynamic-sampling totals, the eval hook ``hook``,
-    each restored by its ``on_train_begin``)."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-    from transformers import TrainerState
-
+    training (:func:`cpr.training.checkpoints.restore_trained`), with the state of the callbacks the phase's
+    result reads (the divergence guard, the dynamic-sampling totals, the eval hook ``hook``, each restored by its
+    ``on_train_begin``)."""
+    from cpr.training import checkpoints
     from cpr.training.sampling import DynamicSamplingState
 
-    trainer.state = TrainerState.load_from_json(str(ckpt / "trainer_state.json"))
-    set_peft_model_state_dict(trainer.model, load_file(str(ckpt / "adapter_model.safetensors")))
+    checkpoints.restore_trained(trainer, ckpt)
     for cb in trainer.callback_handler.callbacks:
         if cb is trainer.guard or cb is hook or isinstance(cb, DynamicSamplingState):
             cb.on_train_begin(trainer.args, trainer.state, trainer.control)

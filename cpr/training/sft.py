@@ -228,7 +228,8 @@ def run_sft(
     ``output_dir`` receives checkpoints (``save_strategy``; each marked complete,
     :class:`cpr.training.checkpoints.CompleteMarkerCallback`), ``trainer_state.json`` (the log history)
     and the adapter; ``resume_from_checkpoint`` (one of those checkpoints) continues a run where it stopped
-    (transformers restores the adapter, optimizer, scheduler, RNG states and data position).
+    (transformers restores the adapter, optimizer, scheduler, RNG states and data position; one saved at the
+    last step is the trained adapter: no step is trained).
     ``prefix``: the config section its settings come from, in error fields.
 
     Returns:
@@ -244,7 +245,7 @@ def run_sft(
     from peft import PeftModel
     from trl import SFTTrainer
 
-    from cpr.training.checkpoints import CompleteMarkerCallback
+    from cpr.training.checkpoints import CompleteMarkerCallback, restore_trained, training_done
     from cpr.training.logs import quiet_console
 
     settings.validate(prefix)
@@ -269,7 +270,10 @@ def run_sft(
                          processing_class=processor, peft_config=peft_config,
                          callbacks=[*callbacks, CompleteMarkerCallback()])
     quiet_console(trainer)
-    trainer.train(resume_from_checkpoint=str(resume_from_checkpoint) if resume_from_checkpoint else None)
+    if resume_from_checkpoint is not None and training_done(resume_from_checkpoint):
+        restore_trained(trainer, resume_from_checkpoint)  # killed after its last checkpoint: nothing left to train
+    else:
+        trainer.train(resume_from_checkpoint=str(resume_from_checkpoint) if resume_from_checkpoint else None)
     adapter_dir = output_dir / ADAPTER_DIRNAME
     trainer.save_model(str(adapter_dir))
     if trainer.is_world_process_zero():
