@@ -419,6 +419,7 @@ def test_ctrl_c_is_one_line_naming_the_resume_command(tmp_path, monkeypatch, cap
     def interrupted(cfg, phase, *args):
         ckpt = Path(cfg.output_dir) / phase.name / "checkpoint-2"
         ckpt.mkdir(parents=True)
+        (ckpt / "trainer_state.json").write_text("{}")  # a whole checkpoint holds it (else it is corrupt)
         (ckpt / "checkpoint_complete.json").write_text("{}")
         raise KeyboardInterrupt
 
