@@ -196,7 +196,7 @@ def score(adapter: str, model: str, records: list, cfg, samples: int, temperatur
     gen = GenerationSettings(max_new_tokens=cfg.evaluation.max_new_tokens, batch_size=32, prompt_mode="train",
                              backend="transformers", progress=False)
     scoring = scoring_settings(cfg, cfg.evaluation.answer_mode)
-    keys = ("accuracy", "match_f1", "precision", "recall", "steps")
+    keys = ("accuracy", "match_f1", "precision", "recall", "steps", "lucky_guess_rate")
 
     def pick(m: dict) -> dict:
         return {k: m["overall"][k] for k in keys}
@@ -325,7 +325,7 @@ def main() -> None:
     key0 = f"warm_start|val{args.val_seed}x{args.val_size}"
     if key0 not in results:
         results[key0] = score(args.init_adapter, cfg0.model.name_or_path, records, cfg0, args.samples, 1.0, 0)
-    for name in args.rows.split(","):
+    for name in [n for n in args.rows.split(",") if n]:  # --rows "": the warm start's row only
         for seed in [int(s) for s in args.seeds.split(",")]:
             key = f"{name}|seed{seed}|val{args.val_seed}x{args.val_size}|{';'.join(args.extra)}"
             if key in results:
