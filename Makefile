@@ -43,7 +43,7 @@ test: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected" >&2; exit 1; fi; exit $$rc
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check cpr recipes tests benchmarks tools
+	$(VENV)/bin/ruff check cpr recipes tests benchmarks reports tools
 	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)

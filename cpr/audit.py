@@ -1,5 +1,5 @@
 """``cpr audit-reward``: an adversarial search for completions that game a reward configuration
-(README, "Reward hacking"). Per sampled item, a seeded evolutionary beam search, bounded in reward evaluations, assembles
+(docs/reward-hacking.md). Per sampled item, a seeded evolutionary beam search, bounded in reward evaluations, assembles
 completions from genes (the item's reference steps and their rewordings, the question's sentences and
 options, other items' steps: those the reward's own encoder finds closest plus random ones, filler
 sentences), with gold or wrong answers, as valid JSON or malformed; every candidate is scored by the

@@ -378,8 +378,8 @@ def test_none_means_no_reward_for_that_completion(monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_readme_reward_function_example_trains(tmp_path, monkeypatch, one_thread):
-    """The README's own reward function: its module, the config naming it and the training script, run as
+def test_the_docs_reward_function_example_trains(tmp_path, monkeypatch, one_thread):
+    """docs/rewards.md's own reward function: its module, the config naming it and the training script, run as
     written (one GRPO step of the tiny model), the config's reward_params reaching the function."""
     import re
     import runpy
@@ -391,8 +391,8 @@ def test_the_readme_reward_function_example_trains(tmp_path, monkeypatch, one_th
 
     from cpr.rewards import REWARD_FUNCTIONS, get_reward_set
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Writing your own reward function")[1].split("\n## ")[0]
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "rewards.md").read_text(encoding="utf-8")
+    section = guide.split("## Writing your own reward function")[1].split("\n## ")[0]
     module, config, script = re.findall(r"```(?:python|yaml)\n(.*?)```", section, re.S)
     (tmp_path / "my_rewards.py").write_text(module)
     (tmp_path / "train_my_rewards.py").write_text(script)

@@ -423,7 +423,7 @@ def table_figures(table: dict[str, Any], out_dir: str | Path, *, dpi: int = 120)
 
 def learning_curves(diagnosis: Mapping[str, Any]) -> dict[str, list[dict[str, float]]]:
     """Validation learning curves of a GRPO diagnosis (the ``diagnosis.json`` of
-    ``benchmarks/grpo_diagnosis.py --curve N``): Match F1 and accuracy against generated completions.
+    ``reports/grpo_diagnosis/grpo_diagnosis.py --curve N``): Match F1 and accuracy against generated completions.
 
     ``diagnosis`` maps ``"warm_start|val<S>x<N>"`` to the warm start's scores and ``"<row>|seed<k>|val<S>x<N>|..."``
     to a row's, each ``{"greedy": {...}, "sampled": {...}}`` with ``match_f1`` (0-1) and ``accuracy`` (percent);

@@ -1,6 +1,6 @@
 """``cpr train --check``: validate a run for N processes (``WORLD_SIZE=N``), build the model on the meta
 device with its LoRA adapter (only ``config.json`` needed; the paper models' ship in
-``cpr/models/configs``) and estimate one GPU's peak memory (README, "Check a run before it starts").
+``cpr/models/configs``) and estimate one GPU's peak memory (docs/training.md, "Check a run before it starts").
 
 Byte counts (``wb`` = bytes of the model dtype): weights ``params x wb`` (/ N under ZeRO-3). LoRA
 (PEFT keeps adapters in fp32): DDP holds fp32 weights, gradients, buckets and two Adam moments (20 B

@@ -1,7 +1,7 @@
 """Experiment configuration: one YAML file describes a whole run (both phases).
 
-The sections are the fields of :class:`ExperimentConfig` (examples in recipes/configs/, a table in the
-README); ``phase_settings`` are merged over the built-in :data:`PHASE_PRESETS`. OmegaConf reads the YAML
+The sections are the fields of :class:`ExperimentConfig` (examples in recipes/configs/, a table in
+docs/training.md); ``phase_settings`` are merged over the built-in :data:`PHASE_PRESETS`. OmegaConf reads the YAML
 and applies ``--set`` overrides; pydantic checks keys and types (the ``training`` sections against
 ``trl.GRPOConfig``'s field types); :func:`load_config` checks everything before any model, dataset or
 encoder loads, an invalid value raising :class:`cpr.errors.ConfigError` that names its dotted key.
@@ -229,7 +229,7 @@ class EvaluationConfig(_Section):
 GuardAction = Literal["warn", "skip_step", "stop"]
 #: Default action of each guard condition.
 DEFAULT_GUARD_ACTIONS: dict[str, str] = {"nan": "stop", "kl": "warn", "zero_std": "warn", "reward_hacking": "warn"}
-#: Upper bounds of the hack monitors (:data:`cpr.guard.MONITORS`; README, "Reward hacking").
+#: Upper bounds of the hack monitors (:data:`cpr.guard.MONITORS`; docs/reward-hacking.md).
 DEFAULT_HACKING_BOUNDS: dict[str, float] = {"hacking/duplicate_rate": 0.25, "hacking/restatement_rate": 0.25,
                                             "hacking/precision_minus_recall": 0.8, "hacking/non_answer_rate": 0.5,
                                             "steps/count": 30.0}

@@ -1,4 +1,4 @@
-"""Divergence guards of the GRPO phases (``guards:``, :class:`cpr.training.config.GuardsConfig`; README,
+"""Divergence guards of the GRPO phases (``guards:``, :class:`cpr.training.config.GuardsConfig`; docs/training.md,
 "Divergence guards"; the paper's Composite and Answer-Only runs diverge to NaN gradients, docs/method.md section 4).
 
 :class:`DivergenceGuard` checks each optimizer step once its gradients are accumulated and clipped, before

@@ -3,7 +3,7 @@
 Usage::
 
     python recipes/cpr_curriculum.py --config recipes/configs/demo_tabmwp.yaml   # once: its warm start
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_direction.py [--lr 1e-3] [--steps 16]
+    HF_HUB_OFFLINE=1 .venv/bin/python reports/grpo_direction/grpo_direction.py [--lr 1e-3] [--steps 16]
 
 Runs one GRPO phase of the TabMWP demo config (tiny Qwen2.5-VL, the bundled TabMWP samples, the same
 trainer, curriculum sampler and guards as the demos) with one registered reward function,
@@ -25,7 +25,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))  # tiny_models: the demo's tiny model
 
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/synthetic_probe.py --variant solid --steps 400 --eval-every 100
+    HF_HUB_OFFLINE=1 .venv/bin/python reports/synthetic_task/synthetic_probe.py --variant solid --steps 400 --eval-every 100
 
 Trains a supervised LoRA adapter (:func:`cpr.training.sft.run_sft`, the warm start's trainer) on the
 training items of :mod:`cpr.data.synthetic` and scores every ``--eval-every`` steps' checkpoint
@@ -31,7 +31,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # tiny_models: the tiny model builder
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))  # tiny_models: the tiny model builder
 
 from PIL import Image, ImageDraw  # noqa: E402
 
