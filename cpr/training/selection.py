@@ -35,7 +35,9 @@ def select_best(
 
     Returns:
         The contents of ``<phase>/selection.json``: ``{"metric", "answer_mode", "n_validation", "picked",
-        "scores": [{"checkpoint", "step" (None: the final adapter), "accuracy" (percent), "match_f1"}]}``;
+        "scores": [{"checkpoint", "step" (None: the final adapter, the last step, which stays in its
+        checkpoint once the runner puts another pick in ``adapter/``: :func:`install_selected`), "accuracy"
+        (percent), "match_f1"}]}``;
         without validation records ``{"picked": <final adapter>, "reason", "scores": []}``. Every
         process generates its share of the records (:func:`cpr.training.evaluate.score_adapters`); the
         main process scores and writes the file, which the others read.
