@@ -6,7 +6,8 @@ run folder holds ``config.yaml`` (every default filled in, and ``training_effect
 ``summary.json`` (``status`` running, finished, diverged, failed or interrupted), ``warm_start/`` (its
 ``checkpoint-N/`` folders and ``adapter/``),
 ``final_eval/`` (``stages/<stage>/``: earlier stages, ``evaluation.compare``), and per phase its
-``checkpoint-N/`` folders (:mod:`cpr.training.checkpoints`), final ``adapter/``, ``log.jsonl``, ``scored_completions.jsonl``, ``eval_history.jsonl``, ``best_checkpoint.json``,
+``checkpoint-N/`` folders (:mod:`cpr.training.checkpoints`), ``adapter/`` (the phase's result: its last step, or
+with ``select_best`` the selected checkpoint's adapter, the last step staying in its checkpoint), ``log.jsonl``, ``scored_completions.jsonl``, ``eval_history.jsonl``, ``best_checkpoint.json``,
 ``guard_events.jsonl``, ``selection.json``, ``phase_done.json`` and ``abandoned-checkpoint-N-<time>/``.
 Resume (refused for a folder that holds no run) continues an unfinished warm start from its last complete
 checkpoint, skips finished phases and continues the current one from its last complete, not diverged checkpoint;
@@ -222,13 +223,19 @@ def _train(run: _Run, spec: Any, splits: Any, templates: Any, model_path: str, h
 
 def _select_best(run: _Run, spec: Any, result: dict[str, Any], splits: Any, templates: Any, model_path: str) -> Path:
     """The adapter phase ``spec`` hands on: with ``select_best``, its best checkpoint on the validation split
-    (:func:`cpr.training.selection.select_best`, into ``result["selection"]``), else its final adapter."""
-    from cpr.training.selection import select_best
+    (:func:`cpr.training.selection.select_best`, into ``result["selection"]``), which then becomes the phase's
+    ``adapter/`` folder (:func:`cpr.training.selection.install_selected`; ``result`` gains ``adapter_from`` and
+    ``last_step_adapter``); else its final adapter."""
+    from cpr.training.selection import install_selected, select_best
 
     if not spec.phase.select_best:
         return Path(result["adapter"])
     result["selection"] = select_best(run.cfg, spec.phase, splits, templates, model_path)
-    return adapter_folder(Path(result["selection"]["picked"]), field=f"{spec.name} selection.json picked")
+    picked = adapter_folder(Path(result["selection"]["picked"]), field=f"{spec.name} selection.json picked")
+    if run.state.is_main_process:
+        result.update(install_selected(run.out / spec.name, picked, result["steps"]) or {})
+    run.state.wait_for_everyone()
+    return picked
 
 
 def _hand_over(run: _Run, spec: Any, result: dict[str, Any], adapter: Path) -> Path:
