@@ -34,7 +34,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # step_pairs: the parity test's sample builder
 
 
 def _peak_rss_mib() -> float:
@@ -64,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
     import torch
-    from step_pairs import build_pairs
+
+    from cpr_tools.step_pairs import build_pairs
 
     if args.threads:
         torch.set_num_threads(args.threads)

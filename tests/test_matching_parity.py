@@ -25,9 +25,9 @@ import types
 
 import numpy as np
 import pytest
-from step_pairs import build_pairs
 
 from cpr.matching import StepEncoder, lis_ratio, match_pairs, score_batch
+from cpr_tools.step_pairs import build_pairs
 
 reasoning = pytest.importorskip("crystal_metrics.reasoning")
 
