@@ -5,6 +5,9 @@ Usage (offline; on a GPU machine it runs in a few minutes)::
     python benchmarks/gpu_check.py                                     # Qwen2.5-VL-3B, random bf16 weights
     python benchmarks/gpu_check.py --model tiny:qwen2_5_vl --device cpu  # the same path on a tiny model
 
+It imports ``cpr`` and ``cpr_tools`` as installed (``pip install -e ".[dev]"``); from a checkout that is
+not installed, run it from the repository root with ``PYTHONPATH=.``.
+
 The model is the architecture of ``cpr/models/configs/qwen2_5_vl_3b`` (the shipped config of
 ``Qwen/Qwen2.5-VL-3B-Instruct``) with random weights: nothing is downloaded. Its processor is the
 published image processor with a byte-level BPE tokenizer trained here and padded to the real
@@ -56,8 +59,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))  # tiny_models: tiny:<kind> names, the tokenizer trainer
 
 QWEN_SPECIALS = (  # Qwen2.5's special tokens in id order from 151643 (its tokenizer_config.json)
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
@@ -70,9 +71,10 @@ def real_vocab_processor(folder: Path, texts: list[str]) -> Any:
     """A Qwen2.5-VL processor for the shipped config: the published image processor, a byte-level BPE
     trained on ``texts`` (Qwen's pre-tokenizer) padded with filler tokens to 151643 entries, then Qwen's
     special tokens at their real ids."""
-    from tiny_models import QWEN2_5_VL_CHAT_TEMPLATE, train_byte_level_bpe
     from tokenizers import AddedToken
     from transformers import Qwen2_5_VLProcessor, Qwen2Tokenizer, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+    from cpr_tools.tiny_models import QWEN2_5_VL_CHAT_TEMPLATE, train_byte_level_bpe
 
     vocab, merges = train_byte_level_bpe(texts, 4000)
     for i in range(len(vocab), 151643):
@@ -261,12 +263,12 @@ def run_steps(cfg: Any, args: argparse.Namespace, device: str, extra: dict[str, 
               model_dir: Path | None = None, save_dir: Path | None = None) -> tuple[StepTimer, Any, Any, Any]:
     """Train ``args.steps`` steps. ``model_dir``: load the policy from this folder (vLLM reads its weights
     from ``model.name_or_path``); ``save_dir``: save the random-weight policy there first."""
-    from tiny_models import default_corpus
     from trl import GRPOTrainer
 
     from cpr.data import load_templates, render_target, to_grpo_dataset
     from cpr.training.build import build_phase
     from cpr.training.splits import load_splits
+    from cpr_tools.tiny_models import default_corpus
 
     splits = load_splits(cfg.data)
     templates = load_templates(cfg.data.prompts)
@@ -377,8 +379,9 @@ def recipe_check(args: argparse.Namespace) -> int:
     import json
     import subprocess
 
-    import tiny_models
     import torch
+
+    from cpr_tools import tiny_models
 
     cuda = torch.cuda.is_available()
     tiny = tiny_models.parse_tiny_name(args.model) is not None
@@ -482,10 +485,10 @@ def main() -> int:
     from cpr.training.check import PhaseShape, estimate_memory, load_architecture
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    import tiny_models
+    from cpr_tools import tiny_models
 
     args.tiny = tiny_models.parse_tiny_name(args.model) is not None
-    if args.tiny:  # a tiny model from tools/tiny_models.py (built on first use), loaded from its folder
+    if args.tiny:  # a tiny model from cpr_tools/tiny_models.py (built on first use), loaded from its folder
         args.model = tiny_models.resolve(args.model)
     if args.tiny and args.max_completion_length is None:
         args.max_completion_length = 32

@@ -36,8 +36,7 @@ def main() -> int:
     args = parser.parse_args()
     if Path(args.config).resolve() in DEMOS:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demo never touches the hub
-        sys.path.insert(0, str(DEMO.parents[2] / "tools"))
-        import tiny_models  # test and demo tooling: the demo's tiny model, built where missing
+        from cpr_tools import tiny_models  # test and demo tooling: the demo's tiny model, built where missing
 
         tiny_models.build_demo_models(str(DEMO) if Path(args.config).resolve() == TEACHER_DEMO else args.config)
         # the demo's own outputs/demo is disposable: running it again replaces it (unless resuming);

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -18,15 +19,10 @@ def test_real_vocab_processor_uses_the_shipped_configs_token_ids():
 
     from PIL import Image
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        from gpu_check import real_vocab_processor
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    from tiny_models import default_corpus
-
     from cpr.models import apply_pixel_limits
+    from cpr_tools.tiny_models import default_corpus
 
+    real_vocab_processor = runpy.run_path(str(REPO / "benchmarks" / "gpu_check.py"))["real_vocab_processor"]
     folder = REPO / "cpr/models/configs/qwen2_5_vl_3b"
     config = json.loads((folder / "config.json").read_text())
     proc = real_vocab_processor(folder, default_corpus())

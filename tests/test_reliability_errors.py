@@ -327,9 +327,8 @@ def test_oom_in_the_step_encoder_names_its_batch_size(tmp_path, monkeypatch, one
 def test_demo_overwrites_only_its_own_output(monkeypatch, argv, overwrite):
     """No arguments: the demo replaces its own outputs/demo; a demo-based run given another folder
     (the ablation demos' runs) is never deleted unasked."""
-    import tiny_models
-
     import cpr.training.cli
+    from cpr_tools import tiny_models
 
     seen = {}
     monkeypatch.setattr(cpr.training.cli, "run", lambda args: seen.setdefault("overwrite", args.overwrite) and 0)
@@ -343,9 +342,8 @@ def test_demo_overwrites_only_its_own_output(monkeypatch, argv, overwrite):
 
 def test_the_teacher_demo_builds_the_demos_model_and_overwrites_its_own_output(monkeypatch):
     """recipes/configs/demo_teacher.yaml trains demo.yaml's tiny model: the recipe builds that one where missing."""
-    import tiny_models
-
     import cpr.training.cli
+    from cpr_tools import tiny_models
 
     seen = {}
     monkeypatch.setattr(cpr.training.cli, "run", lambda args: seen.setdefault("overwrite", args.overwrite) and 0)

@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 
 import pytest
-import tiny_models
 import torch
 import yaml
 from conftest import tiny_model, tiny_run_config
@@ -27,6 +26,7 @@ import cpr.rewards as rewards_mod
 import cpr.training.policy as policy
 import cpr.training.runner as runner
 from cpr.training.config import config_from_dict, load_config
+from cpr_tools import tiny_models
 
 
 class DistinctChars(rewards_mod.RewardFunction):

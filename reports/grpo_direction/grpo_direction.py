@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))  # tiny_models: the demo's tiny model
 
 
 def main() -> None:
@@ -37,11 +35,10 @@ def main() -> None:
     parser.add_argument("--init-adapter", default=str(REPO / "outputs/demo_tabmwp/warm_start/adapter"))
     args = parser.parse_args()
 
-    import tiny_models
-
     from cpr.rewards import RewardFunction, register_reward_function
     from cpr.training.config import load_config
     from cpr.training.runner import run_experiment
+    from cpr_tools import tiny_models
 
     @register_reward_function
     class ShortReward(RewardFunction):
