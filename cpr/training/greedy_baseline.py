@@ -43,8 +43,10 @@ def with_images(prompt: list[dict[str, Any]], images: list[Any] | None) -> list[
 
 def total_rewards(reward_funcs: list[Any], weights: list[float], rows: list[dict[str, Any]], texts: list[str]) -> list[float]:
     """TRL's total reward of each completion ``texts[i]`` of ``rows[i]`` (a dataset row: the reward columns and,
-    where it has one, ``prompt``, else the functions get ``prompts=None``): the weighted sum over ``reward_funcs`` (``None`` or NaN counts 0; NaN when no function scored it, as
-    TRL's unscorable rows), scored with the completion recorder paused and without a trainer's logging."""
+    where it has one, ``prompt``, else the functions get ``prompts=None``): the weighted sum over ``reward_funcs``
+    (``None`` or NaN counts 0; NaN when no function scored it, as TRL's unscorable rows), scored with the completion
+    recorder paused, without a trainer's logging, and leaving a step-scoring function's ``last_credit`` (the
+    sampled completions' step credit, which ``credit: step`` reads after this) as it was."""
     from cpr.rewards import completion_records_paused
 
     columns = {key: [row[key] for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
@@ -52,7 +54,12 @@ def total_rewards(reward_funcs: list[Any], weights: list[float], rows: list[dict
     totals, scored = [0.0] * len(texts), [False] * len(texts)
     with completion_records_paused():
         for func, weight in zip(reward_funcs, weights, strict=True):
-            values = func(prompts=prompts, completions=texts, **columns)
+            kept = getattr(func, "last_credit", None)
+            try:
+                values = func(prompts=prompts, completions=texts, **columns)
+            finally:
+                if kept is not None:
+                    func.last_credit = kept
             for i, value in enumerate(values):
                 if value is not None and not (isinstance(value, float) and math.isnan(value)):
                     totals[i] += weight * float(value)
