@@ -101,10 +101,55 @@ def test_phase_two_reloads_the_adapter_in_the_dtype_phase_one_trained(tmp_path):
     phase1.save_pretrained(tmp_path / "adapter")
 
     base, _ = load_model_and_processor(path, dtype="bfloat16", device="cpu", gradient_checkpointing=False)
-    phase2 = policy.with_adapter(base, tmp_path / "adapter", cfg)
+    phase2 = policy.with_adapter(base, tmp_path / "adapter", cfg, zero3=True)
     lora = {n: p for n, p in phase2.named_parameters() if "lora_" in n}
     assert lora and {p.dtype for p in lora.values()} == {torch.bfloat16}
     assert all(p.requires_grad for p in lora.values())
+
+
+def test_without_zero3_phase_two_trains_the_fp32_adapter_phase_one_trained(tmp_path):
+    """Single process or DDP (issue 33): TRL creates the adapter with PEFT's default, fp32 on a bf16 model, and
+    the optimizer has no fp32 master weights; the next phase's reload keeps it fp32, every value as saved (a
+    reload in the bf16 base's dtype rounded them, and AdamW then updated bf16 weights directly)."""
+    import torch
+    from peft import get_peft_model
+    from safetensors.torch import load_file
+
+    from cpr.models import load_model_and_processor
+    from cpr.training import policy
+
+    path = tiny_model()
+    cfg = _cfg(model={"name_or_path": path, "dtype": "bfloat16"}, lora={"r": 4, "alpha": 8, "dropout": 0.0})
+    model, _ = load_model_and_processor(path, dtype="bfloat16", device="cpu", gradient_checkpointing=False)
+    phase1 = get_peft_model(model, policy.lora_config(cfg, path))
+    with torch.no_grad():
+        for n, p in phase1.named_parameters():
+            if "lora_" in n:
+                p.copy_(torch.linspace(0.1, 0.2, p.numel()).reshape(p.shape) + 1e-5)  # not representable in bf16
+    assert {p.dtype for n, p in phase1.named_parameters() if "lora_" in n} == {torch.float32}
+    phase1.save_pretrained(tmp_path / "adapter")
+    saved = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+
+    base, _ = load_model_and_processor(path, dtype="bfloat16", device="cpu", gradient_checkpointing=False)
+    phase2 = policy.with_adapter(base, tmp_path / "adapter", cfg, zero3=False)
+    lora = {n: p for n, p in phase2.named_parameters() if "lora_" in n}
+    assert lora and {p.dtype for p in lora.values()} == {torch.float32}
+    assert all(p.requires_grad for p in lora.values())
+    for key, value in saved.items():
+        name = key.replace(".weight", ".default.weight")
+        assert torch.equal(lora[name].detach(), value), name
+
+
+def test_the_adapter_dtype_rule_reads_the_trainers_deepspeed_stage(tmp_path):
+    """ZeRO-3 is read from the phase's training arguments: a GRPOConfig without DeepSpeed is not ZeRO-3, a
+    DeepSpeed plugin of stage 3 is, one of stage 2 (fp32 master weights, TRL's fp32 adapter) is not."""
+    from trl import GRPOConfig
+
+    from cpr.training.policy import deepspeed_zero3
+
+    assert deepspeed_zero3(GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")) is False
+    assert deepspeed_zero3(SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=3))) is True
+    assert deepspeed_zero3(SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=2))) is False
 
 
 def test_free_vllm_engine_drops_it_and_empties_the_cuda_cache(monkeypatch):
