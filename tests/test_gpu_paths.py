@@ -258,3 +258,42 @@ def test_output_dir_not_shared_by_every_process_is_refused_on_every_process(tmp_
         assert "a multi-node run needs output_dir on a filesystem every node mounts at the same path" in s["error"]
     assert not any(Path(p).exists() for p in (tmp_path / "shared" / ".cpr-shared-check",
                                               tmp_path / "local-0" / ".cpr-shared-check"))
+
+
+CLAIM_PROBE = """
+import json, sys, time
+from pathlib import Path
+from cpr.distributed import check_shared_output_dir, process_state
+from cpr.errors import ConfigError
+from cpr.training.runner import claim_output_dir
+
+state = process_state()
+out = Path(sys.argv[1])
+if state.is_main_process:  # the main process removes the check's token late, as a slow filesystem may show it
+    unlink = Path.unlink
+    Path.unlink = lambda self, *a, **k: (time.sleep(0.5), unlink(self, *a, **k))[1]
+check_shared_output_dir(out, state)
+try:
+    print("probe:", json.dumps({"rank": state.process_index, "claimed": claim_output_dir(out, resume=False,
+                                overwrite=False, state=state)}))
+except ConfigError as e:
+    print("probe:", json.dumps({"rank": state.process_index, "error": str(e)}))
+state.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(not (BIN / "torchrun").exists(), reason="torchrun not installed next to python")
+def test_every_process_takes_the_main_process_decision_on_a_failed_run(tmp_path):
+    """A re-run into a run that failed before training (issue 33): while one process still lists the shared
+    check's token in the folder, every process still replaces the failed run, as the main process decides."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("run_name: gpu\n")
+    (out / "summary.json").write_text(json.dumps({"status": "failed"}))
+    (tmp_path / "probe.py").write_text(CLAIM_PROBE)
+    launch = start([BIN / "torchrun", "--standalone", "--nproc_per_node", "2"], tmp_path / "probe.py", [out],
+                   tmp_path / "logs", {"ACCELERATE_USE_CPU": "true"})
+    assert launch.wait(300) == 0, launch.report()
+    seen = [json.loads(line.removeprefix("probe:")) for f in sorted(tmp_path.glob("logs/*/attempt_0/*/stdout.log"))
+            for line in f.read_text().splitlines() if line.startswith("probe:")]
+    assert seen == [{"rank": 0, "claimed": True}, {"rank": 1, "claimed": True}], launch.report()
