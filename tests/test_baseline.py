@@ -33,6 +33,25 @@ def test_an_unscored_greedy_completion_falls_back_to_trls_group_mean_and_an_unsc
     assert out.tolist() == pytest.approx([-1 / 1.0001, 0.0, 1 / 1.0001, 3 / s2, 0.0, -1 / s2], rel=1e-6)
 
 
+def test_zero_signal_groups_are_those_whose_samples_all_tie_their_baseline():
+    """Issue 33: a group of tied samples has no signal with the group mean (TRL's ``frac_reward_zero_std``) but
+    has one when its greedy completion differs; one whose samples differ has one unless all tie the greedy."""
+    from cpr.baseline import zero_signal_groups
+
+    nan = float("nan")
+    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0,  # tied, greedy 1.0: no signal
+                            1.0, 1.0, 1.0, 1.0,  # tied, greedy 0.5: every advantage 0.5 / std
+                            0.0, 1.0, 0.0, 1.0,  # greedy unscored: the group mean 0.5, which none ties
+                            nan, 2.0, 2.0, 2.0,  # the unscorable sample gets 0, the others tie greedy 2.0
+                            nan, nan, nan, nan])  # nothing scored: no signal
+    greedy = torch.tensor([1.0, 0.5, nan, 2.0, 0.3])
+    assert zero_signal_groups(rewards, greedy, 4).tolist() == [True, False, False, True, True]
+    advantages = greedy_advantages(rewards, greedy, 4).view(-1, 4)
+    assert [bool((row == 0).all()) for row in advantages] == [True, False, False, True, True]
+    with pytest.raises(ValueError, match="shape"):
+        zero_signal_groups(rewards, greedy[:2], 4)
+
+
 def test_greedy_advantages_refuse_shapes_and_scales():
     with pytest.raises(ValueError, match="groups of 4"):
         greedy_advantages(torch.zeros(6), torch.zeros(2), 4)
@@ -126,6 +145,7 @@ def test_the_trainer_scores_its_greedy_completions_unrecorded_and_logs_their_rew
                                      torch.tensor([len(greedy_text) / 100]), 4)
         assert got.tolist() == pytest.approx(expected.tolist(), rel=1e-5)
         assert recorded == []  # the greedy completion was scored with the recorder paused
+        assert trainer._metrics["train"]["baseline/frac_zero_signal"] == [0.0]  # 0.1, 0.2, 0.4 differ from greedy
         trainer.train()
     finally:
         set_completion_recorder(None)

@@ -5,8 +5,10 @@ completions the advantages of :func:`cpr.baseline.greedy_advantages` instead of 
 
 Costs one greedy generation of each prompt a round (``1 / num_generations`` more generated completions, without
 sampling) and one reward call on them. Logged per step: ``baseline/greedy_reward`` (mean total reward of the
-greedy completions) and ``baseline/above_greedy`` (share of the sampled completions whose reward is above their
-greedy completion's).
+greedy completions), ``baseline/above_greedy`` (share of the sampled completions whose reward is above their
+greedy completion's) and ``baseline/frac_zero_signal`` (share of the groups whose every advantage is 0: all
+samples tie their baseline; TRL's ``frac_reward_zero_std`` measures the samples' spread, which says nothing
+about the greedy baseline's signal).
 """
 
 from __future__ import annotations
@@ -14,9 +16,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cpr.baseline import greedy_advantages
+from cpr.baseline import greedy_advantages, zero_signal_groups
 from cpr.errors import CprError
 from cpr.trl_internals import logged_metrics, process_index
+
+#: The share of a round's groups to which the greedy baseline gives no signal (:func:`cpr.baseline.zero_signal_groups`);
+#: the ``zero_std`` guard reads it instead of TRL's ``frac_reward_zero_std`` with ``baseline: greedy``.
+ZERO_SIGNAL_METRIC = "baseline/frac_zero_signal"
 
 
 def with_images(prompt: list[dict[str, Any]], images: list[Any] | None) -> list[dict[str, Any]]:
@@ -106,7 +112,7 @@ class GreedyBaselineMixin:
         """This process's ``(B,)`` advantages with the greedy baseline, from ``gathered_rewards`` (the round's
         ``(processes x B, reward functions)`` reward matrix) and the greedy completions of the groups its rows
         belong to (the greedy rewards are exchanged between processes, so a group split over processes gets one
-        baseline); logs ``baseline/greedy_reward`` and ``baseline/above_greedy``."""
+        baseline); logs ``baseline/greedy_reward``, ``baseline/above_greedy`` and :data:`ZERO_SIGNAL_METRIC`."""
         import torch
         from accelerate.utils import gather_object
 
@@ -128,6 +134,7 @@ class GreedyBaselineMixin:
         greedy = greedy.to(rewards)
         advantages = greedy_advantages(rewards, greedy, group, self.scale_rewards)
         logged = logged_metrics(self, "train")
+        logged[ZERO_SIGNAL_METRIC].append(zero_signal_groups(rewards, greedy, group).float().mean().item())
         known = ~torch.isnan(greedy)
         if known.any():
             logged["baseline/greedy_reward"].append(torch.nanmean(greedy).item())
