@@ -161,8 +161,11 @@ def test_free_vllm_engine_drops_it_and_empties_the_cuda_cache(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
 
+    shut = []
+
     class Engine:
-        pass
+        def shutdown(self):  # vLLM's in-process teardown, where the installed vLLM has it
+            shut.append(True)
 
     engine = Engine()
     alive = weakref.ref(engine)
@@ -171,10 +174,50 @@ def test_free_vllm_engine_drops_it_and_empties_the_cuda_cache(monkeypatch):
     del engine
     assert policy.free_vllm_engine(trainer) is True
     gc.collect()
-    assert alive() is None and trainer.vllm_generation.llm is None and emptied == [True]
+    assert alive() is None and trainer.vllm_generation.llm is None and emptied == [True] and shut == [True]
     assert hook.trainer is trainer
     assert policy.free_vllm_engine(trainer) is False  # nothing left
     assert policy.free_vllm_engine(SimpleNamespace()) is False  # transformers generation
+
+
+def test_server_mode_closes_the_phases_weight_sync_communicator(monkeypatch):
+    """vLLM server mode (issue 33): TRL closes a client's weight-sync group only at exit, so each phase's
+    trainer would open a second one on the same group port; the phase's is closed when the phase ends (TRL's
+    own ``VLLMClient.close_communicator``, on a client that never connected)."""
+    from trl.generation.vllm_client import VLLMClient
+
+    from cpr.training import policy
+
+    client = object.__new__(VLLMClient)  # no server here: only the communicator TRL's init_communicator sets
+    group = SimpleNamespace(store="tcp store", socket="socket")
+    client.communicator = SimpleNamespace(group=group)
+    trainer = SimpleNamespace(vllm_generation=SimpleNamespace(vllm_client=client, mode="server"))
+    assert policy.free_vllm_engine(trainer) is True
+    assert client.communicator is None and group.store is None and group.socket is None
+    assert policy.free_vllm_engine(trainer) is False  # closed once
+    other_ranks = SimpleNamespace(vllm_generation=SimpleNamespace(mode="server"))  # only the main process has one
+    assert policy.free_vllm_engine(other_ranks) is False
+
+
+def test_evaluation_logs_free_memory_before_loading_and_empties_the_cache_after(monkeypatch, caplog):
+    """score_adapters (checkpoint selection, the final evaluation) logs the device's free memory before its
+    model loads and returns its cached blocks once the model is dropped (issue 33: a phase or vLLM engine
+    after it found them reserved)."""
+    import logging
+
+    import torch
+
+    from cpr.training import evaluate, policy
+
+    events = []
+    monkeypatch.setattr(policy, "device_memory", lambda device: "cuda:0, 3.0 of 8.0 GiB free")
+    monkeypatch.setattr(policy, "load_policy", lambda cfg, path, device=None: events.append("load") or ("m", "p"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+    with caplog.at_level(logging.INFO, logger=evaluate.logger.name):
+        got = evaluate.score_adapters(_cfg(), "models/unused", [None], lambda model, processor: events.append("score") or 7)
+    assert got == [7] and events == ["load", "score", "empty_cache"]
+    assert "evaluation: device cuda:0, 3.0 of 8.0 GiB free" in caplog.messages
 
 
 def test_device_memory_reports_cuda_free_memory(monkeypatch):

@@ -99,15 +99,34 @@ def device_memory(device: Any) -> str:
 
 
 def free_vllm_engine(trainer: Any) -> bool:
-    """Drop the vLLM colocate engine of a TRL trainer (``trainer.vllm_generation.llm``) and free its GPU
-    memory (:func:`free_memory`), so that the next phase's engine finds it; ``False`` when the trainer has
-    none (transformers generation, or vLLM server mode)."""
+    """Release what a finished phase's TRL trainer holds in vLLM (``trainer.vllm_generation``), so that the next
+    phase's trainer can start its own; ``False`` when it holds nothing (transformers generation, or already
+    released).
+
+    - colocate mode (``vllm_generation.llm``): the engine is shut down where it offers ``shutdown()`` (vLLM's
+      in-process teardown), dropped, and its GPU memory freed (:func:`free_memory`); the next phase builds a
+      new engine in the same process.
+    - server mode (``vllm_generation.vllm_client``, the main process's): its weight-sync communicator is closed
+      (``VLLMClient.close_communicator``, which TRL otherwise runs only at exit), so the next phase's client
+      opens a new one on ``vllm_group_port`` instead of meeting the old group.
+    """
     generation = getattr(trainer, "vllm_generation", None)
-    if getattr(generation, "llm", None) is None:
-        return False
-    generation.llm = None  # the trainer and its callbacks may live on a while: the engine goes now
-    free_memory()
-    return True
+    released = False
+    client = getattr(generation, "vllm_client", None)
+    if client is not None and getattr(client, "communicator", None) is not None:
+        client.close_communicator()
+        released = True
+    engine = getattr(generation, "llm", None)
+    if engine is not None:
+        shutdown = getattr(engine, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        generation.llm = None  # the trainer and its callbacks may live on a while: the engine goes now
+        del engine
+        released = True
+    if released:
+        free_memory()
+    return released
 
 
 def free_memory() -> None:
