@@ -203,3 +203,57 @@ def test_one_training_step_with_step_credit_and_the_greedy_baseline(tmp_path, on
     assert logged and "credit/fallback_rate" in logged[0]
     assert logged[0]["credit/fallback_rate"] == 1.0  # the untrained tiny model writes no parsable completion
     assert len(reward.last_credit) == 4  # the step's sampled completions, not its one greedy completion
+
+
+def test_the_greedy_baseline_decodes_as_trls_sampling_does(tmp_path, one_thread):
+    """Issue 33: the greedy completions take TRL's generation settings, not the model folder's: transformers'
+    ``generate`` gets TRL's ``repetition_penalty`` (a ``generation_config`` may carry another); with
+    ``use_vllm`` they come from the phase's vLLM engine (TRL's ``vllm_generation.generate``, here a stand-in
+    that records its call) at temperature 0, one a prompt, TRL's tokenization, TRL's settings restored after."""
+    from conftest import tiny_model
+    from datasets import Dataset
+    from PIL import Image
+    from trl import GRPOConfig
+
+    from cpr.evaluation.generation import TransformersGenerator
+    from cpr.models import load_model_and_processor
+    from cpr.training.guards import GuardedGRPOTrainer
+    from cpr.trl_internals import tokenize_prompts
+
+    model, processor = load_model_and_processor(tiny_model("qwen2_5_vl"), device="cpu")
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Add 3 and 4."}]}]
+    image = Image.new("RGB", (56, 56), (200, 30, 30))
+    data = Dataset.from_dict({"prompt": [prompt] * 4, "answer": ["7"] * 4})
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_steps=1,
+                      max_completion_length=12, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
+                      beta=0.0, seed=0, temperature=0.7, repetition_penalty=1.0)
+    trainer = GuardedGRPOTrainer(model=model, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+                                 args=args, train_dataset=data, processing_class=processor, guards=None,
+                                 baseline="greedy")
+    conversation = [{"role": "user", "content": [{"type": "image", "image": image},
+                                                 {"type": "text", "text": "Add 3 and 4."}]}]
+    model.generation_config.repetition_penalty = 50.0  # as a model folder's generation_config.json may set
+    folder_default = TransformersGenerator(model, processor, 12)([conversation])[0].text
+    trls = TransformersGenerator(model, processor, 12, repetition_penalty=1.0)([conversation])[0].text
+    assert folder_default != trls  # the penalty changes this model's greedy text
+    assert trainer.greedy_completions([{"prompt": prompt, "images": [image]}]) == [trls]
+
+    calls = []
+    tok = processor.tokenizer
+    answer = tok("The answer is 7.", add_special_tokens=False).input_ids
+
+    class Engine:  # the attributes and generate() of TRL's VLLMGeneration that the greedy baseline uses
+        temperature, top_p, top_k, min_p, repetition_penalty = 0.7, 0.9, 20, 0.05, 1.0
+
+        def generate(self, prompts, images, num_generations, profiler=None):
+            calls.append({"prompts": prompts, "images": images, "n": num_generations,
+                          "settings": (self.temperature, self.top_p, self.top_k, self.min_p)})
+            return prompts, [answer + [tok.eos_token_id]] * len(prompts), None, None
+
+    trainer.use_vllm, trainer.vllm_generation = True, Engine()
+    assert trainer.greedy_completions([{"prompt": prompt, "images": [image]}]) == ["The answer is 7."]
+    expected_ids, expected_images = tokenize_prompts(trainer, [conversation])
+    assert calls == [{"prompts": expected_ids, "images": expected_images, "n": 1, "settings": (0.0, 1.0, 0, None)}]
+    assert expected_images == [[image]] and processor.tokenizer.decode(expected_ids[0]).count("<|image_pad|>") > 0
+    engine = trainer.vllm_generation
+    assert (engine.temperature, engine.top_p, engine.top_k, engine.min_p) == (0.7, 0.9, 20, 0.05)  # restored
