@@ -62,7 +62,7 @@ def main() -> int:
     records = load_records(src.source, src.path, split=src.split, options=src.options)
     model, processor = policy.load_policy(cfg, cfg.model.name_or_path)
     adapter = Path(args.adapter) if args.adapter else None
-    model = policy.with_adapter(model, adapter, cfg, field="--adapter")
+    model = policy.with_adapter(model, adapter, cfg, zero3=False, field="--adapter")
 
     times: dict[str, list[float]] = {"completion": [], "step": []}
 

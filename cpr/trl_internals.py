@@ -16,6 +16,8 @@
 * ``_generate_and_score_completions(inputs)`` and ``_calculate_rewards(...)``: the generation round of a
   training generation batch and its reward matrix, gathered over the processes; dynamic sampling
   (:mod:`cpr.training.sampling`) runs extra rounds and reads the rewards (:class:`GenerationHook`).
+* ``_tokenize_prompts(prompts)``: the token ids and images TRL's generation hands vLLM for conversational
+  prompts (the greedy baseline decodes through the same engine, :func:`tokenize_prompts`).
 * ``trl.trainer.utils.split_pixel_values_by_grid`` / ``unsplit_pixel_values_by_grid``: the per-row split of a
   generation batch's images that ``_prepare_inputs`` also uses (:func:`rows_of`, :func:`batch_of`).
 """
@@ -141,6 +143,13 @@ class AdvantageHook:
         if advantages is not None:
             batch["advantages"] = advantages
         return batch
+
+
+def tokenize_prompts(trainer: Any, prompts: list[Any]) -> tuple[list[list[int]], list[Any] | None]:
+    """``GRPOTrainer._tokenize_prompts``: per conversational prompt (messages whose image blocks hold their
+    images), the prompt's token ids as TRL passes them to vLLM, and its images (``None``: no prompt has any)."""
+    prompt_ids, images, _ = trainer._tokenize_prompts(prompts)
+    return [[int(i) for i in ids] for ids in prompt_ids], images
 
 
 def process_index(trainer: Any) -> int:

@@ -252,7 +252,8 @@ class KLGuardConfig(_Guard):
 
 
 class ZeroStdGuardConfig(_Guard):
-    """Every group's reward std zero (TRL's ``frac_reward_zero_std`` = 1) for :meth:`window_for` steps."""
+    """Every group's reward std zero (TRL's ``frac_reward_zero_std`` = 1; with ``baseline: greedy``, every group's
+    samples tied with their greedy completion, ``baseline/frac_zero_signal`` = 1) for :meth:`window_for` steps."""
 
     window: int = Field(50, ge=1)
     fraction: float = Field(0.25, gt=0, le=1)

@@ -240,6 +240,7 @@ def score_adapters(
             results.append(score(adapted, processor))
             model = adapted.unload()
         del model
+    policy.free_memory()  # the evaluation model's cached blocks go before the next phase or engine needs them
     return results
 
 

@@ -391,24 +391,35 @@ def check_resumed_config(out: Path, cfg: ExperimentConfig) -> None:
 def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) -> bool:
     """Whether ``out`` holds a run the caller deletes (:func:`delete_previous_run`) once
     :func:`check_before_training` passed: with ``overwrite``, or when it holds only a run that failed before
-    training. Every rank looks before any rank writes, so all raise or none does.
+    training. The main process looks and broadcasts what it found (on a shared filesystem another process may
+    still list a file the main process has just removed, such as :data:`cpr.distributed.SHARED_TOKEN`), so all
+    processes decide alike: all raise or none does, before any writes.
 
     Raises:
         ConfigError: ``out`` holds a run and ``overwrite`` is not set; ``overwrite`` would delete the working
             directory or a folder above it; or ``resume`` and ``out`` holds no run (a mistyped folder would
             otherwise train from scratch).
     """
+    from accelerate.utils import broadcast_object_list
+
+    seen: list[Any] = [None]
+    if state.is_main_process:
+        found = previous_run(out)
+        names = {p.name for p in out.iterdir()} if out.is_dir() else set()
+        failed = bool(found and "summary.json" in names and names <= set(_RUN_MARKERS)
+                      and _status(out) in ("failed", "interrupted"))
+        seen = [(found, failed)]
+    if state.num_processes > 1:
+        broadcast_object_list(seen, from_process=0)  # also the barrier: every process looks before any writes
+    found, failed = seen[0]
     if resume:
-        if previous_run(out) is None:
+        if found is None:
             raise ConfigError(f"--resume: {out} holds no run to continue (no {', '.join(_RUN_MARKERS)}); check the "
                               "output_dir, or start the run without --resume", field="output_dir")
         return False
-    found = previous_run(out)
-    names = {p.name for p in out.iterdir()} if out.is_dir() else set()
-    if found and "summary.json" in names and names <= set(_RUN_MARKERS) and _status(out) in ("failed", "interrupted"):
+    if failed:
         logger.info("replacing %s: a run that failed before it trained anything", found)
         overwrite = True
-    state.wait_for_everyone()
     if found and not overwrite:
         raise ConfigError(f"{out} already holds a run ({found}): pass --resume to continue it, --overwrite to delete "
                           "it and start over, or choose another output_dir", field="output_dir")
