@@ -44,6 +44,15 @@ class ConfigError(InputError):
     """Invalid configuration value; ``field`` is the dotted config key."""
 
 
+class DatasetNotAvailableError(InputError):
+    """A Hugging Face hub dataset this machine cannot load. ``offline``: the hub cannot be reached at all
+    (``HF_HUB_OFFLINE`` or no network), as opposed to a dataset that is gated, private or missing."""
+
+    def __init__(self, message: str, *, offline: bool, path: str | Path | None = None) -> None:
+        super().__init__(message, path=path)
+        self.offline = offline
+
+
 def check_choice(value: object, allowed: Iterable[str], field: str) -> str:
     """``value`` when it is one of ``allowed``.
 
