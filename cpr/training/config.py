@@ -306,6 +306,9 @@ class ExperimentConfig(_Section):
     lora: LoraSettings = LoraSettings()
     data: DataConfig = DataConfig()
     rewards: ScoringSettings = ScoringSettings(answer_mode="strict")  # shared by every reward, phase and evaluation
+    # reward functions of your own: .py files (relative to the working directory or the config's folder) or
+    # module names, imported before the phases are checked (cpr.rewards.import_reward_modules)
+    reward_modules: list[str] = []
     warm_start: WarmStartConfig = WarmStartConfig()
     training: dict[str, Any] = {}
     phases: list[str] = ["answer_only", "cpr"]
@@ -610,6 +613,7 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     from cpr.evaluation.benchmarks import get_benchmark
     from cpr.evaluation.generation import DecodingSettings
     from cpr.models import resolve_dtype
+    from cpr.rewards import import_reward_modules
     from cpr.training.sft import SFTSettings
 
     base = Path(cfg.config_path).resolve().parent if cfg.config_path else None
@@ -639,6 +643,8 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(f"settings given for phases that are not run: {sorted(set(cfg.phase_settings) - set(cfg.phases))} "
                           f"(phases: {cfg.phases})", field="phase_settings")
     _check_training(cfg.training, "training")
+    cfg.reward_modules = [_resolve_path(m, base) if m.endswith(".py") else m for m in cfg.reward_modules]
+    import_reward_modules(cfg.reward_modules, field="reward_modules")  # registers the names the phases may list
     cfg.phase_settings = {name: _resolve_phase(cfg, name, base) for name in cfg.phases}
 
     ev = cfg.evaluation
