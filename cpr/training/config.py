@@ -728,12 +728,12 @@ def read_run_config(path: str | Path) -> ExperimentConfig:
         raise ConfigError(e.message, field=e.field, path=path) from None
 
 
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
+def load_config(path: str | Path, overrides: Sequence[str] = (), *, warn_dropped: bool = True) -> ExperimentConfig:
     """Read a YAML experiment config, apply ``key=value`` overrides (:func:`apply_overrides`), validate it.
 
-    An override of ``phases`` (``--phases cpr``) also leaves out, with a warning, the ``phase_settings``
-    and ``evaluation.compare`` entries of the file's phases it drops (a phase name the file does not
-    run stays, and is refused).
+    An override of ``phases`` (``--phases cpr``) also leaves out, with a warning (unless ``warn_dropped`` is
+    false), the ``phase_settings`` and ``evaluation.compare`` entries of the file's phases it drops (a phase
+    name the file does not run stays, and is refused).
 
     Raises:
         ConfigError: unreadable YAML, an unknown key or an invalid value; the message names the file
@@ -748,7 +748,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
         if "phases" in map(_name, overrides) and isinstance(phases, list) and isinstance(file_phases, list):
             gone = [p for p in file_phases if p not in phases]
             if isinstance(settings, dict) and any(k in gone for k in settings):
-                logging.getLogger("cpr.training").warning("phases %s: leaving out phase_settings of %s", phases,
+                logging.getLogger("cpr.training").log(logging.WARNING if warn_dropped else logging.DEBUG,"phases %s: leaving out phase_settings of %s", phases,
                                                           sorted(str(k) for k in settings if k in gone))
                 data["phase_settings"] = {k: v for k, v in settings.items() if k not in gone}
             if isinstance(evaluation, dict) and isinstance(evaluation.get("compare"), list):
