@@ -425,6 +425,8 @@ def test_the_reward_function_example_trains_through_cpr_train(tmp_path, capsys, 
     assert trained[0]["rewards/brevity/mean"] == pytest.approx(sum(expected) / 2)
     done = json.loads((tmp_path / "run" / "cpr" / "phase_done.json").read_text())
     assert done["rewards"] == ["format", "cpr", "brevity"] and done["reward_weights"] == [1.0, 1.0, 0.5]
+    card = (tmp_path / "run" / "cpr" / "README.md").read_text(encoding="utf-8")  # TRL's, naming the local base model
+    assert f"This model is a fine-tuned version of `{data['model']['name_or_path']}`." in card
     run_config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert run_config["reward_modules"] == [str(tmp_path / "my_rewards.py")]  # found in the config's folder
 
