@@ -29,7 +29,10 @@ DEMOS = (DEMO, DEMO.with_name("demo_tabmwp.yaml"), TEACHER_DEMO)
 def main() -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from cpr.cli import run_command
+    from cpr.errors import quiet_deepspeed_cpu_notice
     from cpr.training.cli import add_arguments, run
+
+    quiet_deepspeed_cpu_notice()  # before the demo's tiny model is built
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser, default_config=str(DEMO))

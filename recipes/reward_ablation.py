@@ -12,6 +12,9 @@ import os
 import sys
 
 if __name__ == "__main__":
+    from cpr.errors import quiet_deepspeed_cpu_notice
+
+    quiet_deepspeed_cpu_notice()  # before the demos' tiny models are built
     if any(arg.endswith("_demo.yaml") or "reproduce_" in arg for arg in sys.argv):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demos and the miniature reproduction never touch the hub
         from cpr_tools import tiny_models  # test and demo tooling: the demos' tiny models

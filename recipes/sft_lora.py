@@ -9,6 +9,9 @@ import os
 import sys
 
 if __name__ == "__main__":
+    from cpr.errors import quiet_deepspeed_cpu_notice
+
+    quiet_deepspeed_cpu_notice()  # before the demos' tiny models are built
     if any(arg.endswith("_demo.yaml") for arg in sys.argv):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demos never touch the hub
         from cpr_tools import tiny_models  # test and demo tooling: the demos' tiny model, built where missing

@@ -37,6 +37,14 @@ def test_the_readme_shows_the_minimal_config_as_the_file_holds_it():
     assert shown == [without_header]
 
 
+def test_the_reward_guide_shows_the_example_files_as_they_are():
+    """docs/rewards.md shows examples/my_rewards.py and examples/my_rewards.yaml, which a test trains, word for word."""
+    section = _section((REPO / "docs" / "rewards.md").read_text(encoding="utf-8"), "Writing your own reward function")
+    shown = re.findall(r"```(python|yaml)\n(.*?)```", section, re.S)
+    assert shown == [("python", (REPO / "examples" / "my_rewards.py").read_text(encoding="utf-8")),
+                     ("yaml", (REPO / "examples" / "my_rewards.yaml").read_text(encoding="utf-8"))]
+
+
 def test_the_minimal_config_loads_with_the_defaults_it_leaves_out():
     cfg = load_config(MINIMAL)
     assert cfg.model.name_or_path == "Qwen/Qwen2.5-VL-3B-Instruct"

@@ -481,3 +481,28 @@ def test_init_adapter_of_another_base_is_refused_before_anything_trains(tmp_path
         "(the names differ and the recorded base is not here to compare); load it on its own base, or set "
         "model.allow_base_mismatch if both are the same model (e.g. hub ids that differ only in revision)")
     assert _files(tmp_path / "run") == before  # refused before the previous run was touched
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed finds CUDA: it has no CPU notice to give")
+def test_deepspeeds_cpu_notice_is_left_out_unless_the_launch_uses_deepspeed():
+    """A command that imports DeepSpeed (accelerate does, whenever a model is trained or saved) on a machine
+    without CUDA: DeepSpeed's "Setting accelerator to CPU" warning is dropped, except under a DeepSpeed launch."""
+    pytest.importorskip("deepspeed")
+    code = (
+        "import os\n"
+        "from cpr.errors import run_command\n"
+        "def detect(args):\n"
+        "    from deepspeed.accelerator import real_accelerator\n"
+        "    real_accelerator.ds_accelerator = None\n"
+        "    print(args, real_accelerator.get_accelerator().device_name(), flush=True)\n"
+        "run_command('t', detect, 'plain:')\n"
+        "os.environ['ACCELERATE_USE_DEEPSPEED'] = 'true'\n"
+        "run_command('t', detect, 'deepspeed:')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_DEEPSPEED"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    assert out.returncode == 0, out.stderr
+    assert lines[0] == "plain: cpu" and "Setting accelerator to CPU" in lines[1] and lines[2] == "deepspeed: cpu"
+    assert len(lines) == 3

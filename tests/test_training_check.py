@@ -206,6 +206,39 @@ def test_check_prints_parameters_and_memory_tables_for_the_paper_configs(capsys)
     assert "13 tiles x 256 tokens + <img> </img> = 3330 image tokens" in out
 
 
+def test_the_readme_check_commands_run_without_the_hub(capsys):
+    """The README's two --check commands as written, on a machine without the hub (HF_HUB_OFFLINE, as in every
+    test): the CRYSTAL hub dataset is left out with one line saying so, the model shapes come from the shipped
+    configs, exit code 0."""
+    code, out, err = _check(capsys, "--config", QWEN_YAML, "--num-processes", "4")
+    assert code == 0, err
+    data = [ln for ln in out.splitlines() if ln.startswith("data:")]
+    assert data == ["data: not loaded: the Hugging Face hub cannot be reached from this machine (waybarrios/CRYSTAL); "
+                    "checked without the data, as --skip-data does (the run loads it)"]
+    assert "3,754.6 M" in out
+    code, out, err = _check(capsys, "--config", INTERNVL_YAML, "--accelerate-config",
+                            str(REPO / "accelerate_configs/deepspeed_zero3.yaml"), "--num-processes", "4",
+                            "--gpu-memory", "80")
+    assert code == 0, err
+    assert "data: not loaded: the Hugging Face hub cannot be reached" in out and "fits in 80 GiB a GPU with ZeRO-3" in out
+
+
+def test_check_names_skip_data_for_a_hub_dataset_it_cannot_load(capsys, monkeypatch):
+    """A gated (or missing) hub dataset is an error the run would hit too: one line naming the dataset, how to
+    give a local copy, and --skip-data."""
+    import datasets
+
+    def gated(name, **_):
+        raise datasets.exceptions.DatasetNotFoundError(f"Dataset '{name}' is a gated dataset on the Hub.")
+
+    monkeypatch.setattr(datasets, "load_dataset", gated)
+    code, out, err = _check(capsys, "--config", QWEN_YAML, "--num-processes", "4")
+    assert code == 2 and "valid" not in out
+    assert err.startswith("cpr train: error: waybarrios/CRYSTAL: crystal: cannot load the Hugging Face dataset "
+                          "'waybarrios/CRYSTAL' (DatasetNotFoundError: Dataset 'waybarrios/CRYSTAL' is a gated dataset")
+    assert err.rstrip().endswith("; or check the rest without the data: --check --skip-data") and err.count("\n") == 1
+
+
 def test_check_exit_code_follows_the_gpu_memory(capsys):
     args = ["--config", QWEN_YAML, "--num-processes", "4", "--skip-data", "--accelerate-config",
             str(REPO / "accelerate_configs/deepspeed_zero3.yaml")]

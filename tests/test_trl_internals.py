@@ -234,3 +234,38 @@ def test_the_advantage_hook_replaces_trls_advantages():
     assert Hooked()._generate_and_score_completions("keep")["advantages"] == "trl's"
     assert Hooked()._generate_and_score_completions("x")["advantages"] == "token-level"
     assert T.process_index(SimpleNamespace(accelerator=SimpleNamespace(process_index=2))) == 2
+
+
+def test_trls_model_card_leaves_a_local_base_unnamed_and_the_mixin_names_it(tmp_path):
+    """TRL's create_model_card (its own code, on a stand-in trainer) writes UNNAMED_BASE_MODEL for a model loaded
+    from a local folder and names a hub id; BaseModelCard names the folder instead."""
+    folder = tmp_path / "models" / "base"
+    folder.mkdir(parents=True)
+
+    class StandIn:
+        _tag_names, _name, _paper, _template_file = GRPOTrainer._tag_names, "GRPO", GRPOTrainer._paper, None
+        hub_model_id = None
+        create_model_card = GRPOTrainer.create_model_card
+
+        def __init__(self, out, base):
+            self.args = SimpleNamespace(output_dir=str(out))
+            self.model = SimpleNamespace(config=SimpleNamespace(_name_or_path=str(base)))
+
+        def is_world_process_zero(self):
+            return True
+
+    class Named(T.BaseModelCard, StandIn):
+        pass
+
+    for i, (cls, base, line) in enumerate([
+        (StandIn, folder, f"fine-tuned version of {T.UNNAMED_BASE_MODEL}."),
+        (StandIn, "org/hub-model", "fine-tuned version of [org/hub-model](https://huggingface.co/org/hub-model)."),
+        (Named, folder, f"fine-tuned version of `{folder}`."),
+        (Named, "org/hub-model", "fine-tuned version of [org/hub-model](https://huggingface.co/org/hub-model)."),
+    ]):
+        out = tmp_path / f"card{i}"
+        out.mkdir()
+        cls(out, base).create_model_card(model_name="cpr")
+        card = (out / "README.md").read_text(encoding="utf-8")
+        assert line in card, (cls, base)
+        assert (T.UNNAMED_BASE_MODEL in card) == (cls is StandIn and base == folder)

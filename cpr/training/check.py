@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cpr.errors import ConfigError, ModelNotAvailableError
+from cpr.errors import ConfigError, DatasetNotAvailableError, ModelNotAvailableError
 
 #: Hub ids whose config ships with cpr -> folder under ``cpr/models/configs``.
 SHIPPED_CONFIGS = {"Qwen/Qwen2.5-VL-3B-Instruct": "qwen2_5_vl_3b", "OpenGVLab/InternVL3_5-4B-HF": "internvl3_5_4b"}
@@ -419,10 +419,32 @@ def _fmt_params(n: int) -> str:
     return f"{n / 1e6:,.1f} M"
 
 
+def _load_data(cfg: Any) -> tuple[Any, list[str]]:
+    """The run's data splits (:func:`cpr.training.splits.load_run_data`) and the check's data line; without
+    the hub (``HF_HUB_OFFLINE`` or no network) a hub dataset cannot be loaded here: no splits and a line
+    saying the data was left out as ``--skip-data`` leaves it out.
+
+    Raises:
+        DatasetNotAvailableError: a hub dataset that is gated, private or missing (the message names
+            ``--skip-data``); what :func:`~cpr.training.splits.load_run_data` raises otherwise.
+    """
+    from cpr.training.splits import load_run_data
+
+    try:
+        splits = load_run_data(cfg)[0]
+    except DatasetNotAvailableError as e:
+        if not e.offline:
+            raise DatasetNotAvailableError(f"{e.message}; or check the rest without the data: --check --skip-data",
+                                           path=e.path, offline=False) from e
+        return None, [f"data: not loaded: the Hugging Face hub cannot be reached from this machine ({e.path}); "
+                      "checked without the data, as --skip-data does (the run loads it)"]
+    return splits, ["data: " + ", ".join(f"{k} {v}" for k, v in splits.counts().items()) + " records, loaded and validated"]
+
+
 def run_check(args: argparse.Namespace) -> int:
     """``cpr train --check``: print the validation, the parameter table and the memory tables.
     The datasets are loaded and validated as the run loads them (:func:`cpr.training.splits.load_run_data`)
-    unless ``--skip-data``. Returns 0, or 1 when ``--gpu-memory`` is given and no shown launcher fits in it.
+    unless ``--skip-data`` (without the hub, a hub dataset is left out with a line saying so). Returns 0, or 1 when ``--gpu-memory`` is given and no shown launcher fits in it.
     Raises ``ConfigError`` (an invalid config for N processes, bad LoRA targets or option, a source refusing
     its options), ``InputError`` (an invalid record: missing image, bad field) and ``ModelNotAvailableError``
     (no ``config.json`` for the model)."""
@@ -441,10 +463,7 @@ def run_check(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
     data_lines, splits = ["data: not loaded (--skip-data)"], None
     if not args.skip_data:  # as the run loads it, so that a data error the run would hit is one here
-        from cpr.training.splits import load_run_data
-
-        splits = load_run_data(cfg)[0]
-        data_lines = ["data: " + ", ".join(f"{k} {v}" for k, v in splits.counts().items()) + " records, loaded and validated"]
+        splits, data_lines = _load_data(cfg)
     folder = config_folder(cfg.model.name_or_path)
     phases = build_phases(cfg, str(folder))  # their GRPOConfigs are not built: no process state, no processor
     if splits is not None:

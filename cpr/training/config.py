@@ -307,6 +307,9 @@ class ExperimentConfig(_Section):
     lora: LoraSettings = LoraSettings()
     data: DataConfig = DataConfig()
     rewards: ScoringSettings = ScoringSettings(answer_mode="strict")  # shared by every reward, phase and evaluation
+    # reward functions of your own: .py files (relative to the working directory or the config's folder) or
+    # module names, imported before the phases are checked (cpr.rewards.import_reward_modules)
+    reward_modules: list[str] = []
     warm_start: WarmStartConfig = WarmStartConfig()
     training: dict[str, Any] = {}
     phases: list[str] = ["answer_only", "cpr"]
@@ -611,6 +614,7 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     from cpr.evaluation.benchmarks import get_benchmark
     from cpr.evaluation.generation import DecodingSettings
     from cpr.models import resolve_dtype
+    from cpr.rewards import import_reward_modules
     from cpr.training.sft import SFTSettings
 
     base = Path(cfg.config_path).resolve().parent if cfg.config_path else None
@@ -640,6 +644,8 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(f"settings given for phases that are not run: {sorted(set(cfg.phase_settings) - set(cfg.phases))} "
                           f"(phases: {cfg.phases})", field="phase_settings")
     _check_training(cfg.training, "training")
+    cfg.reward_modules = [_resolve_path(m, base) if m.endswith(".py") else m for m in cfg.reward_modules]
+    import_reward_modules(cfg.reward_modules, field="reward_modules")  # registers the names the phases may list
     cfg.phase_settings = {name: _resolve_phase(cfg, name, base) for name in cfg.phases}
 
     ev = cfg.evaluation
@@ -723,12 +729,12 @@ def read_run_config(path: str | Path) -> ExperimentConfig:
         raise ConfigError(e.message, field=e.field, path=path) from None
 
 
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
+def load_config(path: str | Path, overrides: Sequence[str] = (), *, warn_dropped: bool = True) -> ExperimentConfig:
     """Read a YAML experiment config, apply ``key=value`` overrides (:func:`apply_overrides`), validate it.
 
-    An override of ``phases`` (``--phases cpr``) also leaves out, with a warning, the ``phase_settings``
-    and ``evaluation.compare`` entries of the file's phases it drops (a phase name the file does not
-    run stays, and is refused).
+    An override of ``phases`` (``--phases cpr``) also leaves out, with a warning (unless ``warn_dropped`` is
+    false), the ``phase_settings`` and ``evaluation.compare`` entries of the file's phases it drops (a phase
+    name the file does not run stays, and is refused).
 
     Raises:
         ConfigError: unreadable YAML, an unknown key or an invalid value; the message names the file
@@ -743,7 +749,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
         if "phases" in map(_name, overrides) and isinstance(phases, list) and isinstance(file_phases, list):
             gone = [p for p in file_phases if p not in phases]
             if isinstance(settings, dict) and any(k in gone for k in settings):
-                logging.getLogger("cpr.training").warning("phases %s: leaving out phase_settings of %s", phases,
+                logging.getLogger("cpr.training").log(logging.WARNING if warn_dropped else logging.DEBUG,"phases %s: leaving out phase_settings of %s", phases,
                                                           sorted(str(k) for k in settings if k in gone))
                 data["phase_settings"] = {k: v for k, v in settings.items() if k not in gone}
             if isinstance(evaluation, dict) and isinstance(evaluation.get("compare"), list):

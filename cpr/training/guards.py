@@ -27,7 +27,7 @@ from cpr.training.checkpoints import DIVERGED_MARKER, CheckpointState, checkpoin
 from cpr.training.config import DEFAULT_GUARD_ACTIONS, GuardsConfig
 from cpr.training.curriculum import CurriculumGRPOTrainer
 from cpr.training.greedy_baseline import ZERO_SIGNAL_METRIC, GreedyBaselineMixin
-from cpr.trl_internals import AdvantageHook, logged_metrics, process_index
+from cpr.trl_internals import AdvantageHook, BaseModelCard, logged_metrics, process_index
 
 logger = logging.getLogger("cpr.training.guards")
 
@@ -321,7 +321,7 @@ class DivergenceGuard(CheckpointState):
         return {**out, "guards/skipped_steps": float(len(self.skipped_steps))}
 
 
-class GuardedGRPOTrainer(AdvantageHook, GreedyBaselineMixin, CurriculumGRPOTrainer):
+class GuardedGRPOTrainer(BaseModelCard, AdvantageHook, GreedyBaselineMixin, CurriculumGRPOTrainer):
     """:class:`cpr.training.curriculum.CurriculumGRPOTrainer` with ``self.guard``, the :class:`DivergenceGuard` of
     ``guards`` (``None`` when absent or disabled; events to ``guard_events_path``): it watches the reward
     functions, ``training_step`` hands it each loss and ``log`` adds its counters (transformers' documented
@@ -329,7 +329,8 @@ class GuardedGRPOTrainer(AdvantageHook, GreedyBaselineMixin, CurriculumGRPOTrain
     with weight ``credit_weight`` (:mod:`cpr.credit`; its metrics ``credit/...`` go to the logs). ``baseline``:
     ``"group"`` (TRL's group mean) or ``"greedy"`` (:mod:`cpr.training.greedy_baseline`). Raises
     :class:`ConfigError` for ``skip_step`` under DeepSpeed or fp16 loss scaling, and what
-    :func:`cpr.credit.check_credit` and :func:`cpr.baseline.check_baseline` raise."""
+    :func:`cpr.credit.check_credit` and :func:`cpr.baseline.check_baseline` raise. Its model card names the base
+    model (:class:`cpr.trl_internals.BaseModelCard`)."""
 
     def __init__(self, *args: Any, reward_funcs: list[Any], guards: GuardsConfig | None = None,
                  guard_events_path: str | Path | None = None, credit: str = "completion", credit_weight: float = 1.0,
