@@ -22,18 +22,18 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
 
-# The demo configs' tiny models (tools/tiny_models.py: random weights, tokenizer trained on the data),
+# The demo configs' tiny models (cpr_tools/tiny_models.py: random weights, tokenizer trained on the data),
 # built into outputs/models/ where missing; the demo recipes also build them on first use.
 demo-models: $(STAMP)
-	$(PY) tools/tiny_models.py --demo
+	$(PY) -m cpr_tools.tiny_models --demo
 
 demo: $(STAMP)
-	$(PY) tools/tiny_models.py --demo recipes/configs/demo.yaml
+	$(PY) -m cpr_tools.tiny_models --demo recipes/configs/demo.yaml
 	$(PY) recipes/cpr_curriculum.py
 
 # The demo from a warm start whose teacher leaves steps out (where CPR keeps what Answer-Only drops).
 demo-teacher: $(STAMP)
-	$(PY) tools/tiny_models.py --demo recipes/configs/demo.yaml
+	$(PY) -m cpr_tools.tiny_models --demo recipes/configs/demo.yaml
 	$(PY) recipes/cpr_curriculum.py --config recipes/configs/demo_teacher.yaml
 
 # pytest exits 5 when it collected no tests: that is a failure, said in words.
@@ -43,7 +43,7 @@ test: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected" >&2; exit 1; fi; exit $$rc
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check cpr recipes tests benchmarks tools
+	$(VENV)/bin/ruff check cpr cpr_tools recipes tests benchmarks reports
 	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
@@ -52,14 +52,14 @@ bench: $(STAMP)
 	$(PY) benchmarks/guard_calibration.py
 
 ablation-demo: $(STAMP)
-	$(PY) tools/tiny_models.py --demo recipes/configs/demo_tabmwp.yaml
+	$(PY) -m cpr_tools.tiny_models --demo recipes/configs/demo_tabmwp.yaml
 	$(PY) recipes/reward_ablation.py --config recipes/configs/ablation_weights_demo.yaml
 	$(PY) recipes/reward_ablation.py --config recipes/configs/ablation_strategies_demo.yaml
 
 # The paper's Tables 5 and 6 in miniature (generated task, tiny model, CPU). Resumable: run it again after
 # an interruption and it finishes what is missing; the tables are in outputs/reproduce/*/ablation_*.md.
 reproduce: $(STAMP)
-	$(PY) tools/tiny_models.py --demo recipes/configs/demo.yaml
+	$(PY) -m cpr_tools.tiny_models --demo recipes/configs/demo.yaml
 	$(PY) recipes/reward_ablation.py --config recipes/configs/reproduce_strategies.yaml --resume
 	$(PY) recipes/reward_ablation.py --config recipes/configs/reproduce_weights.yaml --resume
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -48,8 +47,7 @@ def main() -> int:
     from cpr.training.guards import GuardedGRPOTrainer
 
     torch.set_num_threads(args.threads)
-    sys.path.insert(0, str(REPO / "tools"))
-    import tiny_models
+    from cpr_tools import tiny_models
 
     tiny_models.build_demo_models(args.config)
     out = tempfile.mkdtemp(prefix="credit_overhead_")
@@ -64,7 +62,7 @@ def main() -> int:
     records = load_records(src.source, src.path, split=src.split, options=src.options)
     model, processor = policy.load_policy(cfg, cfg.model.name_or_path)
     adapter = Path(args.adapter) if args.adapter else None
-    model = policy.with_adapter(model, adapter, cfg, field="--adapter")
+    model = policy.with_adapter(model, adapter, cfg, zero3=False, field="--adapter")
 
     times: dict[str, list[float]] = {"completion": [], "step": []}
 

@@ -5,6 +5,9 @@ Usage (offline; on a GPU machine it runs in a few minutes)::
     python benchmarks/gpu_check.py                                     # Qwen2.5-VL-3B, random bf16 weights
     python benchmarks/gpu_check.py --model tiny:qwen2_5_vl --device cpu  # the same path on a tiny model
 
+It imports ``cpr`` and ``cpr_tools`` as installed (``pip install -e ".[dev]"``); from a checkout that is
+not installed, run it from the repository root with ``PYTHONPATH=.``.
+
 The model is the architecture of ``cpr/models/configs/qwen2_5_vl_3b`` (the shipped config of
 ``Qwen/Qwen2.5-VL-3B-Instruct``) with random weights: nothing is downloaded. Its processor is the
 published image processor with a byte-level BPE tokenizer trained here and padded to the real
@@ -33,8 +36,12 @@ With vLLM importable (and CUDA), the same steps run again with TRL's ``use_vllm=
 on ``--nproc`` processes (2) under DDP and DeepSpeed ZeRO-3, each with and without vLLM (where vLLM and CUDA
 are there), both phases of the paper config for ``--steps`` steps with the eval hook every step,
 checkpoint selection and the final evaluation, on data whose images are above the pixel limit
-(the MathVision samples, 5-6 megapixels). Each launch must exit 0; printed per launch: the device and
-wall time of each stage (phase training, selection, final evaluation; from ``run.log``)::
+(the MathVision samples, 5-6 megapixels). Each launcher runs two variants (``--variants``): ``paper``, the
+config as it is, and ``combined`` (:data:`COMBINED`), the options that only meet on a real run: dynamic
+sampling in phase ``answer_only``, the greedy baseline with step credit in phase ``cpr``, and sampled
+evaluation (the eval hook and the final evaluation). Each launch must exit 0 (``combined`` also has to log
+what each option logs, :func:`combined_problems`); printed per launch: the device and wall time of each
+stage (phase training, selection, final evaluation; from ``run.log``)::
 
     python benchmarks/gpu_check.py --recipe                            # GPUs: the 3B architecture, random weights
     python benchmarks/gpu_check.py --recipe --model tiny:qwen2_5_vl    # CPU processes (gloo), a tiny model
@@ -56,8 +63,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))  # tiny_models: tiny:<kind> names, the tokenizer trainer
 
 QWEN_SPECIALS = (  # Qwen2.5's special tokens in id order from 151643 (its tokenizer_config.json)
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
@@ -70,9 +75,10 @@ def real_vocab_processor(folder: Path, texts: list[str]) -> Any:
     """A Qwen2.5-VL processor for the shipped config: the published image processor, a byte-level BPE
     trained on ``texts`` (Qwen's pre-tokenizer) padded with filler tokens to 151643 entries, then Qwen's
     special tokens at their real ids."""
-    from tiny_models import QWEN2_5_VL_CHAT_TEMPLATE, train_byte_level_bpe
     from tokenizers import AddedToken
     from transformers import Qwen2_5_VLProcessor, Qwen2Tokenizer, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+    from cpr_tools.tiny_models import QWEN2_5_VL_CHAT_TEMPLATE, train_byte_level_bpe
 
     vocab, merges = train_byte_level_bpe(texts, 4000)
     for i in range(len(vocab), 151643):
@@ -261,12 +267,12 @@ def run_steps(cfg: Any, args: argparse.Namespace, device: str, extra: dict[str, 
               model_dir: Path | None = None, save_dir: Path | None = None) -> tuple[StepTimer, Any, Any, Any]:
     """Train ``args.steps`` steps. ``model_dir``: load the policy from this folder (vLLM reads its weights
     from ``model.name_or_path``); ``save_dir``: save the random-weight policy there first."""
-    from tiny_models import default_corpus
     from trl import GRPOTrainer
 
     from cpr.data import load_templates, render_target, to_grpo_dataset
     from cpr.training.build import build_phase
     from cpr.training.splits import load_splits
+    from cpr_tools.tiny_models import default_corpus
 
     splits = load_splits(cfg.data)
     templates = load_templates(cfg.data.prompts)
@@ -351,6 +357,28 @@ def recipe_overrides(model: str, steps: int, tiny: bool) -> list[str]:
     return over
 
 
+#: ``--set`` values of the ``combined`` variant of ``--recipe`` (module docstring).
+COMBINED = ("phase_settings.answer_only.dynamic_sampling.enabled=true", "phase_settings.cpr.baseline=greedy",
+            "phase_settings.cpr.credit=step", "evaluation.decoding.mode=sampled", "evaluation.decoding.samples=2")
+
+
+def combined_problems(out: Path) -> list[str]:
+    """What a finished ``combined`` run in ``out`` lacks: phase ``cpr``'s log rows with the greedy baseline's
+    and step credit's metrics, phase ``answer_only``'s dynamic-sampling totals in ``summary.json``, the final
+    evaluation's sampled completions; ``[]`` when it has them all."""
+    import json
+
+    rows = [json.loads(x) for x in (out / "cpr" / "log.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
+    problems = [f"phase cpr logged no {key}" for key in ("baseline/greedy_reward", "baseline/frac_zero_signal",
+                                                          "credit/fallback_rate") if not any(key in r for r in rows)]
+    phases = {p["phase"]: p for p in json.loads((out / "summary.json").read_text(encoding="utf-8"))["phases"]}
+    if "dynamic_sampling" not in phases.get("answer_only", {}):
+        problems.append("phase answer_only has no dynamic_sampling totals in summary.json")
+    if not list(out.glob("final_eval*/**/sampled_completions.jsonl")):
+        problems.append("the final evaluation wrote no sampled completions")
+    return problems
+
+
 def stage_times(run_log: Path, end: float) -> list[tuple[str, str, float]]:
     """``(stage, device, wall seconds)`` of each stage of a run from its ``run.log`` (:data:`STAGE_LINES`);
     a stage lasts until the next one starts, the last until ``end`` (a Unix time)."""
@@ -377,8 +405,9 @@ def recipe_check(args: argparse.Namespace) -> int:
     import json
     import subprocess
 
-    import tiny_models
     import torch
+
+    from cpr_tools import tiny_models
 
     cuda = torch.cuda.is_available()
     tiny = tiny_models.parse_tiny_name(args.model) is not None
@@ -409,41 +438,45 @@ def recipe_check(args: argparse.Namespace) -> int:
     except ImportError:
         vllm_modes = [False]
     failed = 0
-    for name in args.launchers:
-        for use_vllm in vllm_modes:
-            label = f"{name}{' + vLLM' if use_vllm else ''}"
-            out = work / label.replace(" + ", "-")
-            over = recipe_overrides(model, args.steps, tiny)
-            if use_vllm:
-                over += [f"training.{k}={v}" for k, v in vllm_overrides().items()]
-            cmd = [str(bin_dir / "accelerate"), "launch", "--config_file", str(launchers[name]),
-                   "--num_processes", str(args.nproc), "--main_process_port", str(_free_port())]
-            if not cuda:
-                cmd += ["--mixed_precision", "no"] + (["--cpu"] if name == "ddp" else [])
-            cmd += [str(script), "--config", args.config, "--output-dir", str(out)]
-            for value in over:
-                cmd += ["--set", value]
-            env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-            t0 = time.time()
-            with open(work / f"{out.name}.log", "w") as log:
-                code = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                      timeout=args.timeout).returncode
-            wall = time.time() - t0
-            print(f"\n{label} on {args.nproc} processes: exit {code}, {wall:.0f} s wall (log {work / f'{out.name}.log'})")
-            if code != 0:
-                failed += 1
-                print("\n".join((work / f"{out.name}.log").read_text(errors="replace").splitlines()[-25:]))
-                continue
-            summary = json.loads((out / "summary.json").read_text())
-            for stage, device, seconds in stage_times(out / "run.log", (out / "summary.json").stat().st_mtime):
-                print(f"  {stage:<26} {seconds:>8.1f} s   {device}")
-            for phase in ("answer_only", "cpr"):
-                hook = [json.loads(x)["step"] for x in (out / phase / "eval_history.jsonl").read_text().splitlines()]
-                picked = json.loads((out / phase / "selection.json").read_text())["picked"] if phase == "answer_only" else None
-                print(f"  phase {phase}: eval hook at steps {hook}" + (f"; selected {Path(picked).name}" if picked else ""))
-            final = summary.get("final_eval", {}).get("crystal", {})
-            print(f"  status {summary['status']}; final evaluation on {final.get('n')} test records "
-                  f"(images above {'12544' if tiny else '602112'} pixels)")
+    for name, variant, use_vllm in [(n, v, u) for n in args.launchers for v in args.variants for u in vllm_modes]:
+        label = f"{name}{' + combined' if variant == 'combined' else ''}{' + vLLM' if use_vllm else ''}"
+        out = work / label.replace(" + ", "-")
+        over = recipe_overrides(model, args.steps, tiny) + (list(COMBINED) if variant == "combined" else [])
+        if use_vllm:
+            over += [f"training.{k}={v}" for k, v in vllm_overrides().items()]
+        cmd = [str(bin_dir / "accelerate"), "launch", "--config_file", str(launchers[name]),
+               "--num_processes", str(args.nproc), "--main_process_port", str(_free_port())]
+        if not cuda:
+            cmd += ["--mixed_precision", "no"] + (["--cpu"] if name == "ddp" else [])
+        cmd += [str(script), "--config", args.config, "--output-dir", str(out)]
+        for value in over:
+            cmd += ["--set", value]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        t0 = time.time()
+        with open(work / f"{out.name}.log", "w") as log:
+            code = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=args.timeout).returncode
+        wall = time.time() - t0
+        print(f"\n{label} on {args.nproc} processes: exit {code}, {wall:.0f} s wall (log {work / f'{out.name}.log'})")
+        if code != 0:
+            failed += 1
+            print("\n".join((work / f"{out.name}.log").read_text(errors="replace").splitlines()[-25:]))
+            continue
+        summary = json.loads((out / "summary.json").read_text())
+        for stage, device, seconds in stage_times(out / "run.log", (out / "summary.json").stat().st_mtime):
+            print(f"  {stage:<26} {seconds:>8.1f} s   {device}")
+        for phase in ("answer_only", "cpr"):
+            hook = [json.loads(x)["step"] for x in (out / phase / "eval_history.jsonl").read_text().splitlines()]
+            picked = json.loads((out / phase / "selection.json").read_text())["picked"] if phase == "answer_only" else None
+            print(f"  phase {phase}: eval hook at steps {hook}" + (f"; selected {Path(picked).name}" if picked else ""))
+        final = summary.get("final_eval", {}).get("crystal", {})
+        print(f"  status {summary['status']}; final evaluation on {final.get('n')} test records "
+              f"(images above {'12544' if tiny else '602112'} pixels)")
+        if variant == "combined":
+            problems = combined_problems(out)
+            failed += bool(problems)
+            print("  combined: " + ("; ".join(problems) if problems else
+                                    "dynamic sampling, greedy baseline with step credit, sampled evaluation logged"))
     print(f"\ngpu_check --recipe: {'all launches exited 0' if not failed else f'{failed} launch(es) failed'}")
     return 1 if failed else 0
 
@@ -471,6 +504,8 @@ def main() -> int:
     parser.add_argument("--nproc", type=int, default=2, help="--recipe: processes a launch")
     parser.add_argument("--launchers", nargs="+", default=["ddp", "zero3"], choices=["ddp", "zero3"],
                         help="--recipe: the launches")
+    parser.add_argument("--variants", nargs="+", default=["paper", "combined"], choices=["paper", "combined"],
+                        help="--recipe: the config as it is and / or with the options of COMBINED")
     parser.add_argument("--timeout", type=float, default=1800, help="--recipe: seconds a launch may take")
     args = parser.parse_args()
     args.steps = args.steps or (2 if args.recipe else 3)
@@ -482,10 +517,10 @@ def main() -> int:
     from cpr.training.check import PhaseShape, estimate_memory, load_architecture
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    import tiny_models
+    from cpr_tools import tiny_models
 
     args.tiny = tiny_models.parse_tiny_name(args.model) is not None
-    if args.tiny:  # a tiny model from tools/tiny_models.py (built on first use), loaded from its folder
+    if args.tiny:  # a tiny model from cpr_tools/tiny_models.py (built on first use), loaded from its folder
         args.model = tiny_models.resolve(args.model)
     if args.tiny and args.max_completion_length is None:
         args.max_completion_length = 32

@@ -9,7 +9,7 @@ Prints samples/s for
 then the ratios a/b and time(a)/time(c) (target <= 1.2), the number of
 distinct strings, the memory their embeddings take, and the peak RSS of the process.
 
-References are the real reference steps of data/samples (tests/step_pairs.py), cycled to N;
+References are the real reference steps of data/samples (cpr_tools/step_pairs.py), cycled to N;
 predictions are built from them by dropping, reordering and swapping in steps, and then every
 predicted step is reworded into a new string (numbers changed, words dropped, swapped or
 replaced, a lead-in added), as GRPO completions are: no predicted step is a copy of a
@@ -34,7 +34,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # step_pairs: the parity test's sample builder
 
 
 def _peak_rss_mib() -> float:
@@ -64,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
     import torch
-    from step_pairs import build_pairs
+
+    from cpr_tools.step_pairs import build_pairs
 
     if args.threads:
         torch.set_num_threads(args.threads)

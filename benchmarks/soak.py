@@ -1,6 +1,6 @@
 """Soak test: a long CPU run of the tiny model with the full CPR reward and the staged curriculum.
 
-Trains the TabMWP demo's tiny Qwen2.5-VL (``tools/tiny_models.py --demo``) on the embedded TabMWP samples
+Trains the TabMWP demo's tiny Qwen2.5-VL (``python -m cpr_tools.tiny_models --demo``) on the embedded TabMWP samples
 through :func:`cpr.training.runner.run_experiment`
 (a short supervised warm start, so that completions hold JSON reasoning steps and the step encoder
 works on every batch, then the ``cpr`` phase: format + CPR, staged curriculum) and records, every
@@ -31,7 +31,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))  # tiny_models: the TabMWP demo's tiny model
 
 
 def _config(args: argparse.Namespace) -> dict:
@@ -129,13 +128,13 @@ def main() -> int:
                         help="trace Python allocations from the baseline step on and print the N sites that grew most")
     args = parser.parse_args()
 
-    import tiny_models
     import torch
     from transformers import TrainerCallback
 
     from cpr.matching import get_encoder
     from cpr.training.config import config_from_dict
     from cpr.training.runner import run_experiment
+    from cpr_tools import tiny_models
 
     torch.set_num_threads(args.threads)
     tiny_models.build_demo_models(REPO / "recipes/configs/demo_tabmwp.yaml")  # the same data; where missing

@@ -1,5 +1,5 @@
 """``cpr audit-reward``: an adversarial search for completions that game a reward configuration
-(README, "Reward hacking"). Per sampled item, a seeded evolutionary beam search, bounded in reward evaluations, assembles
+(docs/reward-hacking.md). Per sampled item, a seeded evolutionary beam search, bounded in reward evaluations, assembles
 completions from genes (the item's reference steps and their rewordings, the question's sentences and
 options, other items' steps: those the reward's own encoder finds closest plus random ones, filler
 sentences), with gold or wrong answers, as valid JSON or malformed; every candidate is scored by the
@@ -40,6 +40,13 @@ FILLER_SENTENCES = (
 CLASSES = ("wrong_answer", "no_own_steps", "repetition")
 FAMILIES = ("repetition", "restatement", "foreign", "filler", "reorder", "malformed", "wrong_answer", "no_own_steps")
 _FORMS = ("json", "prose", "trailing_comma", "lines")
+#: The audit table's row of each class and family (the README's names).
+ROW_NAMES = {
+    "wrong_answer": "(a) wrong answer", "no_own_steps": "(b) none of the item's own steps",
+    "repetition": "(c) a repeated step", "restatement": "family: restatement (question sentences, options)",
+    "foreign": "family: other items' steps", "filler": "family: filler sentences",
+    "reorder": "family: reordered own steps (not degenerate by itself)", "malformed": "family: malformed JSON",
+}
 
 
 def reworded(step: str) -> list[str]:
@@ -327,10 +334,8 @@ def markdown_report(report: dict[str, Any]) -> str:
         "| degenerate completions | items with one | reach the honest reward | best reward | best - honest |",
         "|---|---|---|---|---|",
     ]
-    names = {"wrong_answer": "(a) wrong answer", "no_own_steps": "(b) none of the item's own steps",
-             "repetition": "(c) a repeated step"}
     for fam, s in report["summary"].items():
-        label = names.get(fam, f"family: {fam}")
+        label = ROW_NAMES.get(fam, f"family: {fam}")
         lines.append(f"| {label} | 0 | - | - | - |" if s["items"] == 0 else
                      f"| {label} | {s['items']} | {s['reaching_honest']} | {s['max_reward']:.3f} | {s['max_gap']:+.3f} |")
     lines += ["", f"Items where a degenerate completion reaches the honest reward: {report['exploits_found']} of {n}."]

@@ -62,6 +62,37 @@ def greedy_advantages(rewards: Any, greedy_rewards: Any, group_size: int, scale_
     return torch.nan_to_num(advantages.reshape(-1), nan=0.0)
 
 
+def zero_signal_groups(rewards: Any, greedy_rewards: Any, group_size: int) -> Any:
+    """Per group, whether the greedy baseline gives it no signal: every scorable sample's reward equals its
+    baseline (the greedy completion's reward; the group mean where that is NaN, as :func:`greedy_advantages`)
+    by ``torch.isclose`` (TRL's test for ``frac_reward_zero_std``), so every advantage of the group is 0. A
+    group of tied samples whose greedy completion differs has a signal; TRL's ``frac_reward_zero_std``, which
+    looks at the samples only, counts it as none. A group with no scorable sample has none.
+
+    Args:
+        rewards: ``(N,)`` as :func:`greedy_advantages`.
+        greedy_rewards: ``(N // group_size,)`` as :func:`greedy_advantages`.
+        group_size: completions per prompt.
+
+    Returns:
+        ``(N // group_size,)`` bool tensor.
+
+    Raises:
+        ValueError: as :func:`greedy_advantages`.
+    """
+    import torch
+
+    if group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards are not groups of {group_size}")
+    grouped = rewards.view(-1, group_size)
+    if greedy_rewards.shape != (grouped.shape[0],):
+        raise ValueError(f"greedy_rewards must have shape ({grouped.shape[0]},), got {tuple(greedy_rewards.shape)}")
+    greedy = greedy_rewards.to(grouped)
+    base = torch.where(torch.isnan(greedy), torch.nanmean(grouped, dim=1), greedy).unsqueeze(1).expand_as(grouped)
+    tied = torch.isclose(grouped, base) | torch.isnan(grouped)
+    return tied.all(dim=1)
+
+
 def check_baseline(baseline: Any, *, dynamic_sampling: bool = False, aggregation: str = "sum_then_normalize",
                    field: str = "baseline") -> None:
     """Check a phase's ``baseline`` (the one check, for the config and the trainer).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -44,6 +45,15 @@ class ConfigError(InputError):
     """Invalid configuration value; ``field`` is the dotted config key."""
 
 
+class DatasetNotAvailableError(InputError):
+    """A Hugging Face hub dataset this machine cannot load. ``offline``: the hub cannot be reached at all
+    (``HF_HUB_OFFLINE`` or no network), as opposed to a dataset that is gated, private or missing."""
+
+    def __init__(self, message: str, *, offline: bool, path: str | Path | None = None) -> None:
+        super().__init__(message, path=path)
+        self.offline = offline
+
+
 def check_choice(value: object, allowed: Iterable[str], field: str) -> str:
     """``value`` when it is one of ``allowed``.
 
@@ -77,12 +87,33 @@ def error_exit_code(error: CprError) -> int:
     return int(getattr(error, "exit_code", 2))
 
 
+#: The start of the warning DeepSpeed logs when it finds no CUDA device (deepspeed/accelerator/real_accelerator.py).
+DEEPSPEED_CPU_NOTICE = "Setting accelerator to CPU"
+
+
+class _DeepSpeedCpuNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        deepspeed_launch = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").strip().lower() in ("1", "true", "yes", "on")
+        return deepspeed_launch or not record.getMessage().startswith(DEEPSPEED_CPU_NOTICE)
+
+
+def quiet_deepspeed_cpu_notice() -> None:
+    """Drop DeepSpeed's warning "Setting accelerator to CPU. If you have GPU ..." unless the launch uses DeepSpeed
+    (``ACCELERATE_USE_DEEPSPEED``): accelerate and transformers import DeepSpeed, where it is installed, whenever
+    a model is trained or saved, so on a machine without CUDA every such command opened with it. A filter on
+    DeepSpeed's logger (``"DeepSpeed"``), installed once; DeepSpeed's other messages pass."""
+    logger = logging.getLogger("DeepSpeed")
+    if not any(isinstance(f, _DeepSpeedCpuNotice) for f in logger.filters):
+        logger.addFilter(_DeepSpeedCpuNotice())
+
+
 def run_command(prog: str, func: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
     """Run a command's ``func(args)`` and return its exit code (``None`` counts as 0). A
     :class:`~cpr.errors.CprError` is printed as one line ``"<prog>: error: <message>"`` on standard
     error and gives :func:`error_exit_code`; Ctrl-C (``KeyboardInterrupt``) gives exit code 130 and, unless the run
     already said so (:class:`RunInterrupted`), the line ``"<prog>: interrupted"``, no traceback.
-    Used by ``cpr`` and the recipes."""
+    Used by ``cpr`` and the recipes, which also quiet DeepSpeed's CPU notice (:func:`quiet_deepspeed_cpu_notice`)."""
+    quiet_deepspeed_cpu_notice()
     try:
         return int(func(args) or 0)
     except CprError as e:

@@ -16,7 +16,8 @@ model (``--model`` may be left out), ``model.dtype`` / ``attn_implementation`` /
 ``max_pixels``, prompts (``data.prompts``), decoding (``evaluation.prompt_mode`` / ``max_new_tokens`` /
 ``batch_size``, the transformers backend) and scoring (``rewards.encoder`` / ``threshold`` / ``alpha`` /
 ``matching`` / ``batch_size``, ``evaluation.answer_mode``); one line on standard error says which were
-taken from the run. ``--run-split test`` (or ``validation``) scores the run's own records of that split,
+taken from the run. A ``--model`` that ``cpr export`` wrote from a run is evaluated alike, from the settings
+it recorded beside the model (``cpr_eval_settings.json``). ``--run-split test`` (or ``validation``) scores the run's own records of that split,
 as its final evaluation did: the numbers of ``final_eval/<benchmark>/`` (``summary.json``'s
 ``final_eval``) again.
 """
@@ -50,8 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     of_run = "the adapter's run's "
     p = subparsers.add_parser("eval", help="generate with a model on a benchmark and score it (crystal, m3cot, "
                               "vlrmbench)", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=None, help="base model or merged checkpoint: folder or hub id (default: "
-                   f"{of_run}model.name_or_path)")
+    p.add_argument("--model", default=None, help="base model or merged checkpoint: folder or hub id; a folder cpr "
+                   "export wrote is evaluated as its run evaluates (its cpr_eval_settings.json stands in for the "
+                   f"run's settings below) (default: {of_run}model.name_or_path)")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder (PEFT) applied to --model")
     p.add_argument("--allow-base-mismatch", action="store_true",
                    help="apply --adapter even if trained on another base model (e.g. a hub id at another revision)")
@@ -99,37 +101,31 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-def run_of_adapter(adapter: str | Path | None) -> Path | None:
-    """The ``config.yaml`` of the run ``adapter`` belongs to: in its parent folder (``<run>/<phase>/...``
-    has it in the grandparent: ``<run>/<phase>/adapter``, ``<run>/<phase>/checkpoint-N``) or grandparent;
-    ``None`` for no adapter or one outside a run folder."""
-    for folder in Path(adapter).resolve().parents[:2] if adapter else ():
-        if (folder / "config.yaml").is_file():
-            return folder / "config.yaml"
-    return None
-
-
 def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The evaluation's settings: each flag where given, else the adapter's run's value
-    (:func:`run_of_adapter`, :func:`cpr.training.config.read_run_config`; the run's evaluations use
-    :func:`cpr.training.evaluate.generation_settings` / :func:`~cpr.training.evaluate.scoring_settings`),
-    else the built-in default. A pixel-limit flag differing from the run's value warns.
+    """The evaluation's settings: each flag where given, else the value recorded for the model, else the
+    built-in default. Recorded values are those of the adapter's run (:func:`cpr.training.evaluate.run_of_adapter`,
+    :func:`cpr.training.config.read_run_config`, :func:`cpr.training.evaluate.eval_settings`: what the run's
+    evaluations use) or, for a ``--model`` that ``cpr export`` wrote, its
+    :data:`~cpr.training.evaluate.EVAL_SETTINGS_FILE` (:func:`cpr.training.evaluate.read_eval_settings`). A
+    pixel-limit flag differing from the recorded value warns.
 
     Returns:
         ``{"model", "adapter", "run_config" (path or None), "cfg" (the run's ExperimentConfig or None),
-        "taken" ({setting: value} from the run), "dtype", "attn_implementation", "trust_remote_code",
-        "min_pixels", "max_pixels", "prompts", "prompt_mode", "max_new_tokens", "batch_size", "backend",
-        "decoding" (DecodingSettings), "scoring" (ScoringSettings)}``.
+        "recorded" (the file the values were taken from, or None), "taken" ({setting: value} taken from it),
+        "dtype", "attn_implementation", "trust_remote_code", "min_pixels", "max_pixels", "prompts",
+        "prompt_mode", "max_new_tokens", "batch_size", "backend", "decoding" (DecodingSettings), "scoring"
+        (ScoringSettings)}``.
 
     Raises:
         InputError: no ``--model`` and no run to take it from; a bad flag value, or a sampling flag with greedy
-            decoding (flag named).
+            decoding (flag named); an unreadable exported settings file.
         ConfigError: an unreadable run ``config.yaml`` (file and key named).
     """
     from cpr.evaluation.generation import resolve_model_and_adapter
     from cpr.models import check_adapter_weights
     from cpr.scoring import SCORING_DEFAULTS, ScoringSettings, flag_errors
     from cpr.training.config import read_run_config
+    from cpr.training.evaluate import eval_settings, read_eval_settings, run_of_adapter
 
     if args.model is None and args.adapter is None:
         raise InputError("give the model to evaluate (--model), or an adapter of a run (--adapter)", field="--model")
@@ -140,17 +136,19 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
         check_adapter_weights(adapter, field="--adapter")
     config_path = run_of_adapter(adapter)
     cfg = read_run_config(config_path) if config_path else None
+    exported = read_eval_settings(model) if cfg is None and model is not None and Path(model).expanduser().is_dir() else None
+    recorded, values = (config_path, eval_settings(cfg)) if cfg is not None else exported or (None, None)
     taken: dict[str, Any] = {}
 
-    def pick(name: str, run_value: Any, default: Any) -> Any:
+    def pick(name: str, default: Any) -> Any:
         flag = getattr(args, name, None)
         if flag is not None:
             return flag
-        if cfg is None:
+        if values is None or name not in values:
             return default
-        if run_value is not None:
-            taken[name] = run_value
-        return run_value
+        if values[name] is not None:
+            taken[name] = values[name]
+        return values[name]
 
     if model is None:
         model = cfg.model.name_or_path if cfg is not None and cfg.model.name_or_path else None
@@ -158,40 +156,41 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
             where = "its folder holds no run (no config.yaml)" if cfg is None else f"{config_path} has no model.name_or_path"
             raise InputError(f"give the base model the adapter was trained on: {where}", field="--model")
         taken["model"] = model
-    m, ev, r = (cfg.model, cfg.evaluation, cfg.rewards) if cfg is not None else (None, None, None)
-    out: dict[str, Any] = {"model": model, "adapter": adapter, "run_config": config_path, "cfg": cfg, "taken": taken}
+    out: dict[str, Any] = {"model": model, "adapter": adapter, "run_config": config_path, "cfg": cfg,
+                           "recorded": recorded, "taken": taken}
     for key in ("min_pixels", "max_pixels"):
-        flag, run_value = getattr(args, key), getattr(m, key, None)
+        flag, run_value = getattr(args, key), (values or {}).get(key)
         if flag is not None and run_value is not None and flag != run_value:
             print(f"cpr eval: warning: --{key.replace('_', '-')} {flag} differs from the run's model.{key} "
-                  f"{run_value}, the resolution the adapter was trained at", file=sys.stderr)
-        out[key] = pick(key, run_value, None)
-    out["dtype"] = pick("dtype", getattr(m, "dtype", None), "auto")
-    out["attn_implementation"] = pick("attn_implementation", getattr(m, "attn_implementation", None), None)
-    out["trust_remote_code"] = bool(getattr(m, "trust_remote_code", False))
-    out["prompts"] = pick("prompts", getattr(cfg.data, "prompts", None) if cfg else None, None)
+                  f"{run_value}, the resolution the {'adapter' if cfg is not None else 'model'} was trained at",
+                  file=sys.stderr)
+        out[key] = pick(key, None)
+    out["dtype"] = pick("dtype", "auto")
+    out["attn_implementation"] = pick("attn_implementation", None)
+    out["trust_remote_code"] = bool((values or {}).get("trust_remote_code", False))
+    out["prompts"] = pick("prompts", None)
     for key, default in (("prompt_mode", "eval"), ("max_new_tokens", 256), ("batch_size", 8)):
-        out[key] = pick(key, getattr(ev, key, None), default)
-    out["backend"] = pick("backend", "transformers" if cfg is not None else None, "auto")
-    out["decoding"] = _decoding(args, ev, taken)
-    scoring = {key: pick(key, getattr(r, key, None), SCORING_DEFAULTS[key]) for key in ("encoder", "threshold", "alpha", "matching")}
-    scoring["answer_mode"] = pick("answer_mode", getattr(ev, "answer_mode", None), SCORING_DEFAULTS["answer_mode"])
+        out[key] = pick(key, default)
+    out["backend"] = pick("backend", "auto")
+    out["decoding"] = _decoding(args, (values or {}).get("decoding"), taken)
+    scoring = {key: pick(key, default) for key, default in SCORING_DEFAULTS.items()}
     with flag_errors():
         # guard "paper": an evaluation scores as the paper does (the guard shapes training rewards only)
-        out["scoring"] = ScoringSettings(**scoring, device=args.device, batch_size=r.batch_size if r else 64,
-                                         guard="paper")
+        out["scoring"] = ScoringSettings(**scoring, device=args.device,
+                                         batch_size=(values or {}).get("encoder_batch_size") or 64, guard="paper")
     return out
 
 
-def _decoding(args: argparse.Namespace, ev: Any, taken: dict[str, Any]) -> Any:
+def _decoding(args: argparse.Namespace, recorded: dict[str, Any] | None, taken: dict[str, Any]) -> Any:
     """The :class:`~cpr.evaluation.generation.DecodingSettings` of ``--decoding`` and the sampling flags, over
-    the run's ``evaluation.decoding`` (``ev``; recorded in ``taken``) where ``--decoding`` is not given."""
+    the ``recorded`` decoding (the run's ``evaluation.decoding``; noted in ``taken``) where ``--decoding`` is
+    not given."""
     from cpr.evaluation.generation import DecodingSettings
     from cpr.scoring import flag_errors
 
     given = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
-    if args.decoding is None and ev is not None:
-        base = ev.decoding.model_dump()
+    if args.decoding is None and recorded is not None:
+        base = dict(recorded)
         if base["mode"] != "greedy":  # greedy is the default either way: the line names sampled decoding only
             taken["decoding"] = base
     else:
@@ -270,9 +269,12 @@ def _load(args: argparse.Namespace, settings: dict[str, Any], max_images: int) -
 
 
 def _taken_line(settings: dict[str, Any]) -> str:
-    """The line naming the settings taken from the adapter's run."""
-    shown = ", ".join(f"{k} {v}" for k, v in settings["taken"].items())
-    return f"cpr eval: from the adapter's run ({settings['run_config']}): {shown} (a flag overrides each)"
+    """The line naming the settings taken from the adapter's run or the exported model's settings file
+    (prompt templates written out in full are named, not printed)."""
+    shown = ", ".join(f"{k} {v}" if not (k == "prompts" and settings["cfg"] is None) else "prompts (the run's templates)"
+                      for k, v in settings["taken"].items())
+    source = "the adapter's run" if settings["cfg"] is not None else "the exported model's settings"
+    return f"cpr eval: from {source} ({settings['recorded']}): {shown} (a flag overrides each)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -325,8 +327,8 @@ def run(args: argparse.Namespace) -> int:
               "prompts": prompts if prompts is None or isinstance(prompts, dict) else str(prompts),
               **{k: v for k, v in asdict(generation).items() if k != "progress"},
               "dtype": settings["dtype"], "device": args.device,
-              "from_run": {"config": str(settings["run_config"]), "settings": list(settings["taken"])}
-              if settings["run_config"] else None}
+              "from_run": {"config": str(settings["recorded"]), "settings": list(settings["taken"])}
+              if settings["recorded"] else None}
     _check_resume(out, config, {r.id for r in records})
     atomic_write_json(out / "eval_config.json", config)
     model, processor, generator = _load(args, settings, max(len(r.images) for r in records))

@@ -2,7 +2,10 @@
 
 The folder is a plain checkpoint of the base architecture (PEFT's ``merge_and_unload``: ``W + (alpha /
 r) B A`` in every adapted linear) with the processor the run trained with and a model card (the run's
-config and final evaluation table); it loads with transformers' auto classes and ``vllm serve``.
+config and final evaluation table); it loads with transformers' auto classes and ``vllm serve``. An
+adapter of a run also leaves ``cpr_eval_settings.json`` beside the model: how the run's evaluations
+prompt, decode and score (:func:`cpr.training.evaluate.eval_settings`), which ``cpr eval --model <folder>``
+takes as it takes a run's for an adapter.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +75,14 @@ Serve with `vllm serve <this folder>`.
 
 def export_merged(adapter: str | Path, output: str | Path, *, base: str | None = None, dtype: str = "auto",
                   name: str | None = None, config_yaml: str | None = None, table: str | None = None,
-                  overwrite: bool = False) -> Path:
+                  overwrite: bool = False, eval_settings: Mapping[str, Any] | None = None) -> Path:
     """Merge the LoRA ``adapter`` folder into its base model and write the folder ``output`` (written as
     ``<output>.partial``, renamed when complete; returned). ``base``: ``None`` takes the one the adapter
     records, another is refused. ``dtype``: ``auto`` (the base checkpoint's own, float32 when it names
     none) or a name. ``name``, ``config_yaml``, ``table``: the model card's title, the run's config and
-    final table. ``overwrite`` replaces an existing non-empty ``output``.
+    final table. ``overwrite`` replaces an existing non-empty ``output``. ``eval_settings``: the run's
+    :func:`cpr.training.evaluate.eval_settings`, written as ``{"adapter", "settings"}`` into
+    :data:`cpr.training.evaluate.EVAL_SETTINGS_FILE`.
 
     Raises ``InputError`` (not an adapter folder, or ``output`` exists without ``overwrite``),
     ``ConfigError`` (``base`` is not the recorded base), ``ModelNotAvailableError`` (no base model).
@@ -102,23 +108,47 @@ def export_merged(adapter: str | Path, output: str | Path, *, base: str | None =
     merged.save_pretrained(partial)
     processor.save_pretrained(partial)
     (partial / "README.md").write_text(model_card(name or output.name, recorded, adapter, config_yaml, table), encoding="utf-8")
+    if eval_settings is not None:
+        from cpr.io import atomic_write_json
+        from cpr.training.evaluate import EVAL_SETTINGS_FILE
+
+        atomic_write_json(partial / EVAL_SETTINGS_FILE, {"adapter": str(adapter), "settings": dict(eval_settings)})
     if output.exists():
         shutil.rmtree(output)
     partial.rename(output)
     return output
 
 
+def _run_eval_settings(run_config: Path | None) -> dict[str, Any] | None:
+    """:func:`cpr.training.evaluate.eval_settings` (templates written out) of the run whose ``config.yaml`` is
+    ``run_config``; ``None`` without one."""
+    from cpr.training.config import read_run_config
+    from cpr.training.evaluate import eval_settings
+
+    if run_config is None or not run_config.is_file():
+        return None
+    return eval_settings(read_run_config(run_config), self_contained=True)
+
+
 def _run(args: argparse.Namespace) -> int:
+    from cpr.training.evaluate import EVAL_SETTINGS_FILE, run_of_adapter
+
     config_yaml = table = name = None
     if args.run:
         adapter, config_yaml, table, name = _run_files(Path(args.run), args.adapter)
+        run_config = Path(args.run) / "config.yaml" if args.adapter is None else run_of_adapter(adapter)
     elif args.adapter:
         adapter = Path(args.adapter)
+        run_config = run_of_adapter(adapter)
     else:
         raise InputError("pass a run folder (--run) or an adapter folder (--adapter)", field="--run")
+    settings = _run_eval_settings(run_config)
     out = export_merged(adapter, args.output, base=args.base, dtype=args.dtype, name=name, config_yaml=config_yaml,
-                        table=table, overwrite=args.overwrite)
+                        table=table, overwrite=args.overwrite, eval_settings=settings)
     print(f"merged {adapter} into its base model -> {out}")
+    if settings is not None:
+        print(f"{out / EVAL_SETTINGS_FILE}: how {run_config.parent} evaluates (prompts, decoding, scoring); "
+              f"cpr eval --model {out} takes it")
     return 0
 
 

@@ -1,5 +1,5 @@
 """Guarded step scoring for training rewards (Match F1 that repetition, restatement and loose matches
-cannot inflate) and the hack monitors; README, "Reward hacking", gives the measured defaults. The
+cannot inflate) and the hack monitors; docs/reward-hacking.md gives the measured defaults. The
 matcher of :mod:`cpr.matching` is kept, with three switchable changes (:class:`GuardSettings`):
 
 * ``duplicates``: with ``d_j`` the largest similarity of predicted step ``j`` to another step of its
@@ -31,7 +31,7 @@ from cpr.matching import StepEncoder, StepScores, match_pairs
 # embeddings differently in the last place (identical strings must compare equal).
 _EPS = 1e-6
 
-#: Per-batch hack monitors logged through TRL's ``log_metric`` (README, "Reward hacking").
+#: Per-batch hack monitors logged through TRL's ``log_metric`` (docs/reward-hacking.md).
 MONITORS = ("hacking/duplicate_rate", "hacking/restatement_rate", "hacking/precision_minus_recall",
             "hacking/non_answer_rate", "steps/count")
 

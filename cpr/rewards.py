@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from types import ModuleType
 from typing import Any, ClassVar
 
 from cpr.answers import check_answer, check_answer_mode, is_non_answer
@@ -419,6 +420,57 @@ def register_reward_function(cls: type[RewardFunction]) -> type[RewardFunction]:
         raise ValueError(f"a reward function named {cls.name!r} is already registered")
     REWARD_FUNCTIONS[cls.name] = cls
     return cls
+
+
+def import_reward_modules(entries: Sequence[str], *, field: str = "modules") -> list[ModuleType]:
+    """Import the modules of reward functions named by ``entries`` (a config's ``reward_modules``), so that
+    their :func:`register_reward_function` calls fill the registry: a path ending in ``.py`` is imported from
+    that file as module ``<file stem>`` (its folder is not put on ``sys.path``), anything else is a module name
+    imported from ``sys.path`` (``PYTHONPATH``, e.g. ``my_package.rewards``). Importing an entry again (another
+    config naming it, an ``import`` of the same file) gives the module already imported; errors raised by the
+    module's own code propagate.
+
+    Raises:
+        ConfigError: field ``<field>[i]``: a file that does not exist, a module not found, or a file whose
+            module name is taken by another module.
+    """
+    import importlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    modules = []
+    for i, entry in enumerate(entries):
+        key = f"{field}[{i}]"
+        if not entry.endswith(".py"):
+            try:
+                modules.append(importlib.import_module(entry))
+            except ModuleNotFoundError as e:
+                if e.name is None or not (entry == e.name or entry.startswith(e.name + ".")):  # a module the entry's own code imports
+                    raise
+                raise ConfigError(f"no module named {e.name!r} on sys.path (PYTHONPATH); a file is named by its "
+                                  "path ending in .py", field=key) from None
+            continue
+        path = Path(entry).expanduser().resolve()
+        if not path.is_file():
+            raise ConfigError(f"no such file: {path}", field=key)
+        name, loaded = path.stem, sys.modules.get(path.stem)
+        if loaded is not None:
+            if getattr(loaded, "__file__", None) and Path(loaded.__file__).resolve() == path:
+                modules.append(loaded)
+                continue
+            raise ConfigError(f"module name {name!r} of {path} is taken by {getattr(loaded, '__file__', None) or loaded!r}; "
+                              "rename the file", field=key)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        modules.append(module)
+    return modules
 
 
 def reward_parameters(cls: type[RewardFunction]) -> frozenset[str] | None:

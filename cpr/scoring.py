@@ -10,7 +10,9 @@ Default answer mode ``crystal`` is the paper's protocol; ``strict`` is the rewar
 
 Inputs (JSON lines): REFS ``id``, ``question`` (optional), ``answer`` (string or number),
 ``reference_steps`` (non-empty list of non-blank strings), ``options`` (optional, lettered A, B, ...);
-PREDS ``id``, ``completion``. Ids are compared as strings.
+PREDS ``id``, ``completion``. Ids are compared as strings. Completions an evaluation wrote (``metrics.json``
+beside them: ``cpr eval``, a run's ``final_eval/<benchmark>/``) are scored with the settings it recorded
+unless a flag says otherwise (:func:`resolve_scoring`), so ``cpr score`` recomputes that evaluation's numbers.
 
 Sampled completions (``sampled_completions.jsonl`` of ``cpr eval --decoding sampled``): PREDS rows that
 also carry ``sample`` (0, 1, ..., k-1), k per id. Each sample index is scored alone like a greedy file;
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,7 +48,7 @@ LUCKY_GUESS_F1 = 0.5
 
 __all__ = ["LUCKY_GUESS_F1", "SAMPLE_KEYS", "STEP_FIELDS", "SUMMARY_KEYS", "TABLE_COLUMNS", "ScoringSettings", "is_sampled_file",
            "load_predictions", "load_references", "load_sampled_predictions", "lucky_guess_rate", "markdown_table",
-           "mean_at_k", "pass_at_k", "score_records", "score_sampled_records", "summarize", "validate_reference"]
+           "mean_at_k", "pass_at_k", "recorded_scoring", "resolve_scoring", "score_records", "score_sampled_records", "summarize", "validate_reference"]
 
 
 #: The :class:`ScoringSettings` fields a step-scoring reward function takes (:mod:`cpr.rewards`).
@@ -465,6 +468,71 @@ def settings_from_args(args: argparse.Namespace, batch_size: int = 64) -> Scorin
                                guard="paper")  # scored as the paper does: the guard shapes training rewards only
 
 
+#: The file beside an evaluation's completions that records the scoring they were scored with (``scoring``).
+EVALUATION_METRICS = "metrics.json"
+
+
+def recorded_scoring(predictions: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """``(metrics.json, its scoring settings)`` of the evaluation that wrote ``predictions``: the
+    :data:`EVALUATION_METRICS` file beside it (every folder ``cpr eval``, a run's final evaluation or its
+    stages write) with a ``scoring`` object, restricted to :data:`SCORING_DEFAULTS`' keys; ``None`` when
+    there is no such file or it records no step scoring.
+
+    Raises:
+        InputError: that file is not valid JSON, or its ``scoring`` is not an object (file and field named).
+    """
+    path = Path(predictions).parent / EVALUATION_METRICS
+    if not path.is_file():
+        return None
+    try:
+        metrics = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise InputError(f"malformed JSON ({e.msg} at line {e.lineno}); it is read for the scoring settings of the "
+                         "completions beside it", path=path) from None
+    scoring = metrics.get("scoring") if isinstance(metrics, dict) else None
+    if scoring is None:
+        return None
+    if not isinstance(scoring, dict):
+        raise InputError(f"must be an object, got {type(scoring).__name__}", path=path, field="scoring")
+    found = {k: scoring[k] for k in SCORING_DEFAULTS if k in scoring}
+    return (path, found) if "threshold" in found else None
+
+
+def resolve_scoring(args: argparse.Namespace, batch_size: int = 64) -> ScoringSettings:
+    """``cpr score``'s settings: each scoring flag where given, else the value the evaluation that wrote
+    ``--predictions`` recorded (:func:`recorded_scoring`; one line on standard error names what was taken),
+    else :data:`SCORING_DEFAULTS`. A flag that differs from the recorded value warns: the numbers will not
+    be those of that evaluation.
+
+    Raises:
+        InputError: a bad flag value (flag named), or a recorded value that is invalid or unreadable
+            (``metrics.json`` and field named).
+    """
+    found = recorded_scoring(args.predictions)
+    path, recorded = found if found is not None else (None, {})
+    values, taken = {}, {}
+    for key, default in SCORING_DEFAULTS.items():
+        flag = getattr(args, key)
+        if flag is None and key in recorded:
+            values[key] = taken[key] = recorded[key]
+            continue
+        values[key] = default if flag is None else flag
+        if flag is not None and key in recorded and flag != recorded[key]:
+            print(f"cpr score: warning: --{key.replace('_', '-')} {flag} differs from {key} {recorded[key]} that {path} "
+                  f"records for {args.predictions}: these numbers are not that evaluation's", file=sys.stderr)
+    try:
+        settings = ScoringSettings(**values, device=args.device, batch_size=batch_size, guard="paper")
+    except ConfigError as e:
+        if e.field in taken:
+            raise InputError(e.message, path=path, field=f"scoring.{e.field}") from None
+        raise InputError(e.message, field="--" + str(e.field).replace("_", "-")) from None
+    if taken:
+        shown = ", ".join(f"{k} {v}" for k, v in taken.items())
+        print(f"cpr score: scoring as the evaluation that wrote {args.predictions} did ({path}): {shown} "
+              "(a flag overrides each)", file=sys.stderr)
+    return settings
+
+
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``score`` command to ``cpr``'s sub-parsers."""
     p = subparsers.add_parser(
@@ -475,7 +543,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--references", required=True, type=Path, help="REFS.jsonl: id, question, answer, reference_steps")
     p.add_argument("--predictions", required=True, type=Path, help="PREDS.jsonl: id, completion")
     p.add_argument("--output", required=True, type=Path, help="REPORT.json to write")
-    add_scoring_arguments(p)
+    add_scoring_arguments(p, defaults=False, fallback=f"the scoring {EVALUATION_METRICS} beside --predictions records, "
+                          "else ")
     p.add_argument("--batch-size", type=int, default=64, help="encoder batch size (default 64)")
     p.add_argument("--device", default=None, help="encoder device (default: cuda if available, else cpu)")
     p.set_defaults(func=run)
@@ -484,7 +553,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """``cpr score``: validate both files completely, then load the encoder, score, and write the report
-    atomically (a failure leaves no file); print the table.
+    atomically (a failure leaves no file); print the table. Completions an evaluation wrote are scored with
+    the settings it recorded unless a flag says otherwise (:func:`resolve_scoring`).
 
     Raises:
         InputError: bad flags or input files (file, line, id and field named).
@@ -492,7 +562,7 @@ def run(args: argparse.Namespace) -> int:
     """
     from cpr.io import atomic_write_json
 
-    settings = settings_from_args(args, batch_size=args.batch_size)
+    settings = resolve_scoring(args, batch_size=args.batch_size)
     references = load_references(args.references)
     sampled = is_sampled_file(args.predictions)
     completions, lines = (load_sampled_predictions if sampled else load_predictions)(args.predictions)

@@ -16,12 +16,17 @@
 * ``_generate_and_score_completions(inputs)`` and ``_calculate_rewards(...)``: the generation round of a
   training generation batch and its reward matrix, gathered over the processes; dynamic sampling
   (:mod:`cpr.training.sampling`) runs extra rounds and reads the rewards (:class:`GenerationHook`).
+* ``_tokenize_prompts(prompts)``: the token ids and images TRL's generation hands vLLM for conversational
+  prompts (the greedy baseline decodes through the same engine, :func:`tokenize_prompts`).
 * ``trl.trainer.utils.split_pixel_values_by_grid`` / ``unsplit_pixel_values_by_grid``: the per-row split of a
   generation batch's images that ``_prepare_inputs`` also uses (:func:`rows_of`, :func:`batch_of`).
+* The text of TRL's model card (``create_model_card``, public, written into ``args.output_dir`` with every
+  checkpoint) for a base model it leaves unnamed, :data:`UNNAMED_BASE_MODEL` (:class:`BaseModelCard`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 #: The TRL version these accesses were read from and tested against.
@@ -143,7 +148,35 @@ class AdvantageHook:
         return batch
 
 
+def tokenize_prompts(trainer: Any, prompts: list[Any]) -> tuple[list[list[int]], list[Any] | None]:
+    """``GRPOTrainer._tokenize_prompts``: per conversational prompt (messages whose image blocks hold their
+    images), the prompt's token ids as TRL passes them to vLLM, and its images (``None``: no prompt has any)."""
+    prompt_ids, images, _ = trainer._tokenize_prompts(prompts)
+    return [[int(i) for i in ids] for ids in prompt_ids], images
+
+
 def process_index(trainer: Any) -> int:
     """This process's index: its rows of the generation batch are ``[index * B, (index + 1) * B)`` of the
     gathered batch (``process_slice`` of ``_generate_and_score_completions``)."""
     return int(trainer.accelerator.process_index)
+
+
+#: What TRL's model card says of the base model when it names none: TRL takes the name from the model's config
+#: (``_name_or_path``) and passes ``base_model=None`` for a local folder (``BaseTrainer.create_model_card``;
+#: trl/templates/lm_model_card.md).
+UNNAMED_BASE_MODEL = "[None](https://huggingface.co/None)"
+
+
+class BaseModelCard:
+    """Mixin before a TRL trainer: the model card TRL writes into ``args.output_dir`` (``create_model_card``, its
+    public hook, called with every checkpoint) names the base model the trainer's model was loaded from
+    (``model.config._name_or_path``, e.g. a local folder) where TRL writes :data:`UNNAMED_BASE_MODEL`."""
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        super().create_model_card(*args, **kwargs)
+        base = getattr(self.model.config, "_name_or_path", "")
+        card = Path(self.args.output_dir) / "README.md"
+        if base and self.is_world_process_zero() and card.is_file():
+            text = card.read_text(encoding="utf-8")
+            if UNNAMED_BASE_MODEL in text:
+                card.write_text(text.replace(UNNAMED_BASE_MODEL, f"`{base}`"), encoding="utf-8")

@@ -29,15 +29,17 @@ DEMOS = (DEMO, DEMO.with_name("demo_tabmwp.yaml"), TEACHER_DEMO)
 def main() -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from cpr.cli import run_command
+    from cpr.errors import quiet_deepspeed_cpu_notice
     from cpr.training.cli import add_arguments, run
+
+    quiet_deepspeed_cpu_notice()  # before the demo's tiny model is built
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser, default_config=str(DEMO))
     args = parser.parse_args()
     if Path(args.config).resolve() in DEMOS:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demo never touches the hub
-        sys.path.insert(0, str(DEMO.parents[2] / "tools"))
-        import tiny_models  # test and demo tooling: the demo's tiny model, built where missing
+        from cpr_tools import tiny_models  # test and demo tooling: the demo's tiny model, built where missing
 
         tiny_models.build_demo_models(str(DEMO) if Path(args.config).resolve() == TEACHER_DEMO else args.config)
         # the demo's own outputs/demo is disposable: running it again replaces it (unless resuming);

@@ -10,13 +10,14 @@ trained and scored as ordinary runs, then the table and figures (format: cpr/abl
 
 import os
 import sys
-from pathlib import Path
 
 if __name__ == "__main__":
+    from cpr.errors import quiet_deepspeed_cpu_notice
+
+    quiet_deepspeed_cpu_notice()  # before the demos' tiny models are built
     if any(arg.endswith("_demo.yaml") or "reproduce_" in arg for arg in sys.argv):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demos and the miniature reproduction never touch the hub
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-        import tiny_models  # test and demo tooling: the demos' tiny models, built where missing
+        from cpr_tools import tiny_models  # test and demo tooling: the demos' tiny models
 
         tiny_models.build_demo_models()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

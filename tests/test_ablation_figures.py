@@ -169,6 +169,48 @@ def test_kl_limit_is_the_runs_guard_limit(tmp_path):
     assert figures.kl_guard_limit(read_run(folder)) is None
 
 
+def _drawn(monkeypatch):
+    """The figures the plot functions save, in order (their axes hold what was drawn)."""
+    saved = []
+    real = figures._save
+    monkeypatch.setattr(figures, "_save", lambda fig, path, dpi=120: (saved.append(fig), real(fig, path, dpi))[1])
+    return saved
+
+
+def test_a_run_with_beta_0_says_no_kl_in_words(tmp_path, monkeypatch):
+    """TRL logs no KL with beta 0: the KL panel says so, instead of an empty frame (or "no KL logged" when the
+    run's config does not give beta 0)."""
+    saved = _drawn(monkeypatch)
+    rows = [{k: v for k, v in train_row(s).items() if k != "kl"} for s in (1, 2)]
+    folder = write_run(tmp_path / "r", phases={"cpr": {"steps": 2, "log": rows}})
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    for effective, text in (({"cpr": {"beta": 0.0}}, "beta 0: no KL (TRL logs the KL only when training.beta > 0)"),
+                            ({"cpr": {"beta": 0.04}}, "no KL logged"), (None, "no KL logged")):
+        (folder / "config.yaml").write_text(yaml.safe_dump({**config, "training_effective": effective}))
+        assert figures.kl_off(read_run(folder)) is (text.startswith("beta"))
+        _png_ok(figures.plot_kl(read_run(folder), tmp_path / "kl.png", kl_limit=2.0))
+        ax = saved[-1].axes[0]
+        assert [t.get_text() for t in ax.texts] == [text] and not ax.lines  # nor a limit line over nothing
+
+
+def test_a_hack_monitor_bound_far_above_the_values_does_not_flatten_them(tmp_path, monkeypatch):
+    """steps/count around 3 to 4 against its bound 30: the panel spans the values and names the bound in the
+    legend; a rate near its bound keeps the dashed line."""
+    assert figures.bound_on_scale([3.0, 4.0], 30.0) is False and figures.bound_on_scale([0.2, 0.3], 0.25) is True
+    assert figures.bound_on_scale([0.1], 0.2) is True and figures.bound_on_scale([0.1], 0.21) is False
+    assert figures.bound_on_scale([], 30.0) is True
+    saved = _drawn(monkeypatch)
+    rows = [train_row(s, **{"steps/count": c, "hacking/duplicate_rate": 0.2}) for s, c in ((1, 3.0), (2, 4.0), (3, 3.5))]
+    folder = write_run(tmp_path / "r", phases={"cpr": {"steps": 3, "log": rows}})
+    _png_ok(figures.plot_hack_monitors(read_run(folder), tmp_path / "hack.png"))
+    axes = {ax.get_title(): ax for ax in saved[-1].axes}
+    steps, duplicates = axes["steps/count"], axes["hacking/duplicate_rate"]
+    assert steps.get_ylim()[1] < 5.0  # the values' range, not up to 30
+    assert [t.get_text() for t in steps.get_legend().get_texts()] == ["training batch", "bound 30 (above the axis)"]
+    assert [t.get_text() for t in duplicates.get_legend().get_texts()] == ["training batch", "bound 0.25"]
+    assert duplicates.get_ylim()[1] > 0.25
+
+
 def test_plot_table_skips_missing_values(tmp_path):
     table = {"name": "t", "split": "test",
              "columns": [{"title": "Acc", "key": "accuracy", "decimals": 2}, {"title": "KL", "key": "kl_max", "decimals": 3}],

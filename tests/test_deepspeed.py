@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
-import tiny_models
 import yaml
 from launch import BIN, REPO, free_port, start, write_reward_recipe
 
 from cpr.training.config import DataConfig
 from cpr.training.splits import load_splits
+from cpr_tools import tiny_models
 
 pytestmark = [
     pytest.mark.slow,

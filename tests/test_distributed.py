@@ -68,17 +68,16 @@ def test_two_cpu_processes_run_both_phases_and_refuse_together(tmp_path):
     shutil.rmtree(out)
 
 
-PROBE = f"""
+PROBE = """
 import json, os, sys, time
-sys.path.insert(0, {str(REPO / "tools")!r})
 from cpr.distributed import process_state
-from tiny_models import ensure_tiny_model
+from cpr_tools.tiny_models import ensure_tiny_model
 
 state = process_state()
 if state.process_index == 0:
     time.sleep(3)  # rank 1 reaches the tiny model first
 path = ensure_tiny_model("qwen2_5_vl")  # the main process builds it first (transformers saves on rank 0 only)
-print("probe:", json.dumps({{"rank": state.process_index, "of": state.num_processes, "files": sorted(os.listdir(path))}}))
+print("probe:", json.dumps({"rank": state.process_index, "of": state.num_processes, "files": sorted(os.listdir(path))}))
 """
 
 

@@ -200,10 +200,10 @@ def test_adapter_base_and_the_runs_image_size(samples_dir, tmp_path, encoder, ca
     evaluated with the processor's pixel limits of its run (config.yaml), which flags can override."""
     import yaml
     from peft import get_peft_model
-    from tiny_models import default_corpus, ensure_tiny_model
 
     import cpr.evaluation.runner
     from cpr.models import build_lora_config, load_model_and_processor
+    from cpr_tools.tiny_models import default_corpus, ensure_tiny_model
 
     base = str(ensure_tiny_model("qwen2_5_vl", texts=default_corpus() + ["a run's own vocabulary"]))
     model, _ = load_model_and_processor(base, dtype="float32", device="cpu")

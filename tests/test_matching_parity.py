@@ -3,7 +3,7 @@
 Per sample, our precision, recall, Match F1, LIS ratio and Ordered F1 (score_batch, one
 batched encode) must equal ``MLLMReasoningEvaluator.evaluate_single`` (two encodes per
 sample, numpy cosine) within 1e-6 on 200 real prediction/reference pairs
-(tests/step_pairs.py), plus a handful at tau = 0.5. The matcher and LIS are also checked
+(cpr_tools/step_pairs.py), plus a handful at tau = 0.5. The matcher and LIS are also checked
 directly against the oracle's own ``_find_matches`` / ``_compute_lis_ratio`` on random
 matrices full of exact ties.
 
@@ -25,9 +25,9 @@ import types
 
 import numpy as np
 import pytest
-from step_pairs import build_pairs
 
 from cpr.matching import StepEncoder, lis_ratio, match_pairs, score_batch
+from cpr_tools.step_pairs import build_pairs
 
 reasoning = pytest.importorskip("crystal_metrics.reasoning")
 

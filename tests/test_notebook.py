@@ -23,6 +23,9 @@ NOTEBOOK = REPO / "notebooks" / "analysis.ipynb"
 def test_notebook_has_a_parameter_cell_first():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbformat.validate(nb)
+    # nbformat 4.5: every cell has a unique id (else nbformat warns, and fills in ids as it reads the file)
+    ids = [c.get("id") for c in json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]]
+    assert all(ids) and len(set(ids)) == len(ids)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert "parameters" in code[0].metadata.get("tags", [])
     assert code[0].source.startswith('RUN_DIR = "outputs/demo"')

@@ -327,9 +327,8 @@ def test_oom_in_the_step_encoder_names_its_batch_size(tmp_path, monkeypatch, one
 def test_demo_overwrites_only_its_own_output(monkeypatch, argv, overwrite):
     """No arguments: the demo replaces its own outputs/demo; a demo-based run given another folder
     (the ablation demos' runs) is never deleted unasked."""
-    import tiny_models
-
     import cpr.training.cli
+    from cpr_tools import tiny_models
 
     seen = {}
     monkeypatch.setattr(cpr.training.cli, "run", lambda args: seen.setdefault("overwrite", args.overwrite) and 0)
@@ -343,9 +342,8 @@ def test_demo_overwrites_only_its_own_output(monkeypatch, argv, overwrite):
 
 def test_the_teacher_demo_builds_the_demos_model_and_overwrites_its_own_output(monkeypatch):
     """recipes/configs/demo_teacher.yaml trains demo.yaml's tiny model: the recipe builds that one where missing."""
-    import tiny_models
-
     import cpr.training.cli
+    from cpr_tools import tiny_models
 
     seen = {}
     monkeypatch.setattr(cpr.training.cli, "run", lambda args: seen.setdefault("overwrite", args.overwrite) and 0)
@@ -596,3 +594,28 @@ def test_a_torch_write_error_with_room_left_is_not_called_a_full_disk(tmp_path):
     short = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 498560 vs 498452")
     assert disk_full_error(short, tmp_path) is None  # this disk has far more than 1 MiB free
     assert disk_full_error(ValueError("x"), tmp_path) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="DeepSpeed finds CUDA: it has no CPU notice to give")
+def test_deepspeeds_cpu_notice_is_left_out_unless_the_launch_uses_deepspeed():
+    """A command that imports DeepSpeed (accelerate does, whenever a model is trained or saved) on a machine
+    without CUDA: DeepSpeed's "Setting accelerator to CPU" warning is dropped, except under a DeepSpeed launch."""
+    pytest.importorskip("deepspeed")
+    code = (
+        "import os\n"
+        "from cpr.errors import run_command\n"
+        "def detect(args):\n"
+        "    from deepspeed.accelerator import real_accelerator\n"
+        "    real_accelerator.ds_accelerator = None\n"
+        "    print(args, real_accelerator.get_accelerator().device_name(), flush=True)\n"
+        "run_command('t', detect, 'plain:')\n"
+        "os.environ['ACCELERATE_USE_DEEPSPEED'] = 'true'\n"
+        "run_command('t', detect, 'deepspeed:')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_DEEPSPEED"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    assert out.returncode == 0, out.stderr
+    assert lines[0] == "plain: cpu" and "Setting accelerator to CPU" in lines[1] and lines[2] == "deepspeed: cpu"
+    assert len(lines) == 3

@@ -489,3 +489,30 @@ def test_zero_std_window_scales_with_a_short_phase(tmp_path, caplog):
         f"guard zero_std at step {s} (warning): every group's reward std was zero for 2 steps in a row "
         "(no learning signal)" for s in (2, 5)
     ]
+
+
+def test_with_the_greedy_baseline_zero_std_reads_the_groups_without_signal(tmp_path, caplog):
+    """Issue 33: with ``baseline: greedy`` tied samples still learn when their greedy completion differs, so the
+    guard reads ``baseline/frac_zero_signal``, not TRL's ``frac_reward_zero_std`` (here 1.0 at every step)."""
+    cfg = GuardsConfig(zero_std=ZeroStdGuardConfig(window=2))
+    trainer = _FakeTrainer()
+    g = DivergenceGuard(cfg, events_path=tmp_path / "events.jsonl", baseline="greedy").bind(trainer)
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.AdamW([p], lr=0.1)
+    state = SimpleNamespace(global_step=0, is_world_process_zero=True)
+    args = SimpleNamespace(output_dir=str(tmp_path), should_save=True)
+    with caplog.at_level(logging.WARNING, logger="cpr.training.guards"):
+        for signal in (0.0, 0.5, 1.0, 1.0):
+            control = TrainerControl()
+            g.on_step_begin(args, state, control)
+            trainer._metrics["train"]["frac_reward_zero_std"].append(1.0)
+            trainer._metrics["train"]["baseline/frac_zero_signal"].append(signal)
+            g.observe_loss(torch.tensor(0.5))
+            p.grad = torch.ones(3)
+            g.on_pre_optimizer_step(args, state, control, optimizer=opt)
+            state.global_step += 1
+    assert [r.message for r in caplog.records] == [
+        "guard zero_std at step 4 (warning): every group's samples tied their greedy completion's reward for 2 "
+        "steps in a row (no learning signal)"]
+    assert g.counts["zero_std"]["steps"] == 1
+    assert [e.values for e in g.events] == [{"baseline/frac_zero_signal": 1.0, "run": 2}]

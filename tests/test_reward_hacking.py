@@ -118,6 +118,25 @@ def test_audit_finds_repetition_under_the_paper_metric_and_nothing_under_the_def
     assert "Items where a degenerate completion reaches the honest reward: 0 of 4." in capsys.readouterr().out
 
 
+def test_the_audit_table_names_its_rows_as_the_readme_does():
+    """audit.md's rows: the classes and the exploit families by the README's names (other items' steps, not
+    the report's key "foreign")."""
+    from cpr.audit import CLASSES, FAMILIES, markdown_report
+
+    keys = list(dict.fromkeys([*CLASSES, *FAMILIES]))
+    summary = {k: {"items": 2, "reaching_honest": 0, "max_reward": 1.5, "max_gap": -0.5} for k in keys}
+    summary["foreign"] = {"items": 2, "reaching_honest": 1, "max_reward": 2.0, "max_gap": 0.0}
+    summary["malformed"] = {"items": 0, "reaching_honest": 0, "max_reward": None, "max_gap": None}
+    report = {"items": [{"honest_reward": 2.0, "evaluations": 10}] * 2, "summary": summary, "exploits_found": 0}
+    rows = [ln.split(" | ")[0][2:] for ln in markdown_report(report).splitlines() if ln.startswith("| ")][1:]
+    assert rows == ["(a) wrong answer", "(b) none of the item's own steps", "(c) a repeated step",
+                    "family: restatement (question sentences, options)", "family: other items' steps",
+                    "family: filler sentences", "family: reordered own steps (not degenerate by itself)",
+                    "family: malformed JSON"]
+    assert "| family: other items' steps | 2 | 1 | 2.000 | +0.000 |" in markdown_report(report)
+    assert "| family: malformed JSON | 0 | - | - | - |" in markdown_report(report)
+
+
 def test_audit_reads_a_config_phase_and_flags_answer_only_rewards(tmp_path, capsys):
     """The demo config's cpr phase is guarded by default; its answer-only phase pays any steps with the
     right answer, which the audit reports as an exploit. The items are the config's own training data."""

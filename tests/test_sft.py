@@ -6,7 +6,7 @@ samples' texts) and check, against TRL's own vision-language collator, what ``ma
 counts; then they train: the loss falls, only LoRA tensors move, and the saved adapter reloads
 with PEFT and gives the same logits.
 
-The tiny models are built with their final norm weight scaled by 8 (tools/tiny_models.py, OUTPUT_SCALE):
+The tiny models are built with their final norm weight scaled by 8 (cpr_tools/tiny_models.py, OUTPUT_SCALE):
 with random tied embeddings of std 0.02 and a norm weight of 1 every logit would be at most ~2.6
 in size whatever LoRA learns, and the loss could not fall much below 5 nats.
 """
@@ -167,7 +167,7 @@ def test_build_sft_config_maps_settings(tmp_path):
 
 
 def _tokenizer_texts(records, templates) -> list[str]:
-    from tiny_models import default_corpus
+    from cpr_tools.tiny_models import default_corpus
 
     return (
         default_corpus()
@@ -180,7 +180,7 @@ def _tokenizer_texts(records, templates) -> list[str]:
 @pytest.fixture(scope="module")
 def tiny_paths(records, templates):
     """Tiny model folders, built on first use (tokenizer trained on the corpus + sample texts)."""
-    from tiny_models import ensure_tiny_model
+    from cpr_tools.tiny_models import ensure_tiny_model
 
     texts = _tokenizer_texts(records, templates)
     built: dict[str, str] = {}

@@ -1,4 +1,4 @@
-"""Tiny local models (``tools/tiny_models.py``, test and demo tooling): tokenizer, chat templates,
+"""Tiny local models (``cpr_tools/tiny_models.py``, test and demo tooling): tokenizer, chat templates,
 configs, determinism, the build cache, ``tiny:`` names, the tokenizer texts of a config and the CLI."""
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import threading
 from pathlib import Path
 
 import pytest
-import tiny_models as tiny
 from conftest import REPO_ROOT, SAMPLES_DIR
-from tiny_models import (
+
+from cpr.errors import ConfigError
+from cpr_tools import tiny_models as tiny
+from cpr_tools.tiny_models import (
     INTERNVL_IMAGE_TOKENS,
     QWEN_SPECIAL_TOKENS,
     build_at,
@@ -25,8 +27,6 @@ from tiny_models import (
     mrope_section,
     parse_tiny_name,
 )
-
-from cpr.errors import ConfigError
 
 BUILDERS = {"qwen2_5_vl": build_tiny_qwen2_5_vl, "internvl": build_tiny_internvl}
 
@@ -315,11 +315,11 @@ def test_the_shipped_demo_configs_name_the_demo_models():
 
 def test_cli_builds_a_model_into_a_folder(tmp_path):
     out = tmp_path / "m"
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "tiny_models.py"), "internvl", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "cpr_tools.tiny_models", "internvl", "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == str(out)
     assert json.loads((out / "config.json").read_text())["model_type"] == "internvl"
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "tiny_models.py"), "internvl"],
+    proc = subprocess.run([sys.executable, "-m", "cpr_tools.tiny_models", "internvl"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "give KIND and --out DIR, or --demo" in proc.stderr

@@ -16,7 +16,9 @@ from cpr.training.check import (
     GIB,
     PhaseShape,
     config_folder,
+    estimate_evaluation_memory,
     estimate_memory,
+    greedy_baseline_sequences,
     launcher_from_accelerate_config,
     load_architecture,
     saved_activation_bytes,
@@ -77,6 +79,36 @@ def test_memory_estimate_components_for_the_qwen_paper_run():
     # gradient checkpointing keeps each decoder layer's bf16 input: 36 x 5 x 1280 tokens x 2048 x 2 bytes (+ the rest)
     assert z3["train: activations"] > 36 * 5 * 1280 * 2048 * 2
     assert z3["training"] < ddp["training"] and 4 * GIB < z3["training"] < 20 * GIB
+
+
+def test_every_generation_of_a_phase_is_a_peak_of_its_own():
+    """Issue 33: the greedy baseline's and the eval hook's generations are counted besides TRL's rounds; the
+    ``gen:`` rows are the largest one's; the final evaluation holds the whole model and one fp32 adapter."""
+    arch = _paper_arch("Qwen/Qwen2.5-VL-3B-Instruct")
+    shape = PhaseShape("cpr", 5, 10, 256, 768, 3072, 256, True,
+                       (("greedy baseline", 2, 256), ("eval hook, sampled", 64, 128)))
+    z3 = estimate_memory(arch, shape, launcher="zero3", processes=4)
+    kv = 2 * 36 * 256 * 2  # bytes of K and V a token
+    assert z3["gen: KV cache"] == kv * 64 * (1024 + 128)  # the eval hook's 16 x 4 sampled rows, the largest
+    rounds, greedy, hook = (z3[f"generation: {w}"] for w in ("training rounds", "greedy baseline", "eval hook, sampled"))
+    assert z3["generation"] == hook == max(rounds, greedy, hook)
+    # the same model and optimizer state; each generation's KV cache, prefill and logits scale with its sequences
+    lm_prefill = 2 * 2 * 2048 + max(8 * 2048 + 2 * (2 * 2048 + 2 * 256), 2 * 3 * 11008 + 4 * 11008)
+    per_sequence = max(1024 * lm_prefill, 3072 * (2 * 3 * 1280 + max(2 * 5 * 1280 + 4 * 1280, 2 * 3 * 3420)))
+    assert rounds - greedy == kv * 8 * 1280 + 8 * per_sequence + 3 * 8 * arch.vocab * 4
+    alone = estimate_memory(arch, PhaseShape("cpr", 5, 10, 256, 768, 3072, 256, True), launcher="zero3", processes=4)
+    assert alone["generation"] == rounds and alone["training"] == z3["training"]
+    final = estimate_evaluation_memory(arch, sequences=16, prompt_tokens=1024, completion_tokens=256, patches=3072)
+    assert final["weights (whole model)"] == 3_754_622_976 * 2 and final["LoRA weights"] == 4 * arch.lora_params
+    assert final["generation"] == (3_754_622_976 * 2 + 4 * arch.lora_params + kv * 16 * 1280 + 16 * per_sequence
+                                   + 3 * 16 * arch.vocab * 4 + GIB)
+
+
+def test_greedy_baseline_decodes_one_sequence_per_group_of_a_process():
+    assert greedy_baseline_sequences(10, 5, 4) == 2  # each process holds two whole groups
+    assert greedy_baseline_sequences(8, 2, 1) == 4
+    assert greedy_baseline_sequences(6, 4, 2) == 3  # rows 0-5 / 6-11 of groups of 4: a group split in two
+    assert greedy_baseline_sequences(2, 4, 1) == 1
 
 
 @pytest.mark.parametrize(
@@ -158,9 +190,13 @@ def test_check_prints_parameters_and_memory_tables_for_the_paper_configs(capsys)
     assert "252 in the language model, 0 in vision / projector" in out
     assert "3,754.6 M" in out and "119.7 M" in out
     assert "max_pixels 602112 -> up to 768 image tokens" in out
-    for row in ("weights (shard)", "LoRA weights, grads, Adam", "gen: gathered weights", "gen: KV cache",
-                "train: activations", "train: logits", "peak in generation", "peak in training"):
+    for row in ("weights (shard)", "LoRA weights, grads, Adam", "gen: gathered weights", "train: activations",
+                "train: logits", "peak in generation: training rounds", "peak in generation: eval hook",
+                "peak in training"):
         assert out.count(row) == 2, row  # one table a phase
+    # the eval hook's 16 sequences (evaluation.batch_size) are more than a training round's 8 or 10
+    assert "eval hook: 16 at once, 256 new tokens" in out and "(gen: rows of the largest generation, eval hook)" in out
+    assert "final evaluation and checkpoint selection (greedy): 16 sequences generated at once, 256 new tokens" in out
     assert "DDP   ZeRO-2   ZeRO-3" in out
 
     code, out, err = _check(capsys, "--config", INTERNVL_YAML, "--num-processes", "4", "--skip-data")
@@ -168,6 +204,39 @@ def test_check_prints_parameters_and_memory_tables_for_the_paper_configs(capsys)
     assert "4,732.5 M" in out
     assert "warning: no tile limit set (model.max_pixels): up to 13 tiles an image" in out
     assert "13 tiles x 256 tokens + <img> </img> = 3330 image tokens" in out
+
+
+def test_the_readme_check_commands_run_without_the_hub(capsys):
+    """The README's two --check commands as written, on a machine without the hub (HF_HUB_OFFLINE, as in every
+    test): the CRYSTAL hub dataset is left out with one line saying so, the model shapes come from the shipped
+    configs, exit code 0."""
+    code, out, err = _check(capsys, "--config", QWEN_YAML, "--num-processes", "4")
+    assert code == 0, err
+    data = [ln for ln in out.splitlines() if ln.startswith("data:")]
+    assert data == ["data: not loaded: the Hugging Face hub cannot be reached from this machine (waybarrios/CRYSTAL); "
+                    "checked without the data, as --skip-data does (the run loads it)"]
+    assert "3,754.6 M" in out
+    code, out, err = _check(capsys, "--config", INTERNVL_YAML, "--accelerate-config",
+                            str(REPO / "accelerate_configs/deepspeed_zero3.yaml"), "--num-processes", "4",
+                            "--gpu-memory", "80")
+    assert code == 0, err
+    assert "data: not loaded: the Hugging Face hub cannot be reached" in out and "fits in 80 GiB a GPU with ZeRO-3" in out
+
+
+def test_check_names_skip_data_for_a_hub_dataset_it_cannot_load(capsys, monkeypatch):
+    """A gated (or missing) hub dataset is an error the run would hit too: one line naming the dataset, how to
+    give a local copy, and --skip-data."""
+    import datasets
+
+    def gated(name, **_):
+        raise datasets.exceptions.DatasetNotFoundError(f"Dataset '{name}' is a gated dataset on the Hub.")
+
+    monkeypatch.setattr(datasets, "load_dataset", gated)
+    code, out, err = _check(capsys, "--config", QWEN_YAML, "--num-processes", "4")
+    assert code == 2 and "valid" not in out
+    assert err.startswith("cpr train: error: waybarrios/CRYSTAL: crystal: cannot load the Hugging Face dataset "
+                          "'waybarrios/CRYSTAL' (DatasetNotFoundError: Dataset 'waybarrios/CRYSTAL' is a gated dataset")
+    assert err.rstrip().endswith("; or check the rest without the data: --check --skip-data") and err.count("\n") == 1
 
 
 def test_check_exit_code_follows_the_gpu_memory(capsys):

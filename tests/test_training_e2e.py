@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 
 import pytest
-import tiny_models
 import torch
 import yaml
 from conftest import tiny_model, tiny_run_config
@@ -27,6 +26,7 @@ import cpr.rewards as rewards_mod
 import cpr.training.policy as policy
 import cpr.training.runner as runner
 from cpr.training.config import config_from_dict, load_config
+from cpr_tools import tiny_models
 
 
 class DistinctChars(rewards_mod.RewardFunction):
@@ -161,6 +161,9 @@ def test_two_phases_qwen(tmp_path, samples_dir, record_loads, one_thread):
     assert ws_path == out / "warm_start" / "adapter" == Path(p1["init_adapter"])
     assert wrapped_path == picked
     start = _adapter_weights(picked)
+    # the phase's adapter folder, which the summary names, holds the pick
+    selected = _adapter_weights(out / "answer_only" / "adapter")
+    assert p1["adapter"] == str(out / "answer_only" / "adapter") and all(torch.equal(selected[k], start[k]) for k in start)
     for k, v in lora_at_start.items():
         short = k.replace(".default", "")
         assert torch.equal(v, start[short]), k

@@ -205,7 +205,8 @@ def test_hand_over_and_final_evaluation_refuse_an_adapter_of_another_base(tmp_pa
 
     adapter = _foreign_adapter(tmp_path / "adapter", "org/base-a")
     with pytest.raises(ConfigError) as e:
-        with_adapter(SimpleNamespace(name_or_path="org/base-b"), adapter, _cfg(), field="phase_settings.cpr.init_adapter")
+        with_adapter(SimpleNamespace(name_or_path="org/base-b"), adapter, _cfg(), zero3=False,
+                     field="phase_settings.cpr.init_adapter")
     assert str(e.value).startswith(f"field 'phase_settings.cpr.init_adapter': LoRA adapter {adapter} was trained on "
                                    "base model 'org/base-a', not on 'org/base-b' (the names differ")
     with pytest.raises(ConfigError) as e:

@@ -39,7 +39,7 @@ SYSTEM = ('Look at the grid and answer. Reply with only a JSON object: '
 @functools.cache
 def _model() -> str:
     """The tiny Qwen2.5-VL whose tokenizer also learned the 4 training items' questions and targets."""
-    import tiny_models
+    from cpr_tools import tiny_models
 
     items = load_records("synthetic", "", split="train", options={"size": 4, "seed": 0})
     return str(tiny_models.ensure_tiny_model("qwen2_5_vl", texts=tiny_models.record_texts(items)))

@@ -147,7 +147,7 @@ def _private_uses(module: str) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr in ("_metrics", "_step", "_buffered_inputs", "_get_train_sampler",
                                                              "_generate_and_score_completions", "_compute_loss",
-                                                             "_calculate_rewards"):
+                                                             "_calculate_rewards", "_tokenize_prompts"):
             found.append(node.attr)
         if (isinstance(node, ast.Attribute) and node.attr == "log" and isinstance(node.value, ast.Name)
                 and node.value.id == "Trainer"):
@@ -155,14 +155,37 @@ def _private_uses(module: str) -> list[str]:
     return found
 
 
+def test_tokenize_prompts_is_what_trls_generation_hands_vllm():
+    """``_tokenize_prompts`` on a stand-in trainer with the tiny model's processor: the chat template's prompt ids
+    with the image placeholders, and the images taken out of the messages; ``_generate`` passes both to
+    ``vllm_generation.generate``."""
+    from conftest import tiny_model
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(tiny_model("qwen2_5_vl"))
+    image = Image.new("RGB", (56, 56), (0, 90, 200))
+    prompt = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "Add 3 and 4."}]}]
+    trainer = SimpleNamespace(_is_vlm=True, environment_factories=None, processing_class=processor, tools=None,
+                              chat_template=None, chat_template_kwargs={})
+    trainer._tokenize_prompts = lambda prompts: GRPOTrainer._tokenize_prompts(trainer, prompts)  # TRL's own
+    ids, images = T.tokenize_prompts(trainer, [prompt, prompt])
+    expected = processor.apply_chat_template([prompt], add_generation_prompt=True, tokenize=True, return_dict=True)
+    assert ids == [list(expected["input_ids"][0])] * 2 and images == [[image], [image]]
+    assert ids[0].count(processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")) > 0
+    assert "prompt_ids, images, multimodal_fields = self._tokenize_prompts(prompts)" in _source("_generate")
+    single = _source("_generate_single_turn")
+    assert "self.vllm_generation.generate(" in single and "prompts=prompt_ids" in single and "images=images" in single
+
+
 @pytest.mark.parametrize("module", ["cpr.training.guards", "cpr.training.checkpoints", "cpr.training.curriculum",
                                     "cpr.training.phase", "cpr.training.logs", "cpr.evaluation.callback", "cpr.credit",
-                                    "cpr.training.sampling"])
+                                    "cpr.training.sampling", "cpr.training.greedy_baseline"])
 def test_no_other_module_touches_trls_private_state(module):
     assert _private_uses(module) == [], f"{module}: go through cpr.trl_internals"
     assert sorted(set(_private_uses("cpr.trl_internals"))) == [
         "Trainer.log", "_buffered_inputs", "_calculate_rewards", "_generate_and_score_completions",
-        "_get_train_sampler", "_metrics", "_step"]
+        "_get_train_sampler", "_metrics", "_step", "_tokenize_prompts"]
 
 
 def test_generate_and_score_returns_the_batch_that_step_credit_reads():
@@ -211,3 +234,38 @@ def test_the_advantage_hook_replaces_trls_advantages():
     assert Hooked()._generate_and_score_completions("keep")["advantages"] == "trl's"
     assert Hooked()._generate_and_score_completions("x")["advantages"] == "token-level"
     assert T.process_index(SimpleNamespace(accelerator=SimpleNamespace(process_index=2))) == 2
+
+
+def test_trls_model_card_leaves_a_local_base_unnamed_and_the_mixin_names_it(tmp_path):
+    """TRL's create_model_card (its own code, on a stand-in trainer) writes UNNAMED_BASE_MODEL for a model loaded
+    from a local folder and names a hub id; BaseModelCard names the folder instead."""
+    folder = tmp_path / "models" / "base"
+    folder.mkdir(parents=True)
+
+    class StandIn:
+        _tag_names, _name, _paper, _template_file = GRPOTrainer._tag_names, "GRPO", GRPOTrainer._paper, None
+        hub_model_id = None
+        create_model_card = GRPOTrainer.create_model_card
+
+        def __init__(self, out, base):
+            self.args = SimpleNamespace(output_dir=str(out))
+            self.model = SimpleNamespace(config=SimpleNamespace(_name_or_path=str(base)))
+
+        def is_world_process_zero(self):
+            return True
+
+    class Named(T.BaseModelCard, StandIn):
+        pass
+
+    for i, (cls, base, line) in enumerate([
+        (StandIn, folder, f"fine-tuned version of {T.UNNAMED_BASE_MODEL}."),
+        (StandIn, "org/hub-model", "fine-tuned version of [org/hub-model](https://huggingface.co/org/hub-model)."),
+        (Named, folder, f"fine-tuned version of `{folder}`."),
+        (Named, "org/hub-model", "fine-tuned version of [org/hub-model](https://huggingface.co/org/hub-model)."),
+    ]):
+        out = tmp_path / f"card{i}"
+        out.mkdir()
+        cls(out, base).create_model_card(model_name="cpr")
+        card = (out / "README.md").read_text(encoding="utf-8")
+        assert line in card, (cls, base)
+        assert (T.UNNAMED_BASE_MODEL in card) == (cls is StandIn and base == folder)

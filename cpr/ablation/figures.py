@@ -21,8 +21,8 @@ from cpr.ablation.metrics import as_number, first_nonfinite
 from cpr.ablation.run_folder import PhaseLogs, RunFolder, read_run
 from cpr.errors import InputError
 
-__all__ = ["ablation_figures", "bucket_mix", "bucket_mix_from_checkpoints", "bucket_mix_from_completions",
-           "difficulty_by_id", "divergence", "folder_kind", "kl_guard_limit", "learning_curves", "plot_bucket_mix",
+__all__ = ["ablation_figures", "bound_on_scale", "bucket_mix", "bucket_mix_from_checkpoints", "bucket_mix_from_completions",
+           "difficulty_by_id", "divergence", "folder_kind", "kl_guard_limit", "kl_off", "learning_curves", "plot_bucket_mix",
            "plot_f1_vs_accuracy", "plot_hack_monitors", "plot_kl", "plot_learning_curves",
            "plot_reward_components", "plot_table", "plot_training_dynamics", "training_dynamics_figure"]
 
@@ -92,9 +92,10 @@ def _mark_divergence(ax: Any, logs: Sequence[PhaseLogs], xs: Sequence[int], ys: 
 
 
 def _line_plot(run: RunFolder, path: str | Path, labels: dict[str, str], *, title: str, ylabel: str,
-               limit: float | None = None, dpi: int = 120) -> Path:
+               limit: float | None = None, no_data: str | None = None, dpi: int = 120) -> Path:
     """The training log's ``labels`` keys (the first drawn widest) against step, a red X at the first
-    divergence, a dashed limit line when given."""
+    divergence, a dashed limit line when given; ``no_data`` (default "no <ylabel> logged") across the panel
+    when nothing is logged."""
     logs = run.phase_logs()
     rows = [r for p in logs for r in p.train]
     fig, axes = _figure()
@@ -112,7 +113,7 @@ def _line_plot(run: RunFolder, path: str | Path, labels: dict[str, str], *, titl
     if drawn:
         ax.legend(fontsize=8)
     else:
-        _no_data(ax, f"no {ylabel} logged")
+        _no_data(ax, no_data or f"no {ylabel} logged")
     return _save(fig, path, dpi)
 
 
@@ -135,14 +136,33 @@ def kl_guard_limit(run: RunFolder) -> float | None:
     return float(kl.get("limit", KLGuardConfig().limit))
 
 
+def kl_off(run: RunFolder) -> bool:
+    """Whether every GRPO phase of the run trained with ``beta`` 0 (its ``config.yaml``'s ``training_effective``),
+    so that TRL logged no KL; ``False`` when the config does not say."""
+    effective = (run.config or {}).get("training_effective") or {}
+    betas = [args.get("beta") for args in effective.values() if isinstance(args, Mapping)]
+    return bool(betas) and all(isinstance(b, (int, float)) and b == 0 for b in betas)
+
+
 def plot_kl(run: RunFolder, path: str | Path, *, kl_limit: float | None = None, dpi: int = 120) -> Path:
-    """Logged KL per training step, with a limit line at ``kl_limit`` when given."""
-    return _line_plot(run, path, {"kl": "KL (policy vs reference)"}, title="KL", ylabel="KL", limit=kl_limit, dpi=dpi)
+    """Logged KL per training step, with a limit line at ``kl_limit`` when given; a run trained with
+    ``beta`` 0 (:func:`kl_off`) says so across the panel."""
+    no_data = "beta 0: no KL (TRL logs the KL only when training.beta > 0)" if kl_off(run) else None
+    return _line_plot(run, path, {"kl": "KL (policy vs reference)"}, title="KL", ylabel="KL", limit=kl_limit,
+                      no_data=no_data, dpi=dpi)
+
+
+def bound_on_scale(values: Sequence[float], bound: float) -> bool:
+    """Whether a monitor's dashed bound line is drawn on its panel: without values, or when the bound is at
+    most twice the largest value; a bound far above the values would flatten them (``steps/count``'s 30
+    against 3 to 5 steps), and the legend names it instead."""
+    return not values or bound <= 2 * max(values)
 
 
 def plot_hack_monitors(run: RunFolder, path: str | Path, *, dpi: int = 120) -> Path:
     """Each hack monitor (:data:`cpr.guard.MONITORS`) per training step, with the bound of the run's
-    ``guards.reward_hacking`` (else the defaults) as a dashed red line."""
+    ``guards.reward_hacking`` (else the defaults) as a dashed red line where it does not flatten the values
+    (:func:`bound_on_scale`; else named in the legend)."""
     from cpr.guard import MONITORS
     from cpr.training.config import DEFAULT_HACKING_BOUNDS
 
@@ -158,8 +178,10 @@ def plot_hack_monitors(run: RunFolder, path: str | Path, *, dpi: int = 120) -> P
             ax.plot(*_broken(xs, ys, logs), color=f"C{i}", marker=".", label="training batch")
         else:
             _no_data(ax, "not logged")
-        if key in bounds:
+        if key in bounds and bound_on_scale(ys, bounds[key]):
             ax.axhline(bounds[key], color="red", linestyle="--", linewidth=1, label=f"bound {bounds[key]:g}")
+        elif key in bounds:  # in the legend only, not stretching the axis
+            ax.plot([], [], color="red", linestyle="--", linewidth=1, label=f"bound {bounds[key]:g} (above the axis)")
         ax.legend(fontsize=7)
         _phase_lines(ax, logs)
         ax.set(xlabel=_STEP, title=key)
@@ -423,7 +445,7 @@ def table_figures(table: dict[str, Any], out_dir: str | Path, *, dpi: int = 120)
 
 def learning_curves(diagnosis: Mapping[str, Any]) -> dict[str, list[dict[str, float]]]:
     """Validation learning curves of a GRPO diagnosis (the ``diagnosis.json`` of
-    ``benchmarks/grpo_diagnosis.py --curve N``): Match F1 and accuracy against generated completions.
+    ``reports/grpo_diagnosis/grpo_diagnosis.py --curve N``): Match F1 and accuracy against generated completions.
 
     ``diagnosis`` maps ``"warm_start|val<S>x<N>"`` to the warm start's scores and ``"<row>|seed<k>|val<S>x<N>|..."``
     to a row's, each ``{"greedy": {...}, "sampled": {...}}`` with ``match_f1`` (0-1) and ``accuracy`` (percent);

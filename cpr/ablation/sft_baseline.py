@@ -49,11 +49,12 @@ def check_m3cot_ranges(settings: Any, *, mode: str = "error", world_size: int = 
     return [m for _, m in problems]
 
 
-def load_sft_config(path: str | Path, overrides: Sequence[str] = ()) -> Any:
-    """The experiment config of an SFT baseline: ``path`` with ``overrides``, no GRPO phase, the warm start on."""
+def load_sft_config(path: str | Path, overrides: Sequence[str] = (), *, warn_dropped: bool = True) -> Any:
+    """The experiment config of an SFT baseline: ``path`` with ``overrides``, no GRPO phase, the warm start on
+    (``warn_dropped``: :func:`cpr.training.config.load_config`'s)."""
     from cpr.training.config import load_config
 
-    return load_config(path, [*overrides, *SFT_OVERRIDES])
+    return load_config(path, [*overrides, *SFT_OVERRIDES], warn_dropped=warn_dropped)
 
 
 def run_sft_baseline(cfg: Any, *, ranges: str = "error", resume: bool = False, overwrite: bool = False) -> dict:

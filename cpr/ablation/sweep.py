@@ -169,14 +169,15 @@ def overrides(ab: Ablation, run: Planned, *, strict: bool = True, keep_unfinishe
     return out
 
 
-def run_config(ab: Ablation, run: Planned, *, strict: bool = True) -> Any:
-    """The validated experiment config of a run (``strict``: as :func:`overrides`); a ConfigError names
-    the run, the file, the override and the dotted key."""
+def run_config(ab: Ablation, run: Planned, *, strict: bool = True, warn_dropped: bool = True) -> Any:
+    """The validated experiment config of a run (``strict``: as :func:`overrides`; ``warn_dropped``: as
+    :func:`cpr.training.config.load_config`); a ConfigError names the run, the file, the override and the dotted key."""
     from cpr.ablation.sft_baseline import load_sft_config
     from cpr.training.config import load_config
 
     try:
-        return (load_sft_config if run.recipe == "sft_lora" else load_config)(ab.base_config, overrides(ab, run, strict=strict))
+        return (load_sft_config if run.recipe == "sft_lora" else load_config)(
+            ab.base_config, overrides(ab, run, strict=strict), warn_dropped=warn_dropped)
     except ConfigError as e:
         raise ConfigError(f"run {run.name!r}: {e.message}", field=e.field, path=e.path) from None
 
@@ -265,8 +266,8 @@ def run(args: argparse.Namespace) -> int:
     ab = load_ablation(args.config)
     only = [n.strip() for v in args.only for n in v.split(",") if n.strip()]
     if args.list:
-        for run_ in _select(plan(ab), only):  # the listed commands build valid configs
-            run_config(ab, run_, strict=False)
+        for run_ in _select(plan(ab), only):  # the listed commands build valid configs (the list alone on the console)
+            run_config(ab, run_, strict=False, warn_dropped=False)
         print("\n".join(commands(ab, only)))
         return 0
     result = run_ablation(ab, only=only, resume=args.resume, table_only=args.table_only)

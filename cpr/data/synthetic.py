@@ -16,14 +16,14 @@ The reference steps are written by the generator, one short visual fact a step::
 
     ["Two red cells.", "Three green cells.", "Four blue cells.", "Blue has the most cells."]
 
-Why it looks like this (measured with ``benchmarks/synthetic_probe.py``):
+Why it looks like this (measured with ``reports/synthetic_task/synthetic_probe.py``):
 
 * a cell is exactly one merged image token of Qwen2.5-VL (14 px patches merged 2 x 2), so each
   token carries one colour; the tiny models' random, frozen vision tower keeps a solid colour
   linearly readable (drawn digits learn about as well; cells that straddle tokens lose about 0.1 Match F1);
 * the steps state counts, not positions: the step encoder (all-MiniLM-L6-v2) hardly tells
   "top left" from "top right" (cosine 0.95-0.99), but it does tell "Two red cells." from
-  "Three red cells." when the threshold is set for it (``benchmarks/step_similarity.py``);
+  "Three red cells." when the threshold is set for it (``reports/synthetic_task/step_similarity.py``);
 * the option texts of a question are fixed and every block of 9 items holds each (question kind,
   correct letter) pair once, so the question text alone gives chance accuracy.
 

@@ -146,13 +146,15 @@ class TransformersGenerator:
         processor: its processor (tokenizer padding side ``"left"``, a pad token).
         max_new_tokens: new-token budget.
         synced_gpus: ``generate``'s ``synced_gpus``.
+        repetition_penalty: ``generate``'s ``repetition_penalty``; ``None``: the model's ``generation_config``
+            decides (a model folder's may set one, e.g. 1.05).
 
     Raises:
         ConfigError: the tokenizer does not pad on the left.
     """
 
     def __init__(self, model: Any, processor: Any, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *,
-                 synced_gpus: bool = False) -> None:
+                 synced_gpus: bool = False, repetition_penalty: float | None = None) -> None:
         if processor.tokenizer.padding_side != "left":
             raise ConfigError("batched generation needs a left-padding tokenizer (padding_side='left'); load the "
                               "processor with cpr.models.load_model_and_processor", field="processor")
@@ -161,6 +163,7 @@ class TransformersGenerator:
         eos = processor.tokenizer.eos_token_id if eos is None else eos
         self.eos_ids = set() if eos is None else {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
         self.synced_gpus = synced_gpus
+        self.repetition_penalty = repetition_penalty
         self.calls = 0
 
     def _inputs(self, batch: Batch) -> Any:
@@ -197,6 +200,8 @@ class TransformersGenerator:
         model = self.model
         inputs = self._inputs(batch).to(device=next(model.parameters()).device, dtype=model.dtype)
         image_token_id = getattr(model.config, "image_token_id", None)
+        if self.repetition_penalty is not None:
+            decoding = {**decoding, "repetition_penalty": float(self.repetition_penalty)}
         was_training = model.training
         model.eval()
         try:

@@ -1,14 +1,18 @@
 """``cpr train --check``: validate a run for N processes (``WORLD_SIZE=N``), build the model on the meta
 device with its LoRA adapter (only ``config.json`` needed; the paper models' ship in
-``cpr/models/configs``) and estimate one GPU's peak memory (README, "Check a run before it starts").
+``cpr/models/configs``) and estimate one GPU's peak memory (docs/training.md, "Check a run before it starts").
 
 Byte counts (``wb`` = bytes of the model dtype): weights ``params x wb`` (/ N under ZeRO-3). LoRA
-(PEFT keeps adapters in fp32): DDP holds fp32 weights, gradients, buckets and two Adam moments (20 B
-a parameter); DeepSpeed bf16 an fp32 master, moments and gradient partition (16 B / N) plus bf16
+(fp32 under DDP in every phase: TRL's new adapter and a handed-over one alike,
+:func:`cpr.training.policy.with_adapter`): DDP holds fp32 weights, gradients, buckets and two Adam moments
+(20 B a parameter); DeepSpeed bf16 an fp32 master, moments and gradient partition (16 B / N) plus bf16
 weights and gradients (4 B, / N under ZeRO-3 only) (Rajbhandari et al. 2020, ZeRO, section 3).
-Generation (TRL's transformers path): ZeRO-3 gathers every parameter; the KV cache holds ``2 x layers
+Generation (transformers' ``generate``): ZeRO-3 gathers every parameter; the KV cache holds ``2 x layers
 x kv_heads x head_dim x wb`` a token of every sequence at full length; the prefill's working set is
-one decoder layer for all prompts or one vision block for all images; fp32 logits. Training: what
+one decoder layer for all prompts or one vision block for all images; fp32 logits. Every generation a
+phase makes is a peak of its own (:attr:`PhaseShape.generations`): TRL's training rounds, the greedy
+baseline's completions, the eval hook's (greedy, or ``batch_size x samples`` sampled rows); the final
+evaluation and checkpoint selection load the whole model without optimizer state (:func:`estimate_evaluation_memory`). Training: what
 autograd saves for one micro-batch (:func:`saved_activation_bytes`) plus one layer's again while it
 is recomputed; TRL 1.16's fused LM head scores tiles of at most 4096 tokens x 32768 vocabulary
 entries; ZeRO-3 holds the gathered embedding and two layers. Plus 1 GiB for the CUDA context, NCCL
@@ -27,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cpr.errors import ConfigError, ModelNotAvailableError
+from cpr.errors import ConfigError, DatasetNotAvailableError, ModelNotAvailableError
 
 #: Hub ids whose config ships with cpr -> folder under ``cpr/models/configs``.
 SHIPPED_CONFIGS = {"Qwen/Qwen2.5-VL-3B-Instruct": "qwen2_5_vl_3b", "OpenGVLab/InternVL3_5-4B-HF": "internvl3_5_4b"}
@@ -177,6 +181,15 @@ class PhaseShape:
     patches: int  # vision-encoder positions per image
     completion_tokens: int
     checkpointing: bool
+    #: the phase's other generations besides TRL's training rounds: ``(what, sequences at once, completion tokens)``
+    #: (:func:`_phase_shapes`: the greedy baseline's, the eval hook's)
+    extra_generations: tuple[tuple[str, int, int], ...] = ()
+
+    @property
+    def generations(self) -> list[tuple[str, int, int]]:
+        """Every generation of the phase on one GPU: ``(what, sequences at once, completion tokens)``, TRL's
+        training rounds first."""
+        return [("training rounds", self.gen_batch, self.completion_tokens), *self.extra_generations]
 
     @property
     def prompt_tokens(self) -> int:
@@ -235,31 +248,46 @@ def saved_activation_bytes(arch: Architecture, *, batch: int, tokens: int, score
             "vision_block": images * patches * (full_block + 8 * hv)}
 
 
-def estimate_memory(arch: Architecture, shape: PhaseShape, *, launcher: str, processes: int, wb: int = 2,
-                    include_vision: bool = False, dropout: bool = True) -> dict[str, int]:
-    """Peak bytes on one GPU for one phase under ``launcher`` (``ddp``, ``zero2``, ``zero3``), by
-    component (module docstring); ``generation`` and ``training`` are the two peaks' totals.
-    Raises ``ValueError`` for an unknown launcher."""
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"unknown launcher {launcher!r}; expected one of {LAUNCHERS}")
-    n, z3 = processes, launcher == "zero3"
+def generation_rows(arch: Architecture, *, sequences: int, prompt_tokens: int, completion_tokens: int, patches: int,
+                    wb: int, gathered: bool) -> dict[str, int]:
+    """The ``gen:`` rows (bytes) of one ``generate`` call of ``sequences`` prompts of ``prompt_tokens`` tokens (one
+    image of ``patches`` vision positions each) and ``completion_tokens`` new tokens: the gathered weights
+    (``gathered``: ZeRO-3), the KV cache, the prefill's working set and the logits (module docstring)."""
     h, i, kv = arch.hidden, arch.intermediate, arch.kv_heads * arch.head_dim
     q = arch.heads * arch.head_dim
-    rows: dict[str, int] = {}
-    rows["weights (shard)"] = arch.total_params * wb // (n if z3 else 1)
-    p = arch.lora_params
-    rows["LoRA weights, grads, Adam"] = 20 * p if launcher == "ddp" else 16 * p // n + 4 * p // (n if z3 else 1)
-    g = shape.gen_batch
-    rows["gen: gathered weights"] = arch.total_params * wb if z3 else 0
-    rows["gen: KV cache"] = 2 * arch.layers * kv * wb * g * shape.seq_tokens
+    g = sequences
+    rows = {"gen: gathered weights": arch.total_params * wb if gathered else 0,
+            "gen: KV cache": 2 * arch.layers * kv * wb * g * (prompt_tokens + completion_tokens)}
     hv, iv, mlp_v = arch.vision_hidden, arch.vision_intermediate, 3 if arch.vision_gated else 2
     # no-grad prefill: the residual stream and one block's larger half (attention: fp32 norm, q k v out, a LoRA
     # input in fp32; MLP: gate, up, product and the down projection's fp32 LoRA input); the vision tower runs
     # first, one block at a time over every image, and leaves its output for the language model
     lm = wb * 2 * h + max(8 * h + wb * (2 * q + 2 * kv), wb * 3 * i + 4 * i)
     vision = wb * 3 * hv + max(wb * 5 * hv + 4 * hv, wb * mlp_v * iv)
-    rows["gen: activations"] = g * max(shape.prompt_tokens * lm, shape.patches * vision)
+    rows["gen: activations"] = g * max(prompt_tokens * lm, patches * vision)
     rows["gen: logits"] = 3 * g * arch.vocab * 4
+    return rows
+
+
+def estimate_memory(arch: Architecture, shape: PhaseShape, *, launcher: str, processes: int, wb: int = 2,
+                    include_vision: bool = False, dropout: bool = True) -> dict[str, int]:
+    """Peak bytes on one GPU for one phase under ``launcher`` (``ddp``, ``zero2``, ``zero3``), by
+    component (module docstring). ``generation: <what>`` is the peak of each of :attr:`PhaseShape.generations`,
+    ``generation`` the largest of them (its ``gen:`` rows are shown), ``training`` the training step's.
+    Raises ``ValueError`` for an unknown launcher."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {launcher!r}; expected one of {LAUNCHERS}")
+    n, z3 = processes, launcher == "zero3"
+    h = arch.hidden
+    rows: dict[str, int] = {}
+    rows["weights (shard)"] = arch.total_params * wb // (n if z3 else 1)
+    p = arch.lora_params
+    rows["LoRA weights, grads, Adam"] = 20 * p if launcher == "ddp" else 16 * p // n + 4 * p // (n if z3 else 1)
+    common = rows["weights (shard)"] + rows["LoRA weights, grads, Adam"] + RUNTIME_OVERHEAD
+    peaks = {what: generation_rows(arch, sequences=g, prompt_tokens=shape.prompt_tokens, completion_tokens=c,
+                                   patches=shape.patches, wb=wb, gathered=z3) for what, g, c in shape.generations}
+    largest = max(peaks, key=lambda what: sum(peaks[what].values()))
+    rows.update(peaks[largest])
     rows["train: gathered layers"] = (arch.embed_params + 2 * arch.layer_params) * wb if z3 else 0
     saved = saved_activation_bytes(
         arch, batch=shape.train_batch, tokens=shape.seq_tokens, scored_tokens=shape.completion_tokens,
@@ -274,10 +302,44 @@ def estimate_memory(arch: Architecture, shape: PhaseShape, *, launcher: str, pro
     scored = shape.train_batch * shape.completion_tokens
     rows["train: logits"] = 2 * min(scored, HEAD_TILE[0]) * min(arch.vocab, HEAD_TILE[1]) * wb + scored * h * 4
     rows["runtime (CUDA context, NCCL, encoder)"] = RUNTIME_OVERHEAD
-    common = rows["weights (shard)"] + rows["LoRA weights, grads, Adam"] + RUNTIME_OVERHEAD
-    rows["generation"] = common + sum(v for k, v in rows.items() if k.startswith("gen:"))
+    for what, gen in peaks.items():
+        rows[f"generation: {what}"] = common + sum(gen.values())
+    rows["generation"] = common + sum(peaks[largest].values())
     rows["training"] = common + sum(v for k, v in rows.items() if k.startswith("train:"))
     return rows
+
+
+def estimate_evaluation_memory(arch: Architecture, *, sequences: int, prompt_tokens: int, completion_tokens: int,
+                               patches: int, wb: int = 2) -> dict[str, int]:
+    """Peak bytes on one GPU of the final evaluation and checkpoint selection
+    (:func:`cpr.training.evaluate.score_adapters`): every process loads the whole model (ZeRO-3 off) with one
+    fp32 LoRA adapter, no optimizer state, and generates ``sequences`` at once (:func:`generation_rows`);
+    ``generation`` is the total."""
+    rows = {"weights (whole model)": arch.total_params * wb, "LoRA weights": 4 * arch.lora_params}
+    gen = generation_rows(arch, sequences=sequences, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                          patches=patches, wb=wb, gathered=False)
+    rows.update((k, v) for k, v in gen.items() if k != "gen: gathered weights")
+    rows["runtime (CUDA context, NCCL, encoder)"] = RUNTIME_OVERHEAD
+    rows["generation"] = sum(rows.values())
+    return rows
+
+
+def evaluation_sequences(cfg: Any) -> tuple[int, str]:
+    """Sequences one evaluation ``generate`` call decodes at once (``evaluation.batch_size``; with sampled
+    decoding ``batch_size x samples`` rows) and its description."""
+    ev = cfg.evaluation
+    if ev.decoding.mode == "sampled":
+        return ev.batch_size * ev.decoding.samples, f"{ev.batch_size} x {ev.decoding.samples} sampled"
+    return ev.batch_size, "greedy"
+
+
+def greedy_baseline_sequences(gen_batch: int, num_generations: int, processes: int) -> int:
+    """Greedy completions one process decodes at once for ``baseline: greedy``: one per group among its
+    ``gen_batch`` rows of a generation round (:meth:`cpr.training.greedy_baseline.GreedyBaselineMixin
+    .greedy_baseline_advantages`); with several processes a group may be split between two (one more)."""
+    groups = -(-gen_batch // num_generations)
+    split = processes > 1 and gen_batch % num_generations != 0
+    return min(gen_batch, groups + (1 if split else 0))
 
 
 def launcher_from_accelerate_config(path: str | Path) -> tuple[str, int | None]:
@@ -331,16 +393,25 @@ def _image_sizes(arch: Architecture, config: Any, folder: Path, cfg: Any) -> tup
 
 def _phase_shapes(cfg: Any, phases: Mapping[str, Any], processes: int, image: tuple[int, int],
                   text_tokens: int) -> list[PhaseShape]:
-    """Each phase's shapes from the settings its trainer is given (:meth:`cpr.training.build.PhaseSpec.setting`)."""
+    """Each phase's shapes from the settings its trainer is given (:meth:`cpr.training.build.PhaseSpec.setting`),
+    with its greedy baseline's and its eval hook's generations (``evaluation.eval_steps``)."""
     shapes = []
     for name, spec in phases.items():
         b = spec.setting("per_device_train_batch_size")
         spg = spec.setting("steps_per_generation") or spec.setting("gradient_accumulation_steps")
         gen_batch = spec.setting("generation_batch_size")
         gen = gen_batch // processes if gen_batch else b * spg
+        completion = spec.setting("max_completion_length")
+        extra = []
+        if getattr(spec.phase, "baseline", "group") == "greedy":
+            groups = greedy_baseline_sequences(gen, spec.setting("num_generations"), processes)
+            extra.append(("greedy baseline", groups, completion))
+        if cfg.evaluation.eval_steps:
+            sequences, how = evaluation_sequences(cfg)
+            extra.append(("eval hook" + (", sampled" if how != "greedy" else ""), sequences,
+                          cfg.evaluation.max_new_tokens))
         ckpt = cfg.model.gradient_checkpointing is not False  # None: on, as on a GPU
-        shapes.append(PhaseShape(name, b, gen, text_tokens, image[0], image[1], spec.setting("max_completion_length"),
-                                 ckpt))
+        shapes.append(PhaseShape(name, b, gen, text_tokens, image[0], image[1], completion, ckpt, tuple(extra)))
     return shapes
 
 
@@ -348,10 +419,32 @@ def _fmt_params(n: int) -> str:
     return f"{n / 1e6:,.1f} M"
 
 
+def _load_data(cfg: Any) -> tuple[Any, list[str]]:
+    """The run's data splits (:func:`cpr.training.splits.load_run_data`) and the check's data line; without
+    the hub (``HF_HUB_OFFLINE`` or no network) a hub dataset cannot be loaded here: no splits and a line
+    saying the data was left out as ``--skip-data`` leaves it out.
+
+    Raises:
+        DatasetNotAvailableError: a hub dataset that is gated, private or missing (the message names
+            ``--skip-data``); what :func:`~cpr.training.splits.load_run_data` raises otherwise.
+    """
+    from cpr.training.splits import load_run_data
+
+    try:
+        splits = load_run_data(cfg)[0]
+    except DatasetNotAvailableError as e:
+        if not e.offline:
+            raise DatasetNotAvailableError(f"{e.message}; or check the rest without the data: --check --skip-data",
+                                           path=e.path, offline=False) from e
+        return None, [f"data: not loaded: the Hugging Face hub cannot be reached from this machine ({e.path}); "
+                      "checked without the data, as --skip-data does (the run loads it)"]
+    return splits, ["data: " + ", ".join(f"{k} {v}" for k, v in splits.counts().items()) + " records, loaded and validated"]
+
+
 def run_check(args: argparse.Namespace) -> int:
     """``cpr train --check``: print the validation, the parameter table and the memory tables.
     The datasets are loaded and validated as the run loads them (:func:`cpr.training.splits.load_run_data`)
-    unless ``--skip-data``. Returns 0, or 1 when ``--gpu-memory`` is given and no shown launcher fits in it.
+    unless ``--skip-data`` (without the hub, a hub dataset is left out with a line saying so). Returns 0, or 1 when ``--gpu-memory`` is given and no shown launcher fits in it.
     Raises ``ConfigError`` (an invalid config for N processes, bad LoRA targets or option, a source refusing
     its options), ``InputError`` (an invalid record: missing image, bad field) and ``ModelNotAvailableError``
     (no ``config.json`` for the model)."""
@@ -370,10 +463,7 @@ def run_check(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
     data_lines, splits = ["data: not loaded (--skip-data)"], None
     if not args.skip_data:  # as the run loads it, so that a data error the run would hit is one here
-        from cpr.training.splits import load_run_data
-
-        splits = load_run_data(cfg)[0]
-        data_lines = ["data: " + ", ".join(f"{k} {v}" for k, v in splits.counts().items()) + " records, loaded and validated"]
+        splits, data_lines = _load_data(cfg)
     folder = config_folder(cfg.model.name_or_path)
     phases = build_phases(cfg, str(folder))  # their GRPOConfigs are not built: no process state, no processor
     if splits is not None:
@@ -405,25 +495,42 @@ def run_check(args: argparse.Namespace) -> int:
     if image[3]:
         print(f"warning: {image[3]}")
     if any(spec.setting("use_vllm") for spec in phases.values()):
-        print("note: training.use_vllm: generation runs in vLLM, which reserves vllm_gpu_memory_utilization of each GPU "
-              "(colocate mode); the 'gen:' rows below are for transformers' generate")
+        print("note: training.use_vllm: TRL's training rounds generate in vLLM, which reserves "
+              "vllm_gpu_memory_utilization of each GPU (colocate mode); the 'gen:' rows below are for transformers' "
+              "generate, which the greedy baseline and the eval hook use either way")
     fits = dict.fromkeys(launchers, True)
     for shape in shapes:
+        others = "".join(f"; {what}: {g} at once, {c} new tokens" for what, g, c in shape.extra_generations)
         print(f"\nphase {shape.name}: {shape.gen_batch} sequences generated at once, {shape.train_batch} a micro-batch, "
               f"{shape.seq_tokens} tokens each ({shape.prompt_tokens} prompt + {shape.completion_tokens} completion); "
-              f"gradient checkpointing {'on' if shape.checkpointing else 'off'}")
+              f"gradient checkpointing {'on' if shape.checkpointing else 'off'}{others}")
         tables = {lc: estimate_memory(arch, shape, launcher=lc, processes=n, wb=wb, include_vision=cfg.lora.include_vision,
                                       dropout=cfg.lora.dropout > 0) for lc in launchers}
+        if shape.extra_generations:
+            table = tables[launchers[0]]
+            largest = max(shape.generations, key=lambda gen: table[f"generation: {gen[0]}"])[0]
+            print(f"  (gen: rows of the largest generation, {largest})")
         print(f"  {'per-GPU memory (GiB), ' + str(n) + ' processes':<40}" + "".join(f"{_LAUNCHER_NAMES[lc]:>9}" for lc in launchers))
         for row in tables[launchers[0]]:
-            if row in ("generation", "training"):
+            if row in ("generation", "training") or row.startswith("generation: "):
                 continue
             print(f"  {row:<40}" + "".join(f"{tables[lc][row] / GIB:>9.2f}" for lc in launchers))
-        for row in ("generation", "training"):
-            print(f"  {'peak in ' + row:<40}" + "".join(f"{tables[lc][row] / GIB:>9.2f}" for lc in launchers))
+        peaks = [(f"peak in generation: {what}", f"generation: {what}") for what, _, _ in shape.generations]
+        for label, row in [*peaks, ("peak in training", "training")]:
+            print(f"  {label:<40}" + "".join(f"{tables[lc][row] / GIB:>9.2f}" for lc in launchers))
         if args.gpu_memory is not None:
             fits = {lc: fits[lc] and max(tables[lc]["generation"], tables[lc]["training"]) / GIB <= args.gpu_memory
                     for lc in launchers}
+    if cfg.evaluation.final or cfg.evaluation.eval_steps:
+        sequences, how = evaluation_sequences(cfg)
+        final = estimate_evaluation_memory(arch, sequences=sequences, prompt_tokens=shapes[0].prompt_tokens,
+                                           completion_tokens=cfg.evaluation.max_new_tokens, patches=image[1], wb=wb)
+        print(f"\nfinal evaluation and checkpoint selection ({how}): {sequences} sequences generated at once, "
+              f"{cfg.evaluation.max_new_tokens} new tokens; every launcher")
+        for row, value in final.items():
+            print(f"  {'peak in generation' if row == 'generation' else row:<40}{value / GIB:>9.2f}")
+        if args.gpu_memory is not None and final["generation"] / GIB > args.gpu_memory:
+            fits = dict.fromkeys(launchers, False)
     if args.gpu_memory is None:
         return 0
     ok = [_LAUNCHER_NAMES[lc] for lc, f in fits.items() if f]

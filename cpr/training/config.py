@@ -1,7 +1,7 @@
 """Experiment configuration: one YAML file describes a whole run (both phases).
 
-The sections are the fields of :class:`ExperimentConfig` (examples in recipes/configs/, a table in the
-README); ``phase_settings`` are merged over the built-in :data:`PHASE_PRESETS`. OmegaConf reads the YAML
+The sections are the fields of :class:`ExperimentConfig` (examples in recipes/configs/, a table in
+docs/training.md); ``phase_settings`` are merged over the built-in :data:`PHASE_PRESETS`. OmegaConf reads the YAML
 and applies ``--set`` overrides; pydantic checks keys and types (the ``training`` sections against
 ``trl.GRPOConfig``'s field types); :func:`load_config` checks everything before any model, dataset or
 encoder loads, an invalid value raising :class:`cpr.errors.ConfigError` that names its dotted key.
@@ -229,7 +229,7 @@ class EvaluationConfig(_Section):
 GuardAction = Literal["warn", "skip_step", "stop"]
 #: Default action of each guard condition.
 DEFAULT_GUARD_ACTIONS: dict[str, str] = {"nan": "stop", "kl": "warn", "zero_std": "warn", "reward_hacking": "warn"}
-#: Upper bounds of the hack monitors (:data:`cpr.guard.MONITORS`; README, "Reward hacking").
+#: Upper bounds of the hack monitors (:data:`cpr.guard.MONITORS`; docs/reward-hacking.md).
 DEFAULT_HACKING_BOUNDS: dict[str, float] = {"hacking/duplicate_rate": 0.25, "hacking/restatement_rate": 0.25,
                                             "hacking/precision_minus_recall": 0.8, "hacking/non_answer_rate": 0.5,
                                             "steps/count": 30.0}
@@ -252,7 +252,8 @@ class KLGuardConfig(_Guard):
 
 
 class ZeroStdGuardConfig(_Guard):
-    """Every group's reward std zero (TRL's ``frac_reward_zero_std`` = 1) for :meth:`window_for` steps."""
+    """Every group's reward std zero (TRL's ``frac_reward_zero_std`` = 1; with ``baseline: greedy``, every group's
+    samples tied with their greedy completion, ``baseline/frac_zero_signal`` = 1) for :meth:`window_for` steps."""
 
     window: int = Field(50, ge=1)
     fraction: float = Field(0.25, gt=0, le=1)
@@ -306,6 +307,9 @@ class ExperimentConfig(_Section):
     lora: LoraSettings = LoraSettings()
     data: DataConfig = DataConfig()
     rewards: ScoringSettings = ScoringSettings(answer_mode="strict")  # shared by every reward, phase and evaluation
+    # reward functions of your own: .py files (relative to the working directory or the config's folder) or
+    # module names, imported before the phases are checked (cpr.rewards.import_reward_modules)
+    reward_modules: list[str] = []
     warm_start: WarmStartConfig = WarmStartConfig()
     training: dict[str, Any] = {}
     phases: list[str] = ["answer_only", "cpr"]
@@ -610,6 +614,7 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     from cpr.evaluation.benchmarks import get_benchmark
     from cpr.evaluation.generation import DecodingSettings
     from cpr.models import resolve_dtype
+    from cpr.rewards import import_reward_modules
     from cpr.training.sft import SFTSettings
 
     base = Path(cfg.config_path).resolve().parent if cfg.config_path else None
@@ -639,6 +644,8 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
         raise ConfigError(f"settings given for phases that are not run: {sorted(set(cfg.phase_settings) - set(cfg.phases))} "
                           f"(phases: {cfg.phases})", field="phase_settings")
     _check_training(cfg.training, "training")
+    cfg.reward_modules = [_resolve_path(m, base) if m.endswith(".py") else m for m in cfg.reward_modules]
+    import_reward_modules(cfg.reward_modules, field="reward_modules")  # registers the names the phases may list
     cfg.phase_settings = {name: _resolve_phase(cfg, name, base) for name in cfg.phases}
 
     ev = cfg.evaluation
@@ -722,12 +729,12 @@ def read_run_config(path: str | Path) -> ExperimentConfig:
         raise ConfigError(e.message, field=e.field, path=path) from None
 
 
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
+def load_config(path: str | Path, overrides: Sequence[str] = (), *, warn_dropped: bool = True) -> ExperimentConfig:
     """Read a YAML experiment config, apply ``key=value`` overrides (:func:`apply_overrides`), validate it.
 
-    An override of ``phases`` (``--phases cpr``) also leaves out, with a warning, the ``phase_settings``
-    and ``evaluation.compare`` entries of the file's phases it drops (a phase name the file does not
-    run stays, and is refused).
+    An override of ``phases`` (``--phases cpr``) also leaves out, with a warning (unless ``warn_dropped`` is
+    false), the ``phase_settings`` and ``evaluation.compare`` entries of the file's phases it drops (a phase
+    name the file does not run stays, and is refused).
 
     Raises:
         ConfigError: unreadable YAML, an unknown key or an invalid value; the message names the file
@@ -742,7 +749,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentCo
         if "phases" in map(_name, overrides) and isinstance(phases, list) and isinstance(file_phases, list):
             gone = [p for p in file_phases if p not in phases]
             if isinstance(settings, dict) and any(k in gone for k in settings):
-                logging.getLogger("cpr.training").warning("phases %s: leaving out phase_settings of %s", phases,
+                logging.getLogger("cpr.training").log(logging.WARNING if warn_dropped else logging.DEBUG,"phases %s: leaving out phase_settings of %s", phases,
                                                           sorted(str(k) for k in settings if k in gone))
                 data["phase_settings"] = {k: v for k, v in settings.items() if k not in gone}
             if isinstance(evaluation, dict) and isinstance(evaluation.get("compare"), list):

@@ -25,8 +25,9 @@ from cpr.training.splits import DataSplits
 
 logger = logging.getLogger("cpr.training")
 
-__all__ = ["benchmark_records", "eval_hook", "final_eval_dir", "final_eval_key", "final_evaluation",
-           "generation_settings", "hook_benchmarks", "on_crystal_test", "score_adapters", "scoring_settings", "summary_entries"]
+__all__ = ["EVAL_SETTINGS_FILE", "benchmark_records", "eval_hook", "eval_settings", "final_eval_dir", "final_eval_key",
+           "final_evaluation", "generation_settings", "hook_benchmarks", "on_crystal_test", "read_eval_settings",
+           "run_of_adapter", "score_adapters", "scoring_settings", "summary_entries"]
 
 FINAL_EVAL_DIRS: dict[str, str] = {"test": "final_eval", "validation": "final_eval/validation"}
 
@@ -120,6 +121,71 @@ def generation_settings(cfg: ExperimentConfig, *, progress: bool, prompt_mode: s
                               prompt_mode=prompt_mode or ev.prompt_mode, progress=progress, decoding=decoding)
 
 
+#: The file ``cpr export`` writes beside a merged model: :func:`eval_settings` of the run it comes from.
+EVAL_SETTINGS_FILE = "cpr_eval_settings.json"
+
+
+def eval_settings(cfg: ExperimentConfig, *, self_contained: bool = False) -> dict[str, Any]:
+    """What scoring a model of the run needs to score it as the run's evaluations do (``cpr eval`` takes each
+    one a flag leaves unset): the model's ``dtype``, ``attn_implementation``, ``trust_remote_code``,
+    ``min_pixels`` / ``max_pixels``; ``prompts`` (``data.prompts``; with ``self_contained`` every template
+    written out, so no file outside is needed); ``prompt_mode``, ``max_new_tokens``, ``batch_size``,
+    ``decoding`` (a mapping) and ``backend`` (``transformers``, the run's) of generation; ``encoder``,
+    ``threshold``, ``alpha``, ``matching`` (``rewards``), ``answer_mode`` (``evaluation``) and the
+    encoder's ``encoder_batch_size`` of scoring. Values are plain JSON.
+
+    Raises:
+        ConfigError: with ``self_contained``, prompt templates that do not load.
+    """
+    import dataclasses
+
+    from cpr.data import load_templates
+
+    m, ev, r = cfg.model, cfg.evaluation, cfg.rewards
+    prompts = dataclasses.asdict(load_templates(cfg.data.prompts)) if self_contained else cfg.data.prompts
+    return {"dtype": m.dtype, "attn_implementation": m.attn_implementation, "trust_remote_code": m.trust_remote_code,
+            "min_pixels": m.min_pixels, "max_pixels": m.max_pixels, "prompts": prompts,
+            "prompt_mode": ev.prompt_mode, "max_new_tokens": ev.max_new_tokens, "batch_size": ev.batch_size,
+            "backend": "transformers", "decoding": ev.decoding.model_dump(), "encoder": r.encoder,
+            "threshold": r.threshold, "alpha": r.alpha, "matching": r.matching, "answer_mode": ev.answer_mode,
+            "encoder_batch_size": r.batch_size}
+
+
+def read_eval_settings(model_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    """``(file, settings)`` of the :data:`EVAL_SETTINGS_FILE` in a model folder (``cpr export``'s; its
+    ``settings``, :func:`eval_settings`), or ``None`` when the folder holds none.
+
+    Raises:
+        InputError: the file is not valid JSON or its ``settings`` is not an object (file and field named).
+    """
+    import json
+
+    from cpr.errors import InputError
+
+    path = Path(model_dir).expanduser() / EVAL_SETTINGS_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise InputError(f"malformed JSON ({e.msg} at line {e.lineno})", path=path) from None
+    settings = data.get("settings") if isinstance(data, dict) else None
+    if not isinstance(settings, dict):
+        raise InputError("must be an object (what cpr export records for evaluating the model)", path=path,
+                         field="settings")
+    return path, settings
+
+
+def run_of_adapter(adapter: str | Path | None) -> Path | None:
+    """The ``config.yaml`` of the run ``adapter`` belongs to: in its parent folder (``<run>/<phase>/...``
+    has it in the grandparent: ``<run>/<phase>/adapter``, ``<run>/<phase>/checkpoint-N``) or grandparent;
+    ``None`` for no adapter or one outside a run folder."""
+    for folder in Path(adapter).resolve().parents[:2] if adapter else ():
+        if (folder / "config.yaml").is_file():
+            return folder / "config.yaml"
+    return None
+
+
 def eval_hook(cfg: ExperimentConfig, splits: DataSplits, templates: Any, output_dir: Path) -> Any:
     """The eval hook of a GRPO phase (:class:`cpr.evaluation.callback.EvalCallback`) on
     :func:`hook_benchmarks`, every ``evaluation.eval_steps`` steps, files in ``output_dir``; ``None``
@@ -174,6 +240,7 @@ def score_adapters(
             results.append(score(adapted, processor))
             model = adapted.unload()
         del model
+    policy.free_memory()  # the evaluation model's cached blocks go before the next phase or engine needs them
     return results
 
 

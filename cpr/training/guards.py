@@ -1,4 +1,4 @@
-"""Divergence guards of the GRPO phases (``guards:``, :class:`cpr.training.config.GuardsConfig`; README,
+"""Divergence guards of the GRPO phases (``guards:``, :class:`cpr.training.config.GuardsConfig`; docs/training.md,
 "Divergence guards"; the paper's Composite and Answer-Only runs diverge to NaN gradients, docs/method.md section 4).
 
 :class:`DivergenceGuard` checks each optimizer step once its gradients are accumulated and clipped, before
@@ -26,8 +26,8 @@ from cpr.io import append_jsonl, atomic_write_json
 from cpr.training.checkpoints import DIVERGED_MARKER, CheckpointState, checkpoint_folder
 from cpr.training.config import DEFAULT_GUARD_ACTIONS, GuardsConfig
 from cpr.training.curriculum import CurriculumGRPOTrainer
-from cpr.training.greedy_baseline import GreedyBaselineMixin
-from cpr.trl_internals import AdvantageHook, logged_metrics, process_index
+from cpr.training.greedy_baseline import ZERO_SIGNAL_METRIC, GreedyBaselineMixin
+from cpr.trl_internals import AdvantageHook, BaseModelCard, logged_metrics, process_index
 
 logger = logging.getLogger("cpr.training.guards")
 
@@ -100,6 +100,9 @@ class DivergenceGuard(CheckpointState):
     Args:
         config: the ``guards`` section.
         events_path: JSON lines file receiving every event (main process); ``None``: not written.
+        baseline: the phase's ``baseline``: ``zero_std`` reads TRL's ``frac_reward_zero_std`` with ``group``, and
+            ``baseline/frac_zero_signal`` with ``greedy`` (the groups whose samples all tie their greedy
+            completion: the share without a learning signal; :func:`cpr.baseline.zero_signal_groups`).
 
     :meth:`bind` gives it the trainer, :meth:`watch` the reward functions, :meth:`observe_loss` each loss.
 
@@ -110,8 +113,9 @@ class DivergenceGuard(CheckpointState):
         events: every event of this process's run.
     """
 
-    def __init__(self, config: GuardsConfig, *, events_path: str | Path | None = None) -> None:
+    def __init__(self, config: GuardsConfig, *, events_path: str | Path | None = None, baseline: str = "group") -> None:
         self.config = config
+        self.zero_std_metric = ZERO_SIGNAL_METRIC if baseline == "greedy" else "frac_reward_zero_std"
         self.events_path = Path(events_path) if events_path is not None else None
         self.trainer: Any = None
         self.counts = {c: {"steps": 0, "skipped": 0} for c in DEFAULT_GUARD_ACTIONS}
@@ -214,14 +218,15 @@ class DivergenceGuard(CheckpointState):
                               f"KL {kl:.4g} above the limit {cfg.kl.limit:g} for {self.kl_streak} steps in a row",
                               {"kl": _json_float(kl), "limit": cfg.kl.limit, "streak": self.kl_streak})
         if cfg.zero_std.enabled:
-            fracs = self._new_values("frac_reward_zero_std")
+            fracs = self._new_values(self.zero_std_metric)
             self.last_frac_zero_std = min(fracs) if fracs else self.last_frac_zero_std
             if self.last_frac_zero_std is not None:
                 self.zero_std_run = self.zero_std_run + 1 if self.last_frac_zero_std >= 1.0 - 1e-9 else 0
+                what = ("every group's samples tied their greedy completion's reward"
+                        if self.zero_std_metric == ZERO_SIGNAL_METRIC else "every group's reward std was zero")
                 held += self._run(self.zero_std_run, self.zero_std_window, "zero_std",
-                                  f"every group's reward std was zero for {self.zero_std_run} steps in a row "
-                                  "(no learning signal)",
-                                  {"frac_reward_zero_std": self.last_frac_zero_std, "run": self.zero_std_run})
+                                  f"{what} for {self.zero_std_run} steps in a row (no learning signal)",
+                                  {self.zero_std_metric: self.last_frac_zero_std, "run": self.zero_std_run})
         if cfg.reward_hacking.enabled:
             held += self._check_hacking()
         return held
@@ -251,7 +256,7 @@ class DivergenceGuard(CheckpointState):
     def on_step_begin(self, args, state, control, **kwargs):  # noqa: D102
         self._reset_step()
         metrics = logged_metrics(self.trainer)
-        keys = ("kl", "frac_reward_zero_std", *self.config.reward_hacking.bounds)
+        keys = ("kl", self.zero_std_metric, *self.config.reward_hacking.bounds)
         self._marks = {k: len(metrics.get(k, [])) for k in keys}
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):  # noqa: D102
@@ -316,7 +321,7 @@ class DivergenceGuard(CheckpointState):
         return {**out, "guards/skipped_steps": float(len(self.skipped_steps))}
 
 
-class GuardedGRPOTrainer(AdvantageHook, GreedyBaselineMixin, CurriculumGRPOTrainer):
+class GuardedGRPOTrainer(BaseModelCard, AdvantageHook, GreedyBaselineMixin, CurriculumGRPOTrainer):
     """:class:`cpr.training.curriculum.CurriculumGRPOTrainer` with ``self.guard``, the :class:`DivergenceGuard` of
     ``guards`` (``None`` when absent or disabled; events to ``guard_events_path``): it watches the reward
     functions, ``training_step`` hands it each loss and ``log`` adds its counters (transformers' documented
@@ -324,7 +329,8 @@ class GuardedGRPOTrainer(AdvantageHook, GreedyBaselineMixin, CurriculumGRPOTrain
     with weight ``credit_weight`` (:mod:`cpr.credit`; its metrics ``credit/...`` go to the logs). ``baseline``:
     ``"group"`` (TRL's group mean) or ``"greedy"`` (:mod:`cpr.training.greedy_baseline`). Raises
     :class:`ConfigError` for ``skip_step`` under DeepSpeed or fp16 loss scaling, and what
-    :func:`cpr.credit.check_credit` and :func:`cpr.baseline.check_baseline` raise."""
+    :func:`cpr.credit.check_credit` and :func:`cpr.baseline.check_baseline` raise. Its model card names the base
+    model (:class:`cpr.trl_internals.BaseModelCard`)."""
 
     def __init__(self, *args: Any, reward_funcs: list[Any], guards: GuardsConfig | None = None,
                  guard_events_path: str | Path | None = None, credit: str = "completion", credit_weight: float = 1.0,
@@ -341,7 +347,8 @@ class GuardedGRPOTrainer(AdvantageHook, GreedyBaselineMixin, CurriculumGRPOTrain
         self.credit, self.credit_weight = credit, float(credit_weight)
         self.baseline, self.baseline_reward_funcs = baseline, list(reward_funcs)
         self._credit_funcs = [(i, f) for i, f in enumerate(reward_funcs) if getattr(f, "scores_steps", False)]
-        self.guard = DivergenceGuard(guards, events_path=guard_events_path) if guards and guards.enabled else None
+        self.guard = (DivergenceGuard(guards, events_path=guard_events_path, baseline=baseline)
+                      if guards and guards.enabled else None)
         if self.guard is not None:
             reward_funcs = self.guard.watch(reward_funcs)
         super().__init__(*args, reward_funcs=reward_funcs, **kwargs)

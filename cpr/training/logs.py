@@ -68,7 +68,7 @@ def close_run_log(handler: logging.Handler | None) -> None:
 
 
 #: The values of a training log record shown on the console (TRL's names, as in ``log.jsonl``).
-CONSOLE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "loss", "grad_norm", "kl", "completions/mean_length",
+CONSOLE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "baseline/frac_zero_signal", "loss", "grad_norm", "kl", "completions/mean_length",
                 "mean_token_accuracy")
 
 

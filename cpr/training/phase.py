@@ -110,7 +110,8 @@ def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, temp
 
     logger.info("phase %s: device %s", phase.name, policy.device_memory(state.device))
     model, processor = policy.load_policy(cfg, model_path)
-    model = policy.with_adapter(model, init_adapter, cfg, field=f"phase_settings.{phase.name}.init_adapter")
+    model = policy.with_adapter(model, init_adapter, cfg, zero3=policy.deepspeed_zero3(args),
+                                field=f"phase_settings.{phase.name}.init_adapter")
     sampler_curriculum: CurriculumConfig | None = curriculum  # schedule none too: TRL's order, resumed exactly
     if ckpt is not None and curriculum.schedule == "none" and not has_curriculum_state(ckpt):
         logger.warning("phase %s: %s was saved before schedule 'none' used the curriculum sampler; resuming with "

@@ -45,12 +45,18 @@ def lora_config(cfg: ExperimentConfig, model_path: str) -> Any:
     return config
 
 
-def with_adapter(model: Any, adapter: Path | None, cfg: ExperimentConfig, *, field: str = "init_adapter") -> Any:
+def with_adapter(model: Any, adapter: Path | None, cfg: ExperimentConfig, *, zero3: bool,
+                 field: str = "init_adapter") -> Any:
     """``model`` wrapped with a trainable copy of the LoRA adapter in folder ``adapter`` (a
-    ``peft.PeftModel``), or ``model`` unchanged when ``adapter`` is ``None``. The adapter keeps the
-    dtype it was saved in (``autocast_adapter_dtype=False``, as TRL creates a phase's new adapter):
-    a bf16 phase 1 hands phase 2 a bf16 adapter, not PEFT's default fp32 upcast, which DeepSpeed
-    0.19.2-0.19.7 fails on at the first optimizer step under ZeRO-3 (DeepSpeed #8072).
+    ``peft.PeftModel``), or ``model`` unchanged when ``adapter`` is ``None``. Its dtype follows the rule TRL
+    1.16 uses for a phase's new adapter (``GRPOTrainer.__init__``, ``SFTTrainer.__init__``):
+
+    - ``zero3`` (the phase trains under DeepSpeed ZeRO-3, :func:`deepspeed_zero3`): kept in the base model's
+      dtype (``autocast_adapter_dtype=False``); DeepSpeed keeps fp32 master weights, and a bf16 base with an
+      fp32 adapter fails at the first optimizer step on DeepSpeed 0.19.2-0.19.7 (DeepSpeed #8072).
+    - otherwise (one process, DDP, ZeRO-1/2): PEFT's default, a bf16 or fp16 adapter upcast to fp32, so the
+      fp32 adapter the previous phase trained stays fp32 and the optimizer does not update bf16 weights
+      directly (no fp32 master weights there: an update smaller than bf16's resolution would be lost).
 
     Raises:
         ConfigError: the adapter was trained on another base model (:func:`check_base`).
@@ -60,7 +66,14 @@ def with_adapter(model: Any, adapter: Path | None, cfg: ExperimentConfig, *, fie
     from peft import PeftModel
 
     check_base(adapter, model.name_or_path, cfg, field=field)
-    return PeftModel.from_pretrained(model, str(adapter), is_trainable=True, autocast_adapter_dtype=False)
+    return PeftModel.from_pretrained(model, str(adapter), is_trainable=True, autocast_adapter_dtype=not zero3)
+
+
+def deepspeed_zero3(args: Any) -> bool:
+    """Whether a trainer with ``transformers.TrainingArguments`` ``args`` runs under DeepSpeed ZeRO-3 (its
+    ``deepspeed_plugin``, set under ``accelerate launch`` with a DeepSpeed config, has ``zero_stage`` 3)."""
+    plugin = getattr(args, "deepspeed_plugin", None)
+    return plugin is not None and plugin.zero_stage == 3
 
 
 def check_base(adapter: str | Path, base: str, cfg: ExperimentConfig, *, field: str) -> None:
@@ -87,15 +100,34 @@ def device_memory(device: Any) -> str:
 
 
 def free_vllm_engine(trainer: Any) -> bool:
-    """Drop the vLLM colocate engine of a TRL trainer (``trainer.vllm_generation.llm``) and free its GPU
-    memory (:func:`free_memory`), so that the next phase's engine finds it; ``False`` when the trainer has
-    none (transformers generation, or vLLM server mode)."""
+    """Release what a finished phase's TRL trainer holds in vLLM (``trainer.vllm_generation``), so that the next
+    phase's trainer can start its own; ``False`` when it holds nothing (transformers generation, or already
+    released).
+
+    - colocate mode (``vllm_generation.llm``): the engine is shut down where it offers ``shutdown()`` (vLLM's
+      in-process teardown), dropped, and its GPU memory freed (:func:`free_memory`); the next phase builds a
+      new engine in the same process.
+    - server mode (``vllm_generation.vllm_client``, the main process's): its weight-sync communicator is closed
+      (``VLLMClient.close_communicator``, which TRL otherwise runs only at exit), so the next phase's client
+      opens a new one on ``vllm_group_port`` instead of meeting the old group.
+    """
     generation = getattr(trainer, "vllm_generation", None)
-    if getattr(generation, "llm", None) is None:
-        return False
-    generation.llm = None  # the trainer and its callbacks may live on a while: the engine goes now
-    free_memory()
-    return True
+    released = False
+    client = getattr(generation, "vllm_client", None)
+    if client is not None and getattr(client, "communicator", None) is not None:
+        client.close_communicator()
+        released = True
+    engine = getattr(generation, "llm", None)
+    if engine is not None:
+        shutdown = getattr(engine, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        generation.llm = None  # the trainer and its callbacks may live on a while: the engine goes now
+        del engine
+        released = True
+    if released:
+        free_memory()
+    return released
 
 
 def free_memory() -> None:

@@ -6,7 +6,8 @@ run folder holds ``config.yaml`` (every default filled in, and ``training_effect
 ``summary.json`` (``status`` running, finished, diverged, failed or interrupted), ``warm_start/`` (its
 ``checkpoint-N/`` folders and ``adapter/``),
 ``final_eval/`` (``stages/<stage>/``: earlier stages, ``evaluation.compare``), and per phase its
-``checkpoint-N/`` folders (:mod:`cpr.training.checkpoints`), final ``adapter/``, ``log.jsonl``, ``scored_completions.jsonl``, ``eval_history.jsonl``, ``best_checkpoint.json``,
+``checkpoint-N/`` folders (:mod:`cpr.training.checkpoints`), ``adapter/`` (the phase's result: its last step, or
+with ``select_best`` the selected checkpoint's adapter, the last step staying in its checkpoint), ``log.jsonl``, ``scored_completions.jsonl``, ``eval_history.jsonl``, ``best_checkpoint.json``,
 ``guard_events.jsonl``, ``selection.json``, ``phase_done.json`` and ``abandoned-checkpoint-N-<time>/``.
 While a run holds the folder it holds ``run.lock`` (:func:`lock_run_folder`: a second run into it, a second
 ``--resume`` say, is refused). Resume (refused for a folder that holds no run) continues an unfinished warm start from its last complete
@@ -295,13 +296,19 @@ def _train(run: _Run, spec: Any, splits: Any, templates: Any, model_path: str, h
 
 def _select_best(run: _Run, spec: Any, result: dict[str, Any], splits: Any, templates: Any, model_path: str) -> Path:
     """The adapter phase ``spec`` hands on: with ``select_best``, its best checkpoint on the validation split
-    (:func:`cpr.training.selection.select_best`, into ``result["selection"]``), else its final adapter."""
-    from cpr.training.selection import select_best
+    (:func:`cpr.training.selection.select_best`, into ``result["selection"]``), which then becomes the phase's
+    ``adapter/`` folder (:func:`cpr.training.selection.install_selected`; ``result`` gains ``adapter_from`` and
+    ``last_step_adapter``); else its final adapter."""
+    from cpr.training.selection import install_selected, select_best
 
     if not spec.phase.select_best:
         return Path(result["adapter"])
     result["selection"] = select_best(run.cfg, spec.phase, splits, templates, model_path)
-    return adapter_folder(Path(result["selection"]["picked"]), field=f"{spec.name} selection.json picked")
+    picked = adapter_folder(Path(result["selection"]["picked"]), field=f"{spec.name} selection.json picked")
+    if run.state.is_main_process:
+        result.update(install_selected(run.out / spec.name, picked, result["steps"]) or {})
+    run.state.wait_for_everyone()
+    return picked
 
 
 def _hand_over(run: _Run, spec: Any, result: dict[str, Any], adapter: Path) -> Path:
@@ -457,24 +464,35 @@ def check_resumed_config(out: Path, cfg: ExperimentConfig) -> None:
 def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) -> bool:
     """Whether ``out`` holds a run the caller deletes (:func:`delete_previous_run`) once
     :func:`check_before_training` passed: with ``overwrite``, or when it holds only a run that failed before
-    training. Every rank looks before any rank writes, so all raise or none does.
+    training. The main process looks and broadcasts what it found (on a shared filesystem another process may
+    still list a file the main process has just removed, such as :data:`cpr.distributed.SHARED_TOKEN`), so all
+    processes decide alike: all raise or none does, before any writes.
 
     Raises:
         ConfigError: ``out`` holds a run and ``overwrite`` is not set; ``overwrite`` would delete the working
             directory or a folder above it; or ``resume`` and ``out`` holds no run (a mistyped folder would
             otherwise train from scratch).
     """
+    from accelerate.utils import broadcast_object_list
+
+    seen: list[Any] = [None]
+    if state.is_main_process:
+        found = previous_run(out)
+        names = {p.name for p in out.iterdir() if p.name != RUN_LOCK} if out.is_dir() else set()
+        failed = bool(found and "summary.json" in names and names <= set(_RUN_MARKERS)
+                      and _status(out) in ("failed", "interrupted"))
+        seen = [(found, failed)]
+    if state.num_processes > 1:
+        broadcast_object_list(seen, from_process=0)  # also the barrier: every process looks before any writes
+    found, failed = seen[0]
     if resume:
-        if previous_run(out) is None:
+        if found is None:
             raise ConfigError(f"--resume: {out} holds no run to continue (no {', '.join(_RUN_MARKERS)}); check the "
                               "output_dir, or start the run without --resume", field="output_dir")
         return False
-    found = previous_run(out)
-    names = {p.name for p in out.iterdir() if p.name != RUN_LOCK} if out.is_dir() else set()
-    if found and "summary.json" in names and names <= set(_RUN_MARKERS) and _status(out) in ("failed", "interrupted"):
+    if failed:
         logger.info("replacing %s: a run that failed before it trained anything", found)
         overwrite = True
-    state.wait_for_everyone()
     if found and not overwrite:
         raise ConfigError(f"{out} already holds a run ({found}): pass --resume to continue it, --overwrite to delete "
                           "it and start over, or choose another output_dir", field="output_dir")

@@ -1,22 +1,28 @@
 """Checkpoint selection: a phase with ``select_best`` (the built-in ``answer_only`` phase,
 CPR-Curriculum's phase 1; docs/method.md section 6) hands the next phase its best adapter on the
-validation split rather than its last."""
+validation split rather than its last, and that adapter becomes the phase's ``adapter/`` folder
+(:func:`install_selected`); the last step stays in its checkpoint."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from cpr.io import atomic_write_json
-from cpr.training.checkpoints import checkpoint_status, checkpoint_step, checkpoints_of
+from cpr.training.checkpoints import adapter_folder, checkpoint_status, checkpoint_step, checkpoints_of
 from cpr.training.config import ExperimentConfig, PhaseConfig
 from cpr.training.splits import DataSplits
 
 logger = logging.getLogger("cpr.training")
 
-__all__ = ["select_best"]
+__all__ = ["LAST_STEP_ADAPTER", "install_selected", "select_best"]
+
+#: Where the phase's last step is kept when no complete checkpoint holds it and another adapter was selected.
+LAST_STEP_ADAPTER = "last_step_adapter"
 
 
 def select_best(
@@ -29,7 +35,9 @@ def select_best(
 
     Returns:
         The contents of ``<phase>/selection.json``: ``{"metric", "answer_mode", "n_validation", "picked",
-        "scores": [{"checkpoint", "step" (None: the final adapter), "accuracy" (percent), "match_f1"}]}``;
+        "scores": [{"checkpoint", "step" (None: the final adapter, the last step, which stays in its
+        checkpoint once the runner puts another pick in ``adapter/``: :func:`install_selected`), "accuracy"
+        (percent), "match_f1"}]}``;
         without validation records ``{"picked": <final adapter>, "reason", "scores": []}``. Every
         process generates its share of the records (:func:`cpr.training.evaluate.score_adapters`); the
         main process scores and writes the file, which the others read.
@@ -75,3 +83,54 @@ def select_best(
                                     "scores": scores})
     state.wait_for_everyone()
     return json.loads(out.read_text(encoding="utf-8"))
+
+
+def install_selected(phase_dir: str | Path, picked: str | Path, last_step: int) -> dict[str, str] | None:
+    """Make the phase's ``adapter/`` folder the selected adapter ``picked`` (a ``checkpoint-N`` of the phase):
+    each file of the final adapter folder is replaced by the checkpoint's file of that name (the adapter's
+    weights and config; the processor files are the same), written as ``adapter.partial`` and moved into
+    place. The last step's adapter stays where it is when ``checkpoint-<last_step>`` is complete; otherwise
+    the final adapter folder is first moved to :data:`LAST_STEP_ADAPTER`, so nothing trained is lost. Call it
+    on the main process; ``picked`` being ``adapter/`` itself changes nothing.
+
+    Returns:
+        ``{"adapter_from": picked, "last_step_adapter": the folder holding the last step}``, or ``None`` when
+        ``picked`` is the final adapter.
+
+    Raises:
+        ConfigError: ``picked`` holds no LoRA adapter (``adapter_config.json``).
+    """
+    phase_dir, picked = Path(phase_dir), Path(picked)
+    adapter = phase_dir / "adapter"
+    if picked.resolve() == adapter.resolve():
+        return None
+    adapter_folder(picked, field=f"{phase_dir.name} selection.json picked")
+    last = phase_dir / f"checkpoint-{last_step}"
+    if checkpoint_status(last) != "complete":
+        last = phase_dir / LAST_STEP_ADAPTER
+        if last.exists():
+            shutil.rmtree(last)
+        os.replace(adapter, last)
+        logger.info("phase %s: no complete checkpoint holds the last step %d; its adapter moved to %s", phase_dir.name,
+                    last_step, last)
+    source = adapter if adapter.is_dir() else last
+    names = {f.name for f in source.iterdir() if f.is_file()} | {
+        f.name for f in picked.iterdir() if f.is_file() and f.name.startswith("adapter_")}
+    partial = phase_dir / "adapter.partial"
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir()
+    for name in sorted(names):
+        shutil.copy2(picked / name if (picked / name).is_file() else source / name, partial / name)
+    if adapter.is_dir():
+        old = phase_dir / "adapter.replaced"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(adapter, old)
+        os.replace(partial, adapter)
+        shutil.rmtree(old)
+    else:
+        os.replace(partial, adapter)
+    logger.info("phase %s: %s now holds the selected %s; the last step stays in %s", phase_dir.name, adapter,
+                picked.name, last)
+    return {"adapter_from": str(picked), "last_step_adapter": str(last)}

@@ -6,6 +6,7 @@ dataset, and why prompts longer than ``max_length`` are refused: docs/data.md.""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -216,6 +217,20 @@ def sft_precision(dtype: Any, extra: Mapping[str, Any]) -> dict[str, Any]:
             **extra}
 
 
+@functools.cache
+def _sft_trainer_class() -> type:
+    """``trl.SFTTrainer`` whose model card names the base model (:class:`cpr.trl_internals.BaseModelCard`);
+    built on first use, as TRL is imported only when a model trains."""
+    from trl import SFTTrainer
+
+    from cpr.trl_internals import BaseModelCard
+
+    class NamedBaseSFTTrainer(BaseModelCard, SFTTrainer):
+        """``trl.SFTTrainer`` with :class:`cpr.trl_internals.BaseModelCard`."""
+
+    return NamedBaseSFTTrainer
+
+
 def run_sft(
     model: PreTrainedModel, processor: ProcessorMixin, records: Sequence[Record], templates: PromptTemplates,
     settings: SFTSettings, output_dir: str | Path, *, peft_config: peft.PeftConfig | None = None,
@@ -243,7 +258,6 @@ def run_sft(
         InputError: no records, or a record without an answer.
     """
     from peft import PeftModel
-    from trl import SFTTrainer
 
     from cpr.training.checkpoints import CompleteMarkerCallback, restore_trained, training_done
     from cpr.training.logs import quiet_console
@@ -266,9 +280,9 @@ def run_sft(
     dataset = to_sft_dataset(records, templates)
     if settings.check_lengths and settings.max_length is not None:
         check_example_lengths(dataset, processor, settings.max_length, prefix=prefix)
-    trainer = SFTTrainer(model=model, args=build_sft_config(settings, output_dir, model), train_dataset=dataset,
-                         processing_class=processor, peft_config=peft_config,
-                         callbacks=[*callbacks, CompleteMarkerCallback()])
+    trainer = _sft_trainer_class()(
+        model=model, args=build_sft_config(settings, output_dir, model), train_dataset=dataset,
+        processing_class=processor, peft_config=peft_config, callbacks=[*callbacks, CompleteMarkerCallback()])
     quiet_console(trainer)
     if resume_from_checkpoint is not None and training_done(resume_from_checkpoint):
         restore_trained(trainer, resume_from_checkpoint)  # killed after its last checkpoint: nothing left to train

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cpr.data.adapters.base import RawRow
-from cpr.errors import InputError
+from cpr.errors import DatasetNotAvailableError, InputError
 
 _HUB_NAME_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _DISK_MARKERS = ("dataset_dict.json", "state.json", "dataset_info.json")
@@ -29,8 +29,9 @@ def hf_rows(path_or_name: str | Path, split: str | None, source: str, *, alterna
     """Rows of ``split`` (``None``: the only one) of a ``save_to_disk`` folder or an ``owner/name`` hub
     dataset (:func:`arrow_rows`), their ``path`` naming the dataset and split (``DIR[test]``).
 
-    Raises ``InputError`` for an unreachable hub dataset (saying how to give a local copy, or the
-    adapter's ``alternatives`` format), an unknown split, or several splits and none chosen.
+    Raises ``DatasetNotAvailableError`` (an ``InputError``) for an unreachable hub dataset (saying how to give
+    a local copy, or the adapter's ``alternatives`` format; ``offline`` when the hub cannot be reached at all),
+    ``InputError`` for an unknown split, or several splits and none chosen.
     """
     import datasets
 
@@ -44,12 +45,12 @@ def hf_rows(path_or_name: str | Path, split: str | None, source: str, *, alterna
         try:
             obj, where, folder = datasets.load_dataset(name, split=split), name, None
         except (ConnectionError, OSError, datasets.exceptions.DatasetNotFoundError) as e:
-            raise InputError(
+            raise DatasetNotAvailableError(
                 f"{source}: cannot load the Hugging Face dataset '{name}' ({type(e).__name__}: {e}). This machine "
                 f"cannot download it (offline, or the dataset is gated). On a machine with hub access run "
                 f"`datasets.load_dataset('{name}').save_to_disk('DIR')`, copy DIR here and pass DIR as the path"
                 + (f" ({alternatives} of the same columns also works)" if alternatives else ""),
-                path=name,
+                path=name, offline=isinstance(e, ConnectionError),
             ) from e
     else:
         raise InputError(f"{source}: path does not exist (and is not an owner/name hub id)", path=local)

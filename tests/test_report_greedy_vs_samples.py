@@ -1,4 +1,4 @@
-"""benchmarks/greedy_vs_samples.py: the group statistics on a hand-made set of groups."""
+"""reports/grpo_diagnosis/greedy_vs_samples.py: the group statistics on a hand-made set of groups."""
 
 import importlib.util
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 SPEC = importlib.util.spec_from_file_location(
-    "greedy_vs_samples", Path(__file__).resolve().parents[1] / "benchmarks" / "greedy_vs_samples.py")
+    "greedy_vs_samples", Path(__file__).resolve().parents[1] / "reports" / "grpo_diagnosis" / "greedy_vs_samples.py")
 bench = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(bench)
 

@@ -3,9 +3,9 @@
 Usage::
 
     make demo      # once: its warm-start adapter (outputs/demo/warm_start/adapter)
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_diagnosis.py --rows lr_1e-4,answer_only_lr_1e-4 --seeds 1,2,3 \
+    HF_HUB_OFFLINE=1 .venv/bin/python reports/grpo_diagnosis/grpo_diagnosis.py --rows lr_1e-4,answer_only_lr_1e-4 --seeds 1,2,3 \
         [--curve 20] [--init-adapter ADAPTER] [--output-dir DIR]
-    .venv/bin/python benchmarks/grpo_diagnosis.py --table ws400=DIR/diagnosis.json[,...] [LABEL=...]
+    .venv/bin/python reports/grpo_diagnosis/grpo_diagnosis.py --table ws400=DIR/diagnosis.json[,...] [LABEL=...]
 
 Each row is one GRPO phase of ``recipes/configs/demo.yaml`` (tiny Qwen2.5-VL, the generated colour-grid
 task), started from the demo's warm-start adapter, with the row's overrides (``ROWS`` below), and then
@@ -29,7 +29,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: name -> (what it tests, overrides of demo.yaml for the GRPO phase ``p`` = phase_settings.<phase>).
 #: The default budget: 8 prompts x 8 generations x 60 steps = 3,840 completions.
@@ -99,7 +99,7 @@ ROWS: dict[str, tuple[str, dict[str, object]]] = {
     # round: 30 steps keep the completions near 3,840.
     "answer_only_dyn30_lr_1e-4": ("Answer-Only, lr 1e-4, dynamic sampling (max_resample 1), 30 steps",
                                   {**DYNAMIC_ANSWER_ONLY, "p.max_steps": 30}),
-    # Training temperature below 1: samples closer to the greedy completion (benchmarks/greedy_vs_samples.py
+    # Training temperature below 1: samples closer to the greedy completion (reports/grpo_diagnosis/greedy_vs_samples.py
     # measures how often a sample beats it at each temperature).
     "temp_0.7_lr_1e-4": ("CPR, lr 1e-4, training temperature 0.7", {"p.learning_rate": 1e-4, "training.temperature": 0.7}),
     "temp_0.5_lr_1e-4": ("CPR, lr 1e-4, training temperature 0.5", {"p.learning_rate": 1e-4, "training.temperature": 0.5}),
@@ -196,7 +196,7 @@ def score(adapter: str, model: str, records: list, cfg, samples: int, temperatur
     gen = GenerationSettings(max_new_tokens=cfg.evaluation.max_new_tokens, batch_size=32, prompt_mode="train",
                              backend="transformers", progress=False)
     scoring = scoring_settings(cfg, cfg.evaluation.answer_mode)
-    keys = ("accuracy", "match_f1", "precision", "recall", "steps")
+    keys = ("accuracy", "match_f1", "precision", "recall", "steps", "lucky_guess_rate")
 
     def pick(m: dict) -> dict:
         return {k: m["overall"][k] for k in keys}
@@ -325,7 +325,7 @@ def main() -> None:
     key0 = f"warm_start|val{args.val_seed}x{args.val_size}"
     if key0 not in results:
         results[key0] = score(args.init_adapter, cfg0.model.name_or_path, records, cfg0, args.samples, 1.0, 0)
-    for name in args.rows.split(","):
+    for name in [n for n in args.rows.split(",") if n]:  # --rows "": the warm start's row only
         for seed in [int(s) for s in args.seeds.split(",")]:
             key = f"{name}|seed{seed}|val{args.val_seed}x{args.val_size}|{';'.join(args.extra)}"
             if key in results:

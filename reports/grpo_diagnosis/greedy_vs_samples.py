@@ -2,7 +2,7 @@
 
 Usage::
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/greedy_vs_samples.py --config recipes/configs/demo_teacher.yaml \
+    HF_HUB_OFFLINE=1 .venv/bin/python reports/grpo_diagnosis/greedy_vs_samples.py --config recipes/configs/demo_teacher.yaml \
         --adapter outputs/ws800k50/warm_start/adapter [--phase cpr] [--prompts 96] [--generations 8] \
         [--temperatures 1.0,0.7,0.5] [--set KEY=VALUE ...] [--output FILE.json]
 
@@ -39,7 +39,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def reward_rows(records) -> list[dict]:

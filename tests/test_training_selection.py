@@ -1,0 +1,97 @@
+"""After checkpoint selection the phase's ``adapter/`` folder is the selected adapter, and the last step
+stays in its checkpoint (:func:`cpr.training.selection.install_selected`, called by the runner)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import cpr.training.runner as runner
+import cpr.training.selection as selection
+from cpr.errors import ConfigError
+from cpr.training.checkpoints import COMPLETE_MARKER
+
+PROCESSOR_FILES = {"preprocessor_config.json": "{}", "tokenizer.json": "{}", "training_args.bin": "args"}
+TRAINER_FILES = {"optimizer.pt": "opt", "scheduler.pt": "sched", "trainer_state.json": "{}", "rng_state.pth": "rng"}
+
+
+def _adapter_files(step: int) -> dict[str, str]:
+    return {"adapter_model.safetensors": f"weights of step {step}", "adapter_config.json": json.dumps({"r": 4}),
+            "README.md": f"card {step}"}
+
+
+def _write(folder: Path, files: dict[str, str]) -> Path:
+    folder.mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def _contents(folder: Path) -> dict[str, str]:
+    return {f.name: f.read_text() for f in folder.iterdir()}
+
+
+def _phase(tmp_path: Path, *, last_checkpoint: bool = True) -> Path:
+    """A phase of 4 steps as training leaves it: checkpoint-2, checkpoint-4 (the last step, unless
+    ``last_checkpoint`` is off) and the final adapter (step 4's weights with the processor)."""
+    phase = tmp_path / "run" / "answer_only"
+    steps = (2, 4) if last_checkpoint else (2,)
+    for step in steps:
+        _write(phase / f"checkpoint-{step}", {**_adapter_files(step), **PROCESSOR_FILES, **TRAINER_FILES,
+                                              COMPLETE_MARKER: "{}"})
+    _write(phase / "adapter", {**_adapter_files(4), **PROCESSOR_FILES})
+    return phase
+
+
+def test_the_phase_adapter_becomes_the_selected_checkpoint_and_the_last_step_stays(tmp_path):
+    phase = _phase(tmp_path)
+    before = {p.name: _contents(p) for p in phase.iterdir()}
+    info = selection.install_selected(phase, phase / "checkpoint-2", 4)
+    assert info == {"adapter_from": str(phase / "checkpoint-2"), "last_step_adapter": str(phase / "checkpoint-4")}
+    # the same files as before (no trainer state), step 2's adapter
+    assert _contents(phase / "adapter") == {**_adapter_files(2), **PROCESSOR_FILES}
+    # the checkpoints are untouched; nothing else is left in the phase folder
+    assert {p.name for p in phase.iterdir()} == {"adapter", "checkpoint-2", "checkpoint-4"}
+    assert _contents(phase / "checkpoint-4") == before["checkpoint-4"]
+    assert _contents(phase / "checkpoint-2") == before["checkpoint-2"]
+
+
+def test_the_final_adapter_picked_changes_nothing(tmp_path):
+    phase = _phase(tmp_path)
+    assert selection.install_selected(phase, phase / "adapter", 4) is None
+    assert _contents(phase / "adapter") == {**_adapter_files(4), **PROCESSOR_FILES}
+
+
+def test_a_last_step_without_a_checkpoint_is_kept_beside(tmp_path):
+    phase = _phase(tmp_path, last_checkpoint=False)
+    info = selection.install_selected(phase, phase / "checkpoint-2", 4)
+    kept = phase / selection.LAST_STEP_ADAPTER
+    assert info == {"adapter_from": str(phase / "checkpoint-2"), "last_step_adapter": str(kept)}
+    assert _contents(kept) == {**_adapter_files(4), **PROCESSOR_FILES}
+    assert _contents(phase / "adapter") == {**_adapter_files(2), **PROCESSOR_FILES}
+
+
+def test_a_pick_without_an_adapter_is_refused(tmp_path):
+    phase = _phase(tmp_path)
+    (phase / "checkpoint-2" / "adapter_config.json").unlink()
+    with pytest.raises(ConfigError, match="no LoRA adapter"):
+        selection.install_selected(phase, phase / "checkpoint-2", 4)
+    assert _contents(phase / "adapter") == {**_adapter_files(4), **PROCESSOR_FILES}
+
+
+def test_the_runner_hands_on_the_pick_and_its_summary_names_the_phase_adapter(tmp_path, monkeypatch):
+    """What a user takes as the phase's result (``summary.json`` ``phases[i].adapter``) is the adapter the
+    closing table scores for the phase and the next phase starts from."""
+    phase = _phase(tmp_path)
+    monkeypatch.setattr(selection, "select_best", lambda *a: {"picked": str(phase / "checkpoint-2"), "scores": []})
+    state = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    run = SimpleNamespace(out=phase.parent, state=state, cfg=None)
+    spec = SimpleNamespace(name="answer_only", phase=SimpleNamespace(select_best=True))
+    result = {"phase": "answer_only", "steps": 4, "adapter": str(phase / "adapter")}
+    handed = runner._select_best(run, spec, result, None, None, "model")
+    assert handed == phase / "checkpoint-2"
+    assert _contents(Path(result["adapter"])) == {**_adapter_files(2), **PROCESSOR_FILES}
+    assert (result["adapter_from"], result["last_step_adapter"]) == (str(handed), str(phase / "checkpoint-4"))
