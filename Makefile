@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export WANDB_MODE ?= offline
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo-models demo demo-teacher test lint bench ablation-demo reproduce clean
+.PHONY: setup demo-models demo test lint bench ablation-demo reproduce clean
 
 setup: $(STAMP)
 
@@ -31,11 +31,6 @@ demo: $(STAMP)
 	$(PY) -m cpr_tools.tiny_models --demo recipes/configs/demo.yaml
 	$(PY) recipes/cpr_curriculum.py
 
-# The demo from a warm start whose teacher leaves steps out (where CPR keeps what Answer-Only drops).
-demo-teacher: $(STAMP)
-	$(PY) -m cpr_tools.tiny_models --demo recipes/configs/demo.yaml
-	$(PY) recipes/cpr_curriculum.py --config recipes/configs/demo_teacher.yaml
-
 # pytest exits 5 when it collected no tests: that is a failure, said in words.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
@@ -43,7 +38,7 @@ test: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected" >&2; exit 1; fi; exit $$rc
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check cpr cpr_tools recipes tests benchmarks reports
+	$(VENV)/bin/ruff check cpr cpr_tools recipes tests benchmarks reports examples
 	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)

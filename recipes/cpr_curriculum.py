@@ -6,7 +6,6 @@ validation split seeds phase 2, which trains on format + CPR with an easy-to-har
 
     python recipes/cpr_curriculum.py                       # offline CPU demo (recipes/configs/demo.yaml)
     python recipes/cpr_curriculum.py --config recipes/configs/demo_tabmwp.yaml   # the real-data CPU demo
-    python recipes/cpr_curriculum.py --config recipes/configs/demo_teacher.yaml  # a warm start that leaves steps out
     accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml recipes/cpr_curriculum.py \\
         --config recipes/configs/qwen2_5_vl_3b_cpr_curriculum.yaml
     python recipes/cpr_curriculum.py --config X.yaml --resume          # continue a killed run
@@ -22,8 +21,7 @@ import sys
 from pathlib import Path
 
 DEMO = Path(__file__).resolve().parent / "configs" / "demo.yaml"
-TEACHER_DEMO = DEMO.with_name("demo_teacher.yaml")  # trains demo.yaml's model
-DEMOS = (DEMO, DEMO.with_name("demo_tabmwp.yaml"), TEACHER_DEMO)
+DEMOS = (DEMO, DEMO.with_name("demo_tabmwp.yaml"))
 
 
 def main() -> int:
@@ -41,7 +39,7 @@ def main() -> int:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the demo never touches the hub
         from cpr_tools import tiny_models  # test and demo tooling: the demo's tiny model, built where missing
 
-        tiny_models.build_demo_models(str(DEMO) if Path(args.config).resolve() == TEACHER_DEMO else args.config)
+        tiny_models.build_demo_models(args.config)
         # the demo's own outputs/demo is disposable: running it again replaces it (unless resuming);
         # a demo-based run given another output_dir (an ablation's runs) is never deleted unasked
         own_output = args.output_dir is None and not any(o.startswith("output_dir=") for o in args.overrides)

@@ -270,9 +270,9 @@ def test_reproduce_plans_three_seeds_of_each_strategy_at_one_budget(tmp_path, mo
     steps = {}
     for run in runs[2:]:
         cfg = run_config(ab, run)
-        assert cfg.seed == run.seed == int(run.name[-1]) and cfg.data.test[0].options == {"size": 90, "seed": 0}
+        assert cfg.seed == run.seed == int(run.name[-1]) and cfg.data.test[0].options == {"size": 90, "seed": 2026}
         steps.setdefault(run.group, set()).add(sum(cfg.phase(p).training["max_steps"] for p in cfg.phases))
-    assert steps == {"answer_only": {75}, "composite": {75}, "cpr": {75}, "cpr_curriculum": {75}}  # one budget
+    assert steps == {"answer_only": {80}, "composite": {80}, "cpr": {80}, "cpr_curriculum": {80}}  # one budget
     (tmp_path / "w").mkdir()
     _, weights = _in_tmp("reproduce_weights.yaml", tmp_path / "w")
     runs = plan(weights)  # the shared warm start once, then six weight pairs per seed

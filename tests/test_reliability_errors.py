@@ -340,24 +340,6 @@ def test_demo_overwrites_only_its_own_output(monkeypatch, argv, overwrite):
     assert seen == {"demo_models": (str(REPO / "recipes" / "configs" / "demo.yaml"),), "overwrite": overwrite}
 
 
-def test_the_teacher_demo_builds_the_demos_model_and_overwrites_its_own_output(monkeypatch):
-    """recipes/configs/demo_teacher.yaml trains demo.yaml's tiny model: the recipe builds that one where missing."""
-    import cpr.training.cli
-    from cpr_tools import tiny_models
-
-    seen = {}
-    monkeypatch.setattr(cpr.training.cli, "run", lambda args: seen.setdefault("overwrite", args.overwrite) and 0)
-    monkeypatch.setattr(tiny_models, "build_demo_models", lambda *configs: seen.setdefault("demo_models", configs))
-    main = runpy.run_path(str(REPO / "recipes" / "cpr_curriculum.py"), run_name="cpr_recipe")["main"]
-    monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", "--config", str(REPO / "recipes/configs/demo_teacher.yaml")])
-    main()
-    assert seen == {"demo_models": (str(REPO / "recipes" / "configs" / "demo.yaml"),), "overwrite": True}
-    from cpr.training.config import load_config
-
-    cfg = load_config(REPO / "recipes" / "configs" / "demo_teacher.yaml")
-    assert cfg.model.name_or_path == "outputs/models/demo" and cfg.warm_start.step_keep == 0.5
-
-
 def test_a_run_that_failed_before_training_does_not_block_the_retry(tmp_path, monkeypatch, capsys, no_model_load):
     cfg = _config(tmp_path, model__name_or_path="nonexistent-org/nonexistent-model")
     config = _write(tmp_path, cfg)

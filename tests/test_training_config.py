@@ -161,7 +161,7 @@ def test_numbers_written_without_a_dot_become_floats(tmp_path):
     assert args["save_steps"] == 10 and isinstance(args["save_steps"], int)
 
 
-@pytest.mark.parametrize("config", ["demo.yaml", "demo_tabmwp.yaml", "demo_teacher.yaml", "qwen2_5_vl_3b_cpr_curriculum.yaml", "internvl3_5_4b_cpr_curriculum.yaml"])
+@pytest.mark.parametrize("config", ["demo.yaml", "demo_tabmwp.yaml", "qwen2_5_vl_3b_cpr_curriculum.yaml", "internvl3_5_4b_cpr_curriculum.yaml"])
 def test_phases_override_runs_one_phase_of_a_two_phase_config(config, monkeypatch):
     """``--phases cpr`` (README) on the shipped two-phase configs: phase 1's settings are left out,
     phase 2's kept; a config file naming a phase it does not run is still refused (CASES)."""

@@ -2,7 +2,7 @@
 
 Usage::
 
-    HF_HUB_OFFLINE=1 .venv/bin/python reports/grpo_diagnosis/greedy_vs_samples.py --config recipes/configs/demo_teacher.yaml \
+    HF_HUB_OFFLINE=1 .venv/bin/python reports/grpo_diagnosis/greedy_vs_samples.py --config recipes/configs/demo.yaml \
         --adapter outputs/ws800k50/warm_start/adapter [--phase cpr] [--prompts 96] [--generations 8] \
         [--temperatures 1.0,0.7,0.5] [--set KEY=VALUE ...] [--output FILE.json]
 
@@ -78,7 +78,7 @@ def group_stats(greedy_r: list[float], groups_r: list[list[float]], greedy_t: li
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(REPO / "recipes/configs/demo_teacher.yaml"))
+    parser.add_argument("--config", default=str(REPO / "recipes/configs/demo.yaml"))
     parser.add_argument("--adapter", required=True)
     parser.add_argument("--phase", default="cpr")
     parser.add_argument("--prompts", type=int, default=96)

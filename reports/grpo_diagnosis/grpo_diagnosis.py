@@ -269,11 +269,14 @@ def seed_table(specs: list[str]) -> str:
             return format(values[0], fmt)
         return f"{format(statistics.mean(values), fmt)} ± {format(statistics.stdev(values), fmt)}"
 
-    lines = ["| row | seeds | greedy Acc | greedy Match F1 | sampled Acc | sampled Match F1 | zero-std groups | "
-             "completions | s / step |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| row | seeds | greedy Acc | greedy Match F1 | sampled Acc | sampled Match F1 | greedy P | greedy R | "
+             "greedy Steps | greedy Lucky | zero-std groups | completions | s / step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, runs in groups.items():
         cells = [stat([r[m][k] for r, _ in runs], f) for m in ("greedy", "sampled")
                  for k, f in (("accuracy", ".1f"), ("match_f1", ".3f"))]
+        cells += [stat([r["greedy"][k] for r, _ in runs], f) if all(k in r["greedy"] for r, _ in runs) else "-"
+                  for k, f in (("precision", ".3f"), ("recall", ".3f"), ("steps", ".2f"), ("lucky_guess_rate", ".1f"))]
         zero = [r["zero_std"] for r, _ in runs if r.get("zero_std") is not None]
         made = [r["completions"] for r, _ in runs if r.get("completions")]
         times = []
