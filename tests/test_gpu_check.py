@@ -70,11 +70,7 @@ def test_the_combined_recipe_launch_names_what_it_did_not_log(tmp_path):
     """``--recipe``'s ``combined`` variant fails a launch that exits 0 without the metrics of its options."""
     import json
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        from gpu_check import combined_problems
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    combined_problems = runpy.run_path(str(REPO / "benchmarks" / "gpu_check.py"))["combined_problems"]
     (tmp_path / "cpr").mkdir()
     (tmp_path / "cpr" / "log.jsonl").write_text(json.dumps({"step": 1, "baseline/greedy_reward": 0.1}) + "\n")
     (tmp_path / "summary.json").write_text(json.dumps({"phases": [{"phase": "answer_only"}, {"phase": "cpr"}]}))
