@@ -14,24 +14,41 @@ import cpr.training.selection as selection
 from cpr.errors import ConfigError
 from cpr.training.checkpoints import COMPLETE_MARKER
 
-PROCESSOR_FILES = {"preprocessor_config.json": "{}", "tokenizer.json": "{}", "training_args.bin": "args"}
-TRAINER_FILES = {"optimizer.pt": "opt", "scheduler.pt": "sched", "trainer_state.json": "{}", "rng_state.pth": "rng"}
+
+def _torch_file(obj) -> bytes:
+    """A whole torch file (a zip archive), as transformers and PEFT save them."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
 
 
-def _adapter_files(step: int) -> dict[str, str]:
-    return {"adapter_model.safetensors": f"weights of step {step}", "adapter_config.json": json.dumps({"r": 4}),
-            "README.md": f"card {step}"}
+PROCESSOR_FILES = {"preprocessor_config.json": b"{}", "tokenizer.json": b"{}", "training_args.bin": _torch_file("args")}
+TRAINER_FILES = {"optimizer.pt": _torch_file("opt"), "scheduler.pt": _torch_file("sched"), "trainer_state.json": b"{}",
+                 "rng_state.pth": _torch_file("rng")}
 
 
-def _write(folder: Path, files: dict[str, str]) -> Path:
+def _adapter_files(step: int) -> dict[str, bytes]:
+    """A LoRA adapter whose weights (real safetensors: checkpoints are checked to load) hold the step."""
+    import torch
+    from safetensors.torch import save
+
+    return {"adapter_model.safetensors": save({"lora_A.weight": torch.full((2, 2), float(step))}),
+            "adapter_config.json": json.dumps({"r": 4}).encode(), "README.md": f"card {step}".encode()}
+
+
+def _write(folder: Path, files: dict[str, bytes]) -> Path:
     folder.mkdir(parents=True)
-    for name, text in files.items():
-        (folder / name).write_text(text)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
     return folder
 
 
-def _contents(folder: Path) -> dict[str, str]:
-    return {f.name: f.read_text() for f in folder.iterdir()}
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in folder.iterdir()}
 
 
 def _phase(tmp_path: Path, *, last_checkpoint: bool = True) -> Path:
@@ -41,7 +58,7 @@ def _phase(tmp_path: Path, *, last_checkpoint: bool = True) -> Path:
     steps = (2, 4) if last_checkpoint else (2,)
     for step in steps:
         _write(phase / f"checkpoint-{step}", {**_adapter_files(step), **PROCESSOR_FILES, **TRAINER_FILES,
-                                              COMPLETE_MARKER: "{}"})
+                                              COMPLETE_MARKER: b"{}"})
     _write(phase / "adapter", {**_adapter_files(4), **PROCESSOR_FILES})
     return phase
 
