@@ -122,6 +122,7 @@ def runs(tmp_path_factory):
     return out, launches
 
 
+@pytest.mark.slow
 def test_zero2_and_zero3_finish_with_one_writer_and_the_same_steps(runs):
     out, launches = runs
     for name in ("zero2", "zero3"):

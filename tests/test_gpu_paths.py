@@ -325,6 +325,7 @@ state.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (BIN / "torchrun").exists(), reason="torchrun not installed next to python")
 def test_every_process_takes_the_main_process_decision_on_a_failed_run(tmp_path):
     """A re-run into a run that failed before training (issue 33): while one process still lists the shared

@@ -134,6 +134,7 @@ def test_pairs_cover_the_cases(pairs):
     assert sum(1 for _, pred, ref in pairs if pred == ref) >= 5
 
 
+@pytest.mark.slow
 def test_parity_with_crystal_metrics_tau_035(pairs, oracle, parity_encoder):
     ours = score_batch(
         [p[1] for p in pairs], [p[2] for p in pairs], encoder=parity_encoder, threshold=0.35, alpha=0.3

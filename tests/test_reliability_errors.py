@@ -227,6 +227,7 @@ def test_missing_local_encoder_folder_names_the_key(tmp_path, monkeypatch, capsy
     ],
     ids=["model", "encoder"],
 )
+@pytest.mark.slow
 def test_unreachable_hub_fails_fast_without_retries(tmp_path, override, what, key):
     """The hub is not offline but does not answer (a closed local port): one probe, no retry storm."""
     section, name, value = override

@@ -151,6 +151,7 @@ def uninterrupted(tmp_path_factory) -> tuple[Path, dict]:
     return root / "full", _adapter(root / "full")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["warm_start", "warm_start_end", "checkpoint_write", "selection", "final_evaluation"])
 def test_sigkill_at_a_named_point_then_resume_equals_the_uninterrupted_run(tmp_path, uninterrupted, fault):
     full, expected = uninterrupted
@@ -175,6 +176,7 @@ def test_sigkill_at_a_named_point_then_resume_equals_the_uninterrupted_run(tmp_p
     assert not (run / "run.lock").exists()
 
 
+@pytest.mark.slow
 def test_two_resumes_at_once_the_second_is_refused(tmp_path):
     import time
 

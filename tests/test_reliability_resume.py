@@ -234,6 +234,7 @@ MASTERY = {**DYNAMIC, "curriculum": {"mastery_window": 2, "mastery_threshold": 0
     ids=["staged", "none_epoch_boundary", "inside_steps_per_generation", "inside_num_iterations",
          "dynamic_sampling", "mastery"],
 )
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path, schedule, limit, steps, ckpt, kill_at, training, generations,
                                                   settings):
     from safetensors.torch import load_file

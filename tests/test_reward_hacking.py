@@ -68,6 +68,7 @@ def _by_item(names, rewards):
     return out
 
 
+@pytest.mark.slow
 def test_every_exploit_earns_strictly_less_guarded_cpr_than_the_honest_completion(exploit_batch):
     texts, names, cols = exploit_batch
     per_item = _by_item(names, get_reward_function("cpr", encoder=ENC)(prompts=None, completions=texts, **cols))

@@ -359,6 +359,7 @@ def test_hub_reachable_probe(monkeypatch):
         assert hub_reachable() is False  # offline mode: never probed
 
 
+@pytest.mark.slow
 def test_without_the_hub_the_default_encoder_fails_in_seconds(files):
     """No --encoder, no HF_HUB_OFFLINE, the hub unreachable: one clear line within seconds (huggingface_hub's
     retries alone took 86 s here before the probe)."""

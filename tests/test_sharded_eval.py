@@ -84,6 +84,7 @@ def _metrics(folder: Path) -> dict:
     return {k: v for k, v in m.items() if k != "seconds"}
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_metrics_of_one_under_ddp_and_zero3(tmp_path, one_thread):
     import torch
 

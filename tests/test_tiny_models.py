@@ -313,6 +313,7 @@ def test_the_shipped_demo_configs_name_the_demo_models():
         assert kind in tiny.TINY_KINDS
 
 
+@pytest.mark.slow
 def test_cli_builds_a_model_into_a_folder(tmp_path):
     out = tmp_path / "m"
     proc = subprocess.run([sys.executable, "-m", "cpr_tools.tiny_models", "internvl", "--out", str(out)],
