@@ -46,13 +46,7 @@ def greedy_advantages(rewards: Any, greedy_rewards: Any, group_size: int, scale_
 
     if scale_rewards not in SCALES:
         raise ValueError(f"scale_rewards must be one of {SCALES}, got {scale_rewards!r}")
-    if group_size < 1 or rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards are not groups of {group_size}")
-    grouped = rewards.view(-1, group_size)
-    if greedy_rewards.shape != (grouped.shape[0],):
-        raise ValueError(f"greedy_rewards must have shape ({grouped.shape[0]},), got {tuple(greedy_rewards.shape)}")
-    greedy = greedy_rewards.to(grouped)
-    base = torch.where(torch.isnan(greedy), torch.nanmean(grouped, dim=1), greedy)
+    grouped, greedy, base = _grouped_baseline(rewards, greedy_rewards, group_size)
     advantages = grouped - base.unsqueeze(1)
     with_greedy = torch.cat([grouped, greedy.unsqueeze(1)], dim=1)
     if scale_rewards == "group":
@@ -82,14 +76,8 @@ def zero_signal_groups(rewards: Any, greedy_rewards: Any, group_size: int) -> An
     """
     import torch
 
-    if group_size < 1 or rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards are not groups of {group_size}")
-    grouped = rewards.view(-1, group_size)
-    if greedy_rewards.shape != (grouped.shape[0],):
-        raise ValueError(f"greedy_rewards must have shape ({grouped.shape[0]},), got {tuple(greedy_rewards.shape)}")
-    greedy = greedy_rewards.to(grouped)
-    base = torch.where(torch.isnan(greedy), torch.nanmean(grouped, dim=1), greedy).unsqueeze(1).expand_as(grouped)
-    tied = torch.isclose(grouped, base) | torch.isnan(grouped)
+    grouped, _, base = _grouped_baseline(rewards, greedy_rewards, group_size)
+    tied = torch.isclose(grouped, base.unsqueeze(1).expand_as(grouped)) | torch.isnan(grouped)
     return tied.all(dim=1)
 
 
@@ -116,3 +104,18 @@ def check_baseline(baseline: Any, *, dynamic_sampling: bool = False, aggregation
     if aggregation != "sum_then_normalize":
         raise ConfigError(f"baseline: greedy replaces the group mean of the summed reward, which "
                           f"multi_objective_aggregation {aggregation!r} does not use", field=f"{prefix}training.multi_objective_aggregation")
+
+
+def _grouped_baseline(rewards: Any, greedy_rewards: Any, group_size: int) -> tuple[Any, Any, Any]:
+    """``rewards`` as ``(N // group_size, group_size)``, ``greedy_rewards`` in their dtype and device, and each
+    group's baseline ``(N // group_size,)``: the greedy completion's reward, the group's mean where it is NaN.
+    Raises ``ValueError`` for ``N`` not a multiple of ``group_size`` or ``greedy_rewards`` of another length."""
+    import torch
+
+    if group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards are not groups of {group_size}")
+    grouped = rewards.view(-1, group_size)
+    if greedy_rewards.shape != (grouped.shape[0],):
+        raise ValueError(f"greedy_rewards must have shape ({grouped.shape[0]},), got {tuple(greedy_rewards.shape)}")
+    greedy = greedy_rewards.to(grouped)
+    return grouped, greedy, torch.where(torch.isnan(greedy), torch.nanmean(grouped, dim=1), greedy)
