@@ -1,4 +1,4 @@
-"""Measurements behind the defaults of guarded step scoring (cpr.guard), and the exploit table.
+"""Measurements behind the defaults of guarded step scoring (cpr.guarded_matching), and the exploit table.
 
 On the bundled samples (MATH-Vision, TabMWP; add CRYSTAL-style references with
 ``--data crystal=PATH``) with the offline encoder, it prints:
@@ -56,7 +56,7 @@ def main() -> None:
 
     from cpr.audit import AuditItem, exploit_completions, render, reworded
     from cpr.data import load_records
-    from cpr.guard import GUARD_PRESETS, guarded_scores, prompt_pieces
+    from cpr.guarded_matching import GUARD_PRESETS, guarded_scores, prompt_pieces
     from cpr.matching import get_encoder
     from cpr.rewards import get_reward_function
 

@@ -13,7 +13,7 @@ cleared, each question gets a fresh suffix), so the guarded reward splits and em
 
 Measured, in one process after the encoder is loaded:
   (a) the ``cpr`` reward function on the batch (parse + answer check + encode + matching)
-      with guarded step scoring (the default for training, cpr.guard);
+      with guarded step scoring (the default for training, cpr.guarded_matching);
   (a') the same with ``guard: paper``;
   (b) the lower bound: one batched encode of the batch's unique completion steps and prompt
       pieces (question, its sentences, options) with the same encoder and batch size.
@@ -74,7 +74,7 @@ def main() -> None:
 
     import torch
 
-    from cpr.guard import prompt_pieces
+    from cpr.guarded_matching import prompt_pieces
     from cpr.matching import get_encoder
     from cpr.rewards import get_reward_function
     from cpr.steps import completion_text, parse_completion

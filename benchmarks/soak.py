@@ -1,7 +1,7 @@
 """Soak test: a long CPU run of the tiny model with the full CPR reward and the staged curriculum.
 
 Trains the TabMWP demo's tiny Qwen2.5-VL (``python -m cpr_tools.tiny_models --demo``) on the embedded TabMWP samples
-through :func:`cpr.training.runner.run_experiment`
+through :func:`cpr.training.experiment.run_experiment`
 (a short supervised warm start, so that completions hold JSON reasoning steps and the step encoder
 works on every batch, then the ``cpr`` phase: format + CPR, staged curriculum) and records, every
 ``--every`` optimizer steps, the process's resident memory (RSS, psutil) as it is and after
@@ -133,7 +133,7 @@ def main() -> int:
 
     from cpr.matching import get_encoder
     from cpr.training.config import config_from_dict
-    from cpr.training.runner import run_experiment
+    from cpr.training.experiment import run_experiment
     from cpr_tools import tiny_models
 
     torch.set_num_threads(args.threads)

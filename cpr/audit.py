@@ -135,7 +135,7 @@ def _pool(
     item: AuditItem, foreign: Sequence[str], encoder: Any, rng: random.Random
 ) -> tuple[dict[str, list[Gene]], list[Gene]]:
     """The genes by kind, and the closest foreign step to each own step (a white-box cover)."""
-    from cpr.guard import prompt_pieces
+    from cpr.guarded_matching import prompt_pieces
 
     own = list(item.reference_steps)
     pieces = prompt_pieces(item.question, ())

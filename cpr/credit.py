@@ -3,7 +3,7 @@
 With ``credit: completion`` (the default) every token of a completion gets GRPO's completion-level advantage
 ``A_i``. With ``credit: step`` the step-scoring reward (:class:`cpr.rewards.StepF1Reward`, :class:`cpr.rewards.CPRReward`)
 splits its reward over the completion's parts: predicted step ``k`` earns ``r_k = scale * c_k`` (``c_k`` its
-guarded credit to the reference step it matched, :func:`cpr.guard.pair_credit`; 0 when unmatched, a collapsed
+guarded credit to the reference step it matched, :func:`cpr.guarded_matching.pair_credit`; 0 when unmatched, a collapsed
 duplicate or a restatement discounted below tau) and the answer span the completion's answer term (CPR:
 ``c * a_w``), the parts summing to the reward (:meth:`cpr.rewards.StepF1Reward.credit_split`).
 

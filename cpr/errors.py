@@ -83,7 +83,7 @@ class ModelNotAvailableError(CprError, OSError):
 
 def error_exit_code(error: CprError) -> int:
     """The process exit code for ``error``: its class's ``exit_code`` where it sets one
-    (:class:`cpr.training.guards.TrainingDivergedError`: 3), else 2."""
+    (:class:`cpr.training.divergence.TrainingDivergedError`: 3), else 2."""
     return int(getattr(error, "exit_code", 2))
 
 

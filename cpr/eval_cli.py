@@ -283,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
 
     from cpr.data import load_records, load_templates
     from cpr.data.cli import parse_options, source_path
-    from cpr.evaluation import runner
+    from cpr.evaluation import model_eval
     from cpr.evaluation.benchmarks import get_benchmark
     from cpr.evaluation.generation import GenerationSettings
     from cpr.evaluation.report import is_crystal_test
@@ -333,7 +333,7 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_json(out / "eval_config.json", config)
     model, processor, generator = _load(args, settings, max(len(r.images) for r in records))
     label = settings["model"] if settings["adapter"] is None else f"{settings['model']} + {settings['adapter']}"
-    runner.evaluate_model(
+    model_eval.evaluate_model(
         model, processor, bench.name, records, generation=generation, scoring=scoring, templates=templates,
         out_dir=out, label=label, title=f"{bench.name} evaluation of {label}", generator=generator, paper_rows=paper_rows,
         extra={"config": {**config, "scoring": asdict(scoring), "references_format": bench.references_format}},

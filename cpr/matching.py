@@ -36,7 +36,7 @@ MATCHING_MODES = ("greedy", "maximum")
 class StepScores:
     """Step metrics of one sample (docs/method.md sections 2-3): ``n_pred``, ``n_ref`` (>= 1) and
     ``n_matched`` (pairs); ``precision`` / ``recall`` = matched credit (the number of pairs, or the guarded
-    credit of :mod:`cpr.guard`) / ``n_pred`` (0 when it is 0) / ``n_ref``, in [0, 1]; ``match_f1`` =
+    credit of :mod:`cpr.guarded_matching`) / ``n_pred`` (0 when it is 0) / ``n_ref``, in [0, 1]; ``match_f1`` =
     ``2PR / (P + R)`` (0 when ``P + R == 0``); ``lis`` in [0, 1] (1.0 with fewer than two pairs);
     ``ordered_f1`` = ``match_f1 * ((1 - alpha) + alpha * lis)``."""
 

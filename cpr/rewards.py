@@ -4,7 +4,7 @@
 Each has TRL's signature ``f(prompts, completions, **columns) -> list[float | None]`` (``None``: no
 reward, TRL's convention); the dataset columns ``answer``, ``reference_steps``, ``options``,
 ``question`` arrive aligned with the completions, and ``log_metric`` gets :data:`LOGGED_METRICS` and
-``rewards/<name>/none_frac``. Step F1 is scored by :mod:`cpr.guard` (``guard: paper`` = the paper's
+``rewards/<name>/none_frac``. Step F1 is scored by :mod:`cpr.guarded_matching` (``guard: paper`` = the paper's
 Match F1) with one shared encoder and one encode call per batch. A parse failure is a low reward; an
 encoder exception propagates with context.
 """
@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from cpr.answers import check_answer, check_answer_mode, is_non_answer
 from cpr.credit import CompletionCredit
 from cpr.errors import ConfigError, CprError
-from cpr.guard import MONITORS, guarded_scores, prompt_pieces
+from cpr.guarded_matching import MONITORS, guarded_scores, prompt_pieces
 from cpr.matching import StepScores, get_encoder
 from cpr.scoring import STEP_FIELDS, ScoringSettings
 from cpr.steps import ParsedCompletion, completion_text, parse_completion

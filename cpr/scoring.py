@@ -65,7 +65,7 @@ class ScoringSettings:
     config's ``rewards`` default), the encoder's ``device`` (``None``: the trainer's, else CUDA if
     available), ``batch_size`` (encoder), ``max_cached_completions`` (completion-step embeddings the
     encoder's LRU keeps) and the training rewards' ``guard`` (``"guarded"``, ``"paper"``, a mapping or a
-    :class:`cpr.guard.GuardSettings`; :meth:`cpr.guard.GuardSettings.parse`).
+    :class:`cpr.guarded_matching.GuardSettings`; :meth:`cpr.guarded_matching.GuardSettings.parse`).
 
     Raises:
         ConfigError: an unknown matching or answer mode, tau outside [0, 1], alpha outside [0, 1],
@@ -97,8 +97,8 @@ class ScoringSettings:
         self.guard_settings()
 
     def guard_settings(self) -> Any:
-        """The parsed :class:`cpr.guard.GuardSettings` of ``guard`` (bounded by ``threshold``)."""
-        from cpr.guard import GuardSettings
+        """The parsed :class:`cpr.guarded_matching.GuardSettings` of ``guard`` (bounded by ``threshold``)."""
+        from cpr.guarded_matching import GuardSettings
 
         return GuardSettings.parse(self.guard, threshold=self.threshold, field="guard")
 

@@ -15,7 +15,7 @@
   by token by ``_compute_loss`` (:class:`AdvantageHook`).
 * ``_generate_and_score_completions(inputs)`` and ``_calculate_rewards(...)``: the generation round of a
   training generation batch and its reward matrix, gathered over the processes; dynamic sampling
-  (:mod:`cpr.training.sampling`) runs extra rounds and reads the rewards (:class:`GenerationHook`).
+  (:mod:`cpr.training.dynamic_sampling`) runs extra rounds and reads the rewards (:class:`GenerationHook`).
 * ``_tokenize_prompts(prompts)``: the token ids and images TRL's generation hands vLLM for conversational
   prompts (the greedy baseline decodes through the same engine, :func:`tokenize_prompts`).
 * ``trl.trainer.utils.split_pixel_values_by_grid`` / ``unsplit_pixel_values_by_grid``: the per-row split of a

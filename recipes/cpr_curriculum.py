@@ -45,7 +45,7 @@ def main() -> int:
         own_output = args.output_dir is None and not any(o.startswith("output_dir=") for o in args.overrides)
         args.overwrite = args.overwrite or (own_output and not args.resume)
     # cpr.training.cli.run: the config loaded and validated before any model loads (--check: only checked),
-    # then cpr.training.runner.run_experiment, step by step: each phase built (GRPOConfig, rewards, curriculum),
+    # then cpr.training.experiment.run_experiment, step by step: each phase built (GRPOConfig, rewards, curriculum),
     # the launch checked, config.yaml written, the data loaded, the warm start, per phase train -> select the
     # best checkpoint -> hand over, the final evaluation and the closing table
     return run_command("cpr_curriculum", run, args)

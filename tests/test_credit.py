@@ -254,7 +254,7 @@ def test_completion_credit_loss_is_plain_trls_and_step_credit_changes_it(tmp_pat
 
     from cpr.models import load_model_and_processor
     from cpr.rewards import CPRReward
-    from cpr.training.guards import GuardedGRPOTrainer
+    from cpr.training.divergence import GuardedGRPOTrainer
 
     model, processor = load_model_and_processor(tiny_model("qwen2_5_vl"), device="cpu")
     from datasets import Dataset

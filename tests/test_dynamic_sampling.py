@@ -1,4 +1,4 @@
-"""Dynamic sampling (cpr.training.sampling) and the mastery curriculum (CurriculumSampler, schedule
+"""Dynamic sampling (cpr.training.dynamic_sampling) and the mastery curriculum (CurriculumSampler, schedule
 ``mastery``): zero-variance groups replaced by fresh prompts' groups, ``max_resample`` as the bound,
 the trained batch put together row by row; buckets opening on the online pass rate, p (1 - p) weights,
 an exactly resumable state, the same draws on every process."""
@@ -15,7 +15,7 @@ from datasets import Dataset
 from cpr.errors import ConfigError, CprError
 from cpr.training.config import DynamicSamplingConfig
 from cpr.training.curriculum import CurriculumConfig, CurriculumSampler, observation_lag
-from cpr.training.sampling import (
+from cpr.training.dynamic_sampling import (
     DynamicSamplingTrainer,
     assemble,
     refill,

@@ -201,7 +201,7 @@ def test_adapter_base_and_the_runs_image_size(samples_dir, tmp_path, encoder, ca
     import yaml
     from peft import get_peft_model
 
-    import cpr.evaluation.runner
+    import cpr.evaluation.model_eval
     from cpr.models import build_lora_config, load_model_and_processor
     from cpr_tools.tiny_models import default_corpus, ensure_tiny_model
 
@@ -221,8 +221,8 @@ def test_adapter_base_and_the_runs_image_size(samples_dir, tmp_path, encoder, ca
         f"{tiny_model()!r} (config, tokenizer or weights differ: fingerprint ")
 
     sizes = []
-    original = cpr.evaluation.runner.evaluate_model
-    monkeypatch.setattr(cpr.evaluation.runner, "evaluate_model", lambda m, processor, *a, **k: sizes.append(
+    original = cpr.evaluation.model_eval.evaluate_model
+    monkeypatch.setattr(cpr.evaluation.model_eval, "evaluate_model", lambda m, processor, *a, **k: sizes.append(
         dict(processor.image_processor.size)) or original(m, processor, *a, **k))
     assert _eval(tmp_path / "own", "crystal", data, encoder, *args, "--model", base) == 0
     assert sizes == [{"shortest_edge": 6272, "longest_edge": 25088}]  # the tiny model's own: 3136, 12544

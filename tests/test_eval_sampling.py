@@ -18,7 +18,7 @@ from cpr.errors import ConfigError, InputError
 from cpr.evaluation import GenerationSettings, evaluate_model
 from cpr.evaluation.benchmarks.crystal import standard_messages
 from cpr.evaluation.generation import DecodingSettings, Generated, TransformersGenerator, batch_seed
-from cpr.evaluation.sampling import generate_samples
+from cpr.evaluation.sampled_metrics import generate_samples
 from cpr.scoring import (
     ScoringSettings,
     load_sampled_predictions,

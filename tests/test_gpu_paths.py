@@ -58,8 +58,8 @@ def test_process_group_timeout_comes_from_ddp_timeout(monkeypatch):
     import accelerate
 
     import cpr.distributed as D
+    from cpr.training.experiment import run_experiment
     from cpr.training.preflight import process_group_timeout
-    from cpr.training.runner import run_experiment
 
     assert process_group_timeout(_cfg()) == 1800.0  # TrainingArguments' default
     cfg = _cfg(training={"ddp_timeout": 7200}, phases=["answer_only", "cpr"],
@@ -308,7 +308,7 @@ import json, sys, time
 from pathlib import Path
 from cpr.distributed import check_shared_output_dir, process_state
 from cpr.errors import ConfigError
-from cpr.training.runner import claim_output_dir
+from cpr.training.experiment import claim_output_dir
 
 state = process_state()
 out = Path(sys.argv[1])

@@ -1,4 +1,4 @@
-"""Guarded step scoring (cpr.guard): settings, each rule on hand-made cases, parity of ``guard:
+"""Guarded step scoring (cpr.guarded_matching): settings, each rule on hand-made cases, parity of ``guard:
 paper`` with the paper's Match F1, and the hack monitors logged by the reward functions."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from cpr.data import load_records
 from cpr.errors import ConfigError
-from cpr.guard import GUARD_PRESETS, GuardSettings, guarded_scores, prompt_pieces
+from cpr.guarded_matching import GUARD_PRESETS, GuardSettings, guarded_scores, prompt_pieces
 from cpr.matching import get_encoder, score_batch
 from cpr.rewards import LOGGED_METRICS, get_reward_function
 from cpr_tools.step_pairs import perturb

@@ -270,8 +270,8 @@ def test_oom_in_generation_names_the_settings_to_lower(tmp_path, monkeypatch, on
     import trl
 
     from cpr.training.config import config_from_dict
+    from cpr.training.experiment import run_experiment
     from cpr.training.oom import TrainingOutOfMemoryError
-    from cpr.training.runner import run_experiment
 
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.15 GiB total)")
 
@@ -300,8 +300,8 @@ def test_oom_in_generation_names_the_settings_to_lower(tmp_path, monkeypatch, on
 def test_oom_in_the_step_encoder_names_its_batch_size(tmp_path, monkeypatch, one_thread):
     from cpr.matching import StepEncoder
     from cpr.training.config import config_from_dict
+    from cpr.training.experiment import run_experiment
     from cpr.training.oom import TrainingOutOfMemoryError
-    from cpr.training.runner import run_experiment
 
     def encode(self, texts):
         raise RuntimeError("CUDA error: out of memory")
@@ -428,7 +428,7 @@ def test_ctrl_c_outside_a_run_exits_130_without_a_traceback(capsys):
 
 
 def test_resume_command_drops_overwrite():
-    from cpr.training.runner import resume_command
+    from cpr.training.experiment import resume_command
 
     assert resume_command(1, ["recipes/cpr_curriculum.py", "--config", "a b.yaml", "--overwrite"]) == (
         "python recipes/cpr_curriculum.py --config 'a b.yaml' --resume")
@@ -470,7 +470,7 @@ def test_init_adapter_of_another_base_is_refused_before_anything_trains(tmp_path
 def test_a_second_run_in_a_locked_folder_is_refused(tmp_path, monkeypatch, capsys, no_model_load):
     """Two --resume of one run at once: the second is refused in one line, before it writes anything."""
     from cpr.io import unlock_file
-    from cpr.training.runner import RUN_LOCK, lock_run_folder
+    from cpr.training.experiment import RUN_LOCK, lock_run_folder
 
     config = _write(tmp_path, _config(tmp_path, model__name_or_path="nonexistent-org/nonexistent-model"))
     run = tmp_path / "run"
@@ -493,10 +493,10 @@ def test_a_second_run_in_a_locked_folder_is_refused(tmp_path, monkeypatch, capsy
 
 def test_a_killed_run_does_not_leave_its_folder_locked(tmp_path):
     from cpr.io import unlock_file
-    from cpr.training.runner import RUN_LOCK, lock_run_folder
+    from cpr.training.experiment import RUN_LOCK, lock_run_folder
 
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from cpr.training.runner import "
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from cpr.training.experiment import "
          "lock_run_folder; held = lock_run_folder(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)",
          str(tmp_path / "run")], stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:

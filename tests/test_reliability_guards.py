@@ -1,4 +1,4 @@
-"""Divergence guards (cpr.training.guards): unit tests of the decisions, then each condition
+"""Divergence guards (cpr.training.divergence): unit tests of the decisions, then each condition
 injected into a real GRPO run of the tiny model on CPU (2-4 optimizer steps each).
 
 Injected conditions: a custom reward function returning NaN at one step (registered in the test),
@@ -31,7 +31,7 @@ from cpr.training.config import (
     ZeroStdGuardConfig,
     config_from_dict,
 )
-from cpr.training.guards import DivergenceGuard, TrainingDivergedError, drop_update
+from cpr.training.divergence import DivergenceGuard, TrainingDivergedError, drop_update
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -134,7 +134,7 @@ def test_kl_warns_when_a_run_reaches_its_length_and_every_length_after(tmp_path,
     cfg = GuardsConfig(kl=KLGuardConfig(limit=10.0, consecutive_steps=2))
     g, tr, p, opt, state, args = _guard(cfg, tmp_path)
     kept = []
-    with caplog.at_level(logging.WARNING, logger="cpr.training.guards"):
+    with caplog.at_level(logging.WARNING, logger="cpr.training.divergence"):
         for kl in (20.0, 20.0, 5.0, 20.0, 20.0, 20.0, 20.0):
             kept.append(_step(g, tr, p, opt, state, args, kl=kl)[1])
     # runs: 1, 2*, 0, 1, 2*, 3, 4*  (* = announced: (run - 2) % 2 == 0)
@@ -349,7 +349,7 @@ def test_nan_reward_stops_through_the_recipe(tmp_path, monkeypatch, capsys, one_
 def test_nan_loss_skip_step_drops_exactly_that_update(tmp_path, monkeypatch, one_thread):
     import trl
 
-    from cpr.training.runner import run_experiment
+    from cpr.training.experiment import run_experiment
 
     _register(monkeypatch)
     real = trl.GRPOTrainer._compute_loss
@@ -387,7 +387,7 @@ def test_nan_loss_skip_step_drops_exactly_that_update(tmp_path, monkeypatch, one
 def test_inf_grad_norm_warns_and_keeps_training(tmp_path, monkeypatch, caplog, one_thread):
     from accelerate import Accelerator
 
-    from cpr.training.runner import run_experiment
+    from cpr.training.experiment import run_experiment
 
     _register(monkeypatch)
     real, clipped = Accelerator.clip_grad_norm_, []
@@ -402,10 +402,10 @@ def test_inf_grad_norm_warns_and_keeps_training(tmp_path, monkeypatch, caplog, o
 
     monkeypatch.setattr(Accelerator, "clip_grad_norm_", inf_at_step2)
     cfg = config_from_dict(_config(tmp_path, ["length"], steps=2, guards={"action": "warn"}))
-    with caplog.at_level(logging.WARNING, logger="cpr.training.guards"):
+    with caplog.at_level(logging.WARNING, logger="cpr.training.divergence"):
         summary = run_experiment(cfg)
     assert summary["status"] == "finished"
-    warnings = [r.message for r in caplog.records if r.name == "cpr.training.guards"]
+    warnings = [r.message for r in caplog.records if r.name == "cpr.training.divergence"]
     assert warnings == ["guard nan at step 2 (warning): non-finite grad_norm (inf)"]
     g = summary["phases"][0]["guards"]
     assert g["counts"]["nan"] == {"steps": 1, "skipped": 0} and g["skipped_steps"] == []
@@ -416,7 +416,7 @@ def test_inf_grad_norm_warns_and_keeps_training(tmp_path, monkeypatch, caplog, o
 
 @pytest.mark.slow
 def test_kl_above_limit_for_consecutive_steps_stops(tmp_path, monkeypatch, one_thread):
-    from cpr.training.runner import run_experiment
+    from cpr.training.experiment import run_experiment
 
     _register(monkeypatch)
     guards = {"kl": {"limit": 1.0e-9, "consecutive_steps": 2, "action": "stop"}}
@@ -439,8 +439,8 @@ def test_kl_above_limit_for_consecutive_steps_stops(tmp_path, monkeypatch, one_t
 
 @pytest.mark.slow
 def test_a_reward_returning_none_trains_and_logs_its_share(tmp_path, monkeypatch, one_thread):
+    from cpr.training.experiment import run_experiment
     from cpr.training.logs import read_log
-    from cpr.training.runner import run_experiment
 
     _register(monkeypatch)
     summary = run_experiment(config_from_dict(_config(tmp_path, ["length", "length_or_none"], steps=2, save_steps=10)))
@@ -455,14 +455,14 @@ def test_a_reward_returning_none_trains_and_logs_its_share(tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_constant_reward_warns_about_zero_std(tmp_path, monkeypatch, caplog, one_thread):
-    from cpr.training.runner import run_experiment
+    from cpr.training.experiment import run_experiment
 
     _register(monkeypatch)
     guards = {"zero_std": {"window": 2, "fraction": 0.5}}
     cfg = config_from_dict(_config(tmp_path, ["constant"], steps=4, save_steps=10, guards=guards))
-    with caplog.at_level(logging.WARNING, logger="cpr.training.guards"):
+    with caplog.at_level(logging.WARNING, logger="cpr.training.divergence"):
         summary = run_experiment(cfg)
-    warnings = [r.message for r in caplog.records if r.name == "cpr.training.guards"]
+    warnings = [r.message for r in caplog.records if r.name == "cpr.training.divergence"]
     text = "every group's reward std was zero for {} steps in a row (no learning signal)"
     assert warnings == [
         f"guard zero_std at step 2 (warning): {text.format(2)}",
@@ -482,7 +482,7 @@ def test_zero_std_window_scales_with_a_short_phase(tmp_path, caplog):
     g, tr, p, opt, state, args = _guard(GuardsConfig(), tmp_path)
     state.max_steps = 8
     g.on_train_begin(args, state, TrainerControl())
-    with caplog.at_level(logging.WARNING, logger="cpr.training.guards"):
+    with caplog.at_level(logging.WARNING, logger="cpr.training.divergence"):
         for frac in (1.0, 1.0, 0.5, 1.0, 1.0):
             _step(g, tr, p, opt, state, args, frac=frac)
     assert [r.message for r in caplog.records] == [
@@ -501,7 +501,7 @@ def test_with_the_greedy_baseline_zero_std_reads_the_groups_without_signal(tmp_p
     opt = torch.optim.AdamW([p], lr=0.1)
     state = SimpleNamespace(global_step=0, is_world_process_zero=True)
     args = SimpleNamespace(output_dir=str(tmp_path), should_save=True)
-    with caplog.at_level(logging.WARNING, logger="cpr.training.guards"):
+    with caplog.at_level(logging.WARNING, logger="cpr.training.divergence"):
         for signal in (0.0, 0.5, 1.0, 1.0):
             control = TrainerControl()
             g.on_step_begin(args, state, control)

@@ -312,7 +312,7 @@ def test_an_interrupted_warm_start_resumes_from_its_checkpoint_exactly(tmp_path,
 
     import cpr.training.sft
     from cpr.training.config import config_from_dict
-    from cpr.training.runner import run_experiment
+    from cpr.training.experiment import run_experiment
 
     run_sft, steps_run = cpr.training.sft.run_sft, []
 
@@ -449,7 +449,7 @@ def test_a_phase_killed_after_its_last_checkpoint_trains_no_further_step(tmp_pat
     from safetensors.torch import load_file
 
     from cpr.training.config import config_from_dict
-    from cpr.training.runner import run_experiment
+    from cpr.training.experiment import run_experiment
 
     register_length_reward(monkeypatch)
     out = tmp_path / "run"
@@ -566,7 +566,7 @@ def test_a_warm_start_killed_after_its_last_checkpoint_trains_no_further_step(tm
 
     import cpr.training.sft
     from cpr.training.config import config_from_dict
-    from cpr.training.runner import run_experiment
+    from cpr.training.experiment import run_experiment
 
     run_sft, steps_run = cpr.training.sft.run_sft, []
 

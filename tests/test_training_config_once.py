@@ -32,7 +32,7 @@ TRAINING = {"per_device_train_batch_size": 4, "num_generations": 2, "max_steps":
 
 
 def test_the_curriculum_is_built_once_and_is_what_the_trainers_sampler_reads(tmp_path, monkeypatch):
-    from cpr.training import guards
+    from cpr.training import divergence
     from cpr.training.build import build_phases
     from cpr.training.curriculum import CurriculumConfig, CurriculumSampler
     from cpr.training.phase import train_phase
@@ -56,13 +56,13 @@ def test_the_curriculum_is_built_once_and_is_what_the_trainers_sampler_reads(tmp
     class Stop(Exception):
         pass
 
-    class Trainer(guards.GuardedGRPOTrainer):
+    class Trainer(divergence.GuardedGRPOTrainer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             seen["trainer"] = self
             raise Stop
 
-    monkeypatch.setattr(guards, "GuardedGRPOTrainer", Trainer)
+    monkeypatch.setattr(divergence, "GuardedGRPOTrainer", Trainer)
     splits, templates = load_run_data(cfg)
     with pytest.raises(Stop):
         train_phase(cfg, spec, splits, templates, cfg.model.name_or_path, None, False)

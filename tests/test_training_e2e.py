@@ -23,8 +23,8 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 import cpr.rewards as rewards_mod
+import cpr.training.experiment as runner
 import cpr.training.policy as policy
-import cpr.training.runner as runner
 from cpr.training.config import config_from_dict, load_config
 from cpr_tools import tiny_models
 
@@ -236,7 +236,7 @@ def test_single_phase_and_resume_skips_finished_phases(tmp_path, samples_dir, wi
 @pytest.fixture
 def trainers(monkeypatch):
     """Every GRPO trainer the runner builds."""
-    import cpr.training.guards as guards
+    import cpr.training.divergence as guards
 
     made = []
 

@@ -110,9 +110,9 @@ def test_run_folder_reads_the_final_evaluation_of_each_split(tmp_path):
 
 
 def test_cpr_train_exit_codes(tmp_path, monkeypatch, capsys):
-    import cpr.training.runner
+    import cpr.training.experiment
     from cpr.cli import error_exit_code, main
-    from cpr.training.guards import TrainingDivergedError
+    from cpr.training.divergence import TrainingDivergedError
     from cpr.training.oom import TrainingOutOfMemoryError
 
     path = tmp_path / "ok.yaml"
@@ -122,7 +122,7 @@ def test_cpr_train_exit_codes(tmp_path, monkeypatch, capsys):
     def diverge(cfg, *, resume=False, overwrite=False):
         raise error
 
-    monkeypatch.setattr(cpr.training.runner, "run_experiment", diverge)
+    monkeypatch.setattr(cpr.training.experiment, "run_experiment", diverge)
     assert main(["train", "--config", str(path)]) == 3
     assert capsys.readouterr().err == "cpr train: error: phase cpr diverged at step 2: nan loss\n"
     assert error_exit_code(error) == 3 and error_exit_code(TrainingOutOfMemoryError("x")) == 2
@@ -132,7 +132,7 @@ def test_cpr_train_exit_codes(tmp_path, monkeypatch, capsys):
         f"cpr train: error: {path} (--set evaluation.final_splits=[train]) field 'evaluation.final_splits[0]': "
         "must be 'test' or 'validation', got 'train'\n"
     )
-    monkeypatch.setattr(cpr.training.runner, "run_experiment", lambda cfg, *, resume=False, overwrite=False: {"status": "finished"})
+    monkeypatch.setattr(cpr.training.experiment, "run_experiment", lambda cfg, *, resume=False, overwrite=False: {"status": "finished"})
     assert main(["train", "--config", str(path)]) == 0
 
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import cpr.training.runner as runner
+import cpr.training.experiment as runner
 import cpr.training.selection as selection
 from cpr.errors import ConfigError
 from cpr.training.checkpoints import COMPLETE_MARKER

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 import cpr.training.policy as policy
 from cpr.data import Record, load_records, load_templates
 from cpr.training.config import config_from_dict
-from cpr.training.runner import run_experiment
+from cpr.training.experiment import run_experiment
 from cpr.training.warm_start import train_lora
 
 WORDS = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]

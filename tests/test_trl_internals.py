@@ -178,9 +178,9 @@ def test_tokenize_prompts_is_what_trls_generation_hands_vllm():
     assert "self.vllm_generation.generate(" in single and "prompts=prompt_ids" in single and "images=images" in single
 
 
-@pytest.mark.parametrize("module", ["cpr.training.guards", "cpr.training.checkpoints", "cpr.training.curriculum",
+@pytest.mark.parametrize("module", ["cpr.training.divergence", "cpr.training.checkpoints", "cpr.training.curriculum",
                                     "cpr.training.phase", "cpr.training.logs", "cpr.evaluation.callback", "cpr.credit",
-                                    "cpr.training.sampling", "cpr.training.greedy_baseline"])
+                                    "cpr.training.dynamic_sampling", "cpr.training.greedy_baseline"])
 def test_no_other_module_touches_trls_private_state(module):
     assert _private_uses(module) == [], f"{module}: go through cpr.trl_internals"
     assert sorted(set(_private_uses("cpr.trl_internals"))) == [

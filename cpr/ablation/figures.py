@@ -160,10 +160,10 @@ def bound_on_scale(values: Sequence[float], bound: float) -> bool:
 
 
 def plot_hack_monitors(run: RunFolder, path: str | Path, *, dpi: int = 120) -> Path:
-    """Each hack monitor (:data:`cpr.guard.MONITORS`) per training step, with the bound of the run's
+    """Each hack monitor (:data:`cpr.guarded_matching.MONITORS`) per training step, with the bound of the run's
     ``guards.reward_hacking`` (else the defaults) as a dashed red line where it does not flatten the values
     (:func:`bound_on_scale`; else named in the legend)."""
-    from cpr.guard import MONITORS
+    from cpr.guarded_matching import MONITORS
     from cpr.training.config import DEFAULT_HACKING_BOUNDS
 
     logs = run.phase_logs()

@@ -1,4 +1,4 @@
-"""Read a run folder (what :func:`cpr.training.runner.run_experiment` writes): status, config, the phases'
+"""Read a run folder (what :func:`cpr.training.experiment.run_experiment` writes): status, config, the phases'
 logs on one global step axis, the final evaluation's metrics. Never loads a model or torch.
 
 Status: ``finished`` or ``diverged`` (a divergence guard stopped it), as ``summary.json`` says;

@@ -15,8 +15,8 @@ An ablation file (``recipes/configs/ablation_*.yaml``, ``reproduce_*.yaml``; :cl
       - {name: aw0.65_sw0.35, label: 0.65/0.35, set: {phase_settings.cpr.init_adapter: "@phase1"}}
 
 Run X is ``recipes/<recipe>.py --config <base_config> --set <set> --set <X's set>`` (with ``output_dir``
-and ``run_name``), run in this process (:func:`cpr.training.runner.run_experiment`; ``sft_lora``:
-:func:`cpr.ablation.sft_baseline.run_sft_baseline`). ``"@X"`` is the adapter run X ended with (its
+and ``run_name``), run in this process (:func:`cpr.training.experiment.run_experiment`; ``sft_lora``:
+:func:`cpr.ablation.lora_sft.run_sft_baseline`). ``"@X"`` is the adapter run X ended with (its
 ``summary.json``'s ``final_adapter``): a shared warm start or phase 1 is an earlier run. ``phases: []``
 scores the warm start (``warm_start.enabled``) or the model as loaded. A finished or diverged run is
 skipped (its ``config.yaml`` must match), an unfinished one continues with ``--resume``.
@@ -172,7 +172,7 @@ def overrides(ab: Ablation, run: Planned, *, strict: bool = True, keep_unfinishe
 def run_config(ab: Ablation, run: Planned, *, strict: bool = True, warn_dropped: bool = True) -> Any:
     """The validated experiment config of a run (``strict``: as :func:`overrides`; ``warn_dropped``: as
     :func:`cpr.training.config.load_config`); a ConfigError names the run, the file, the override and the dotted key."""
-    from cpr.ablation.sft_baseline import load_sft_config
+    from cpr.ablation.lora_sft import load_sft_config
     from cpr.training.config import load_config
 
     try:
@@ -184,9 +184,9 @@ def run_config(ab: Ablation, run: Planned, *, strict: bool = True, warn_dropped:
 
 def _execute(ab: Ablation, run: Planned, resume: bool) -> str:
     """Run one run unless its folder holds a finished or diverged one: ``ran``, ``skipped`` or ``diverged``."""
-    from cpr.ablation.sft_baseline import run_sft_baseline
-    from cpr.training.guards import TrainingDivergedError
-    from cpr.training.runner import config_differences, describe_differences, run_experiment
+    from cpr.ablation.lora_sft import run_sft_baseline
+    from cpr.training.divergence import TrainingDivergedError
+    from cpr.training.experiment import config_differences, describe_differences, run_experiment
 
     folder, cfg = read_run(Path(ab.output_dir) / run.name), run_config(ab, run)
     if folder.status in (FINISHED, DIVERGED):

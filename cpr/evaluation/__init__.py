@@ -1,5 +1,5 @@
 """Evaluation: batched greedy generation (:mod:`~cpr.evaluation.generation`), benchmark scorers
-(:mod:`~cpr.evaluation.benchmarks`), :func:`evaluate_model` (:mod:`~cpr.evaluation.runner`), markdown
+(:mod:`~cpr.evaluation.benchmarks`), :func:`evaluate_model` (:mod:`~cpr.evaluation.model_eval`), markdown
 reports, the training hook :class:`~cpr.evaluation.callback.EvalCallback` and ``cpr eval``
 (:mod:`cpr.eval_cli`)::
 
@@ -10,8 +10,8 @@ reports, the training hook :class:`~cpr.evaluation.callback.EvalCallback` and ``
 
 from cpr.evaluation.benchmarks import BENCHMARKS, Benchmark, get_benchmark, register_benchmark
 from cpr.evaluation.generation import GenerationSettings, generate_completions, load_model_for_eval
+from cpr.evaluation.model_eval import evaluate_model, subset
 from cpr.evaluation.report import render_markdown
-from cpr.evaluation.runner import evaluate_model, subset
 from cpr.scoring import ScoringSettings
 
 __all__ = ["BENCHMARKS", "Benchmark", "GenerationSettings", "ScoringSettings", "evaluate_model",

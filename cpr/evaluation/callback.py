@@ -31,8 +31,8 @@ from cpr.data.records import Record
 from cpr.errors import ConfigError
 from cpr.evaluation.benchmarks import get_benchmark
 from cpr.evaluation.generation import GenerationSettings, TransformersGenerator
+from cpr.evaluation.model_eval import ROW_KEYS, evaluate_model, subset
 from cpr.evaluation.report import flat_metrics, sampled_columns
-from cpr.evaluation.runner import ROW_KEYS, evaluate_model, subset
 from cpr.io import append_jsonl, atomic_write_json
 from cpr.scoring import ScoringSettings
 from cpr.trl_internals import log_as_trainer

@@ -3,7 +3,7 @@
 Protocol (CRYSTAL paper evaluation): greedy decoding, at most ``max_new_tokens`` new tokens (default
 256, the paper's completion budget, docs/method.md section 6). :class:`DecodingSettings` ``sampled``
 adds ``samples`` seeded sampled completions per prompt (temperature, nucleus ``top_p``; written and
-resumed by :func:`cpr.evaluation.sampling.generate_samples`). Prompts are rendered as TRL's
+resumed by :func:`cpr.evaluation.sampled_metrics.generate_samples`). Prompts are rendered as TRL's
 ``GRPOTrainer`` renders them: the processor's ``apply_chat_template`` on conversational messages whose
 image blocks hold the images, with the image token suppressed during generation.
 

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the run in output_dir, --overwrite deletes it: pass one", field="--overwrite")
     from cpr.training.config import config_from_args
-    from cpr.training.runner import run_experiment
+    from cpr.training.experiment import run_experiment
 
     summary = run_experiment(config_from_args(args), resume=args.resume, overwrite=args.overwrite)
     return 0 if summary.get("status") == "finished" else 1

@@ -124,7 +124,7 @@ class WarmStartConfig(_Section):
 
 
 class DynamicSamplingConfig(_Section):
-    """Dynamic sampling of a GRPO phase (DAPO, arXiv 2503.14476, section 3.2; :mod:`cpr.training.sampling`):
+    """Dynamic sampling of a GRPO phase (DAPO, arXiv 2503.14476, section 3.2; :mod:`cpr.training.dynamic_sampling`):
     groups whose rewards are all equal are replaced by groups of fresh prompts, from up to ``max_resample``
     extra generation rounds of a whole generation batch each."""
 
@@ -146,7 +146,7 @@ class PhaseConfig(_Section):
     init_adapter: str | None = None  # start from this LoRA adapter folder instead of the previous phase's
     credit: Literal["completion", "step"] = "completion"  # step: step-level credit (cpr.credit)
     credit_weight: float = 1.0  # w of credit: step (token advantage = completion advantage + w x process advantage)
-    baseline: Literal["group", "greedy"] = "group"  # greedy: the greedy completion's reward replaces the group mean (cpr.baseline)
+    baseline: Literal["group", "greedy"] = "group"  # greedy: the greedy completion's reward replaces the group mean (cpr.advantages)
     training: dict[str, Any] = {}  # trl.GRPOConfig fields over the shared training section
     _curriculum: Any = PrivateAttr(None)
     _training_args: dict[str, Any] | None = PrivateAttr(None)
@@ -225,11 +225,11 @@ class EvaluationConfig(_Section):
     compare: list[str] = []  # earlier stages scored on the test split too: untrained, warm_start or a phase
 
 
-#: What a divergence guard does when its condition holds (:mod:`cpr.training.guards`).
+#: What a divergence guard does when its condition holds (:mod:`cpr.training.divergence`).
 GuardAction = Literal["warn", "skip_step", "stop"]
 #: Default action of each guard condition.
 DEFAULT_GUARD_ACTIONS: dict[str, str] = {"nan": "stop", "kl": "warn", "zero_std": "warn", "reward_hacking": "warn"}
-#: Upper bounds of the hack monitors (:data:`cpr.guard.MONITORS`; docs/reward-hacking.md).
+#: Upper bounds of the hack monitors (:data:`cpr.guarded_matching.MONITORS`; docs/reward-hacking.md).
 DEFAULT_HACKING_BOUNDS: dict[str, float] = {"hacking/duplicate_rate": 0.25, "hacking/restatement_rate": 0.25,
                                             "hacking/precision_minus_recall": 0.8, "hacking/non_answer_rate": 0.5,
                                             "steps/count": 30.0}
@@ -273,7 +273,7 @@ class RewardHackingGuardConfig(_Guard):
     @field_validator("bounds")
     @classmethod
     def _with_defaults(cls, bounds: dict[str, float]) -> dict[str, float]:
-        from cpr.guard import MONITORS
+        from cpr.guarded_matching import MONITORS
 
         for key in set(bounds) - set(MONITORS):
             raise ConfigError(f"unknown monitor; known: {', '.join(MONITORS)}", field=key)
@@ -281,7 +281,7 @@ class RewardHackingGuardConfig(_Guard):
 
 
 class GuardsConfig(_Section):
-    """Divergence guards of the GRPO phases (:mod:`cpr.training.guards`)."""
+    """Divergence guards of the GRPO phases (:mod:`cpr.training.divergence`)."""
 
     enabled: bool = True
     action: GuardAction | None = None  # for every condition that sets none
@@ -525,7 +525,7 @@ def _check_sources(sources: list[DataSourceConfig], key: str, base: Path | None)
 
 def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> PhaseConfig:
     """Phase ``name``'s settings over its preset, checked with the shared ``training`` and ``rewards``."""
-    from cpr.baseline import check_baseline
+    from cpr.advantages import check_baseline
     from cpr.credit import check_credit
     from cpr.rewards import get_reward_set
 

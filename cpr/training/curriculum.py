@@ -12,7 +12,7 @@ multi-process wrapper does not forward ``set_epoch``, so :class:`CurriculumState
 The ``mastery`` schedule is driven by the rewards: the trainer hands the sampler each group's pass rate
 (:meth:`CurriculumSampler.observe`), and batch ``b`` is drawn from the pass rates seen up to batch ``b - lag``
 (``lag`` generation batches: the dataloader draws a batch before the previous ones are trained). With dynamic
-sampling (:mod:`cpr.training.sampling`) the sampler also hands out the fresh prompts of extra generation rounds
+sampling (:mod:`cpr.training.dynamic_sampling`) the sampler also hands out the fresh prompts of extra generation rounds
 (:meth:`CurriculumSampler.fresh_prompts`), fixed by the batch and the round, so a resumed run draws the same ones.
 """
 
@@ -34,7 +34,7 @@ from trl import GRPOTrainer
 
 from cpr.errors import ConfigError, InputError
 from cpr.training.checkpoints import CheckpointState
-from cpr.training.sampling import DynamicSamplingTrainer, check_dynamic_sampling
+from cpr.training.dynamic_sampling import DynamicSamplingTrainer, check_dynamic_sampling
 from cpr.trl_internals import TrainSamplerHook, repeat_sampler_shape
 
 logger = logging.getLogger(__name__)
@@ -707,7 +707,7 @@ def observation_lag(gradient_accumulation_steps: int, repeat_count: int) -> int:
 class CurriculumGRPOTrainer(DynamicSamplingTrainer, TrainSamplerHook, GRPOTrainer):
     """``trl.GRPOTrainer`` whose train sampler is a :class:`CurriculumSampler` (``self.curriculum_sampler``,
     seeded with ``args.seed``) when ``curriculum`` is given, with a :class:`CurriculumStateCallback`, and
-    dynamic sampling (:class:`cpr.training.sampling.DynamicSamplingTrainer`) when ``dynamic_sampling`` is
+    dynamic sampling (:class:`cpr.training.dynamic_sampling.DynamicSamplingTrainer`) when ``dynamic_sampling`` is
     enabled (``dynamic_sampling_field`` names the setting in errors).
 
     Raises:

@@ -1,6 +1,6 @@
 """``baseline: greedy`` in training: each generation round also decodes every prompt greedily with the current
 policy, scores that completion with the phase's reward functions and weights, and gives the round's sampled
-completions the advantages of :func:`cpr.baseline.greedy_advantages` instead of TRL's group-mean ones
+completions the advantages of :func:`cpr.advantages.greedy_advantages` instead of TRL's group-mean ones
 (ReMax, arXiv 2310.10505, section 4). The greedy completions are not trained on and not recorded.
 
 Costs one greedy generation of each prompt a round (``1 / num_generations`` more generated completions, without
@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cpr.baseline import greedy_advantages, zero_signal_groups
+from cpr.advantages import greedy_advantages, zero_signal_groups
 from cpr.errors import CprError
 from cpr.trl_internals import logged_metrics, process_index
 
-#: The share of a round's groups to which the greedy baseline gives no signal (:func:`cpr.baseline.zero_signal_groups`);
+#: The share of a round's groups to which the greedy baseline gives no signal (:func:`cpr.advantages.zero_signal_groups`);
 #: the ``zero_std`` guard reads it instead of TRL's ``frac_reward_zero_std`` with ``baseline: greedy``.
 ZERO_SIGNAL_METRIC = "baseline/frac_zero_signal"
 
@@ -97,7 +97,7 @@ def vllm_greedy(generation: Any, prompt_ids: list[list[int]], images: list[Any] 
 class GreedyBaselineMixin:
     """Mixin before :class:`cpr.training.curriculum.CurriculumGRPOTrainer` (its ``score_generation_batch`` hook,
     :class:`cpr.trl_internals.GenerationHook`): with ``baseline="greedy"`` each training generation round's
-    ``advantages`` (``(B,)``, this process's rows) become :func:`cpr.baseline.greedy_advantages` of the round's
+    ``advantages`` (``(B,)``, this process's rows) become :func:`cpr.advantages.greedy_advantages` of the round's
     gathered rewards and the greedy completions' rewards. ``baseline_reward_funcs``: the phase's reward
     functions before any wrapping (the divergence guard's monitors are not fed the greedy completions)."""
 

@@ -1,4 +1,4 @@
-"""One GRPO phase of an experiment (:func:`train_phase`): a :class:`cpr.training.guards.GuardedGRPOTrainer` with
+"""One GRPO phase of an experiment (:func:`train_phase`): a :class:`cpr.training.divergence.GuardedGRPOTrainer` with
 LoRA of the phase's :class:`cpr.training.build.PhaseSpec` (its ``trl.GRPOConfig``, reward functions, curriculum)."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def restore_trained(trainer: Any, ckpt: Path, hook: Any = None) -> None:
     result reads (the divergence guard, the dynamic-sampling totals, the eval hook ``hook``, each restored by its
     ``on_train_begin``)."""
     from cpr.training import checkpoints
-    from cpr.training.sampling import DynamicSamplingState
+    from cpr.training.dynamic_sampling import DynamicSamplingState
 
     checkpoints.restore_trained(trainer, ckpt)
     for cb in trainer.callback_handler.callbacks:
@@ -92,7 +92,7 @@ def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, temp
     from cpr.data import to_grpo_dataset
     from cpr.distributed import process_state
     from cpr.rewards import set_completion_recorder
-    from cpr.training import guards
+    from cpr.training import divergence
     from cpr.training.checkpoints import CheckpointCallback
     from cpr.training.curriculum import CurriculumConfig, empty_buckets_message
     from cpr.training.evaluate import eval_hook
@@ -118,13 +118,13 @@ def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, temp
                        "TRL's RepeatSampler (its order is not continued exactly past an epoch boundary)",
                        phase.name, ckpt.name)
         sampler_curriculum = None
-    trainer = guards.GuardedGRPOTrainer(
+    trainer = divergence.GuardedGRPOTrainer(
         model=model, reward_funcs=funcs, args=args, processing_class=processor, curriculum=sampler_curriculum,
         dynamic_sampling=phase.dynamic_sampling, dynamic_sampling_field=f"phase_settings.{phase.name}.dynamic_sampling",
         train_dataset=to_grpo_dataset(splits.train, templates, mode="train"),
         peft_config=None if init_adapter is not None else spec.lora,
         callbacks=[JsonlLogCallback(phase_dir / "log.jsonl")],
-        guards=cfg.guards, guard_events_path=phase_dir / guards.EVENTS_FILE,
+        guards=cfg.guards, guard_events_path=phase_dir / divergence.EVENTS_FILE,
         credit=phase.credit, credit_weight=phase.credit_weight, baseline=phase.baseline,
     )
     hook = eval_hook(cfg, splits, templates, phase_dir)

@@ -186,7 +186,7 @@ def score(adapter: str, model: str, records: list, cfg, samples: int, temperatur
         TransformersGenerator,
         load_model_for_eval,
     )
-    from cpr.evaluation.runner import evaluate_model
+    from cpr.evaluation.model_eval import evaluate_model
     from cpr.training.evaluate import scoring_settings
 
     t0 = time.time()
@@ -317,7 +317,7 @@ def main() -> None:
     from cpr.training.config import load_config
 
     torch.set_num_threads(1)  # as the runs' torch_threads: one thread is faster on a shared 2-core machine
-    from cpr.training.runner import run_experiment
+    from cpr.training.experiment import run_experiment
 
     register_shuffled_cpr()
     out = Path(args.output_dir)

@@ -37,7 +37,7 @@ def main() -> None:
 
     from cpr.rewards import RewardFunction, register_reward_function
     from cpr.training.config import load_config
-    from cpr.training.runner import run_experiment
+    from cpr.training.experiment import run_experiment
     from cpr_tools import tiny_models
 
     @register_reward_function

@@ -81,7 +81,7 @@ def _run(cfg: ExperimentConfig, phases: Mapping[str, Any], state: Any, checked: 
     """The steps of :func:`run_experiment` once ``output_dir`` is claimed and locked; a full disk is one
     :class:`cpr.training.diskspace.DiskFullError`."""
     from cpr.training.diskspace import disk_full_error
-    from cpr.training.guards import TrainingDivergedError
+    from cpr.training.divergence import TrainingDivergedError
     from cpr.training.logs import close_run_log, open_run_log
 
     handler = open_run_log(Path(cfg.output_dir), write=state.is_main_process)
@@ -274,7 +274,7 @@ def _train(run: _Run, spec: Any, splits: Any, templates: Any, model_path: str, h
     Raises:
         TrainingDivergedError: a guard stopped it (``summary.json``: status ``diverged``).
     """
-    from cpr.training.guards import TrainingDivergedError
+    from cpr.training.divergence import TrainingDivergedError
     from cpr.training.phase import train_phase
 
     run.stage = spec.name

@@ -15,7 +15,7 @@ from cpr.data.records import Record
 from cpr.errors import ConfigError
 from cpr.evaluation.benchmarks import get_benchmark
 from cpr.evaluation.generation import GenerationSettings, TransformersGenerator, generate_completions
-from cpr.evaluation.sampling import (
+from cpr.evaluation.sampled_metrics import (
     SAMPLED_COMPLETIONS,
     SAMPLED_SAMPLES,
     add_sampled_metrics,
@@ -55,7 +55,7 @@ def evaluate_model(
     ready ``generator`` (e.g. a :class:`~cpr.evaluation.generation.VLLMGenerator`), and score them on
     ``benchmark``. Defaults: greedy decoding of 256 new tokens with the evaluation prompt, the paper's
     scoring, the packaged templates. ``generation.decoding`` ``sampled`` also draws ``samples`` seeded
-    completions per record (:mod:`cpr.evaluation.sampling`) and adds their mean@k and pass@k beside the
+    completions per record (:mod:`cpr.evaluation.sampled_metrics`) and adds their mean@k and pass@k beside the
     greedy numbers, which stay those of greedy decoding.
 
     With ``out_dir`` it writes ``references.jsonl`` (the benchmark's reference rows of ``records``: for
@@ -73,7 +73,7 @@ def evaluate_model(
     Returns:
         The benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`; step-scoring benchmarks
         include ``lucky_guess_rate``, :func:`cpr.scoring.lucky_guess_rate`), the sampled numbers
-        (:func:`~cpr.evaluation.sampling.add_sampled_metrics`), ``extra``, ``"generation"`` (the
+        (:func:`~cpr.evaluation.sampled_metrics.add_sampled_metrics`), ``extra``, ``"generation"`` (the
         decoding settings) and ``"seconds"``; ``None`` on the other processes of a ``shard``.
 
     Raises:

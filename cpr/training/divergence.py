@@ -29,7 +29,7 @@ from cpr.training.curriculum import CurriculumGRPOTrainer
 from cpr.training.greedy_baseline import ZERO_SIGNAL_METRIC, GreedyBaselineMixin
 from cpr.trl_internals import AdvantageHook, BaseModelCard, logged_metrics, process_index
 
-logger = logging.getLogger("cpr.training.guards")
+logger = logging.getLogger("cpr.training.divergence")
 
 EVENTS_FILE = "guard_events.jsonl"
 _SEVERITY = {"warn": 0, "skip_step": 1, "stop": 2}
@@ -102,7 +102,7 @@ class DivergenceGuard(CheckpointState):
         events_path: JSON lines file receiving every event (main process); ``None``: not written.
         baseline: the phase's ``baseline``: ``zero_std`` reads TRL's ``frac_reward_zero_std`` with ``group``, and
             ``baseline/frac_zero_signal`` with ``greedy`` (the groups whose samples all tie their greedy
-            completion: the share without a learning signal; :func:`cpr.baseline.zero_signal_groups`).
+            completion: the share without a learning signal; :func:`cpr.advantages.zero_signal_groups`).
 
     :meth:`bind` gives it the trainer, :meth:`watch` the reward functions, :meth:`observe_loss` each loss.
 
@@ -329,13 +329,13 @@ class GuardedGRPOTrainer(BaseModelCard, AdvantageHook, GreedyBaselineMixin, Curr
     with weight ``credit_weight`` (:mod:`cpr.credit`; its metrics ``credit/...`` go to the logs). ``baseline``:
     ``"group"`` (TRL's group mean) or ``"greedy"`` (:mod:`cpr.training.greedy_baseline`). Raises
     :class:`ConfigError` for ``skip_step`` under DeepSpeed or fp16 loss scaling, and what
-    :func:`cpr.credit.check_credit` and :func:`cpr.baseline.check_baseline` raise. Its model card names the base
+    :func:`cpr.credit.check_credit` and :func:`cpr.advantages.check_baseline` raise. Its model card names the base
     model (:class:`cpr.trl_internals.BaseModelCard`)."""
 
     def __init__(self, *args: Any, reward_funcs: list[Any], guards: GuardsConfig | None = None,
                  guard_events_path: str | Path | None = None, credit: str = "completion", credit_weight: float = 1.0,
                  baseline: str = "group", **kwargs: Any) -> None:
-        from cpr.baseline import check_baseline
+        from cpr.advantages import check_baseline
         from cpr.credit import check_credit
 
         grpo = kwargs.get("args")
