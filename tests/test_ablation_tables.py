@@ -289,3 +289,24 @@ def test_seeds_give_one_run_each_and_mean_and_std_rows(tmp_path):
     assert "| CPR | this run, 3 of 3 seeds (finished) | 50.00 ± 10.00 | 0.633 ± 0.153 |" in md
     assert "mean ± sample standard deviation over the seeds [1, 2, 3]" in md
     assert "| CPR | 2 | finished | 50.00 | 0.600 |" in md and "| base | - | finished | 30.00 |" in md
+
+
+def test_curriculum_lead_over_the_warm_start_and_answer_only(tmp_path):
+    runs = [{"name": "warm_start", "set": {"phases": []}},
+            {"name": "answer_only", "label": "Answer-Only", "set": {"phases": ["answer_only"]}},
+            {"name": "cpr_curriculum", "label": "CPR-Curriculum"}]
+    path = _ablation(tmp_path, kind="strategies", seeds=[1, 2], table={"split": "test", "paper": False}, runs=runs)
+    out = tmp_path / "abl"
+    write_run(out / "warm_start", phases={}, kind="base", metrics={"test": overall(90.0, 0.3, 0.9, 0.2)})
+    # Answer-Only Match F1 0.4, 0.5 (mean 0.45, std 0.0707); CPR-Curriculum 0.6, 0.7 (mean 0.65, std 0.0707)
+    for name, f1s in (("answer_only", (0.4, 0.5)), ("cpr_curriculum", (0.6, 0.7))):
+        for seed, f1 in zip((1, 2), f1s, strict=True):
+            write_run(out / f"{name}-s{seed}", phases={"cpr": {"steps": 1, "log": [train_row(1)]}},
+                      metrics={"test": overall(90.0, f1, 0.9, f1)})
+    table = build(path)
+    lead = table["curriculum_lead"]
+    assert lead["ratio"] == pytest.approx(0.65 / 0.45) and lead["over_answer_only"] == pytest.approx(0.2)
+    assert lead["over_warm_start"] == pytest.approx(0.35) and lead["two_std"] == pytest.approx(2 * 0.1 / 2 ** 0.5)
+    assert ("CPR-Curriculum / Answer-Only Match F1: 1.44 (the paper's Table 5: 0.633 / 0.429 = 1.48). CPR-Curriculum's "
+            "Match F1 minus the warm start's: +0.350, minus Answer-Only's: +0.200; twice the larger seed standard "
+            "deviation: 0.141.") in table["md"]

@@ -45,6 +45,22 @@ PAPER_TABLE6 = {
     (0.50, 0.50): (79.39, 0.730, 0.629, 0.662, 0.563, 1.218),
     (0.35, 0.65): (78.53, 0.736, 0.642, 0.560, 0.670, 1.684),
 }
+#: The CRYSTAL paper's Table 5 Match F1 of CPR-Curriculum and of Answer-Only (Qwen2.5-VL-3B).
+PAPER_TABLE5_MATCH_F1 = {"cpr_curriculum": 0.633, "answer_only": 0.429}
+
+
+def _curriculum_lead(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+    """CPR-Curriculum's greedy Match F1 against the rows ``warm_start`` and ``answer_only`` (by group):
+    ``{"ratio"}`` (CPR-Curriculum / Answer-Only, the paper's Table 5 gives 0.633 / 0.429), ``{"over_<group>"}``
+    (the difference) and ``"two_std"`` (twice the larger seed standard deviation of the rows compared);
+    ``None`` without those rows or their values."""
+    by, groups = {r["group"]: r for r in rows}, ("cpr_curriculum", "answer_only", "warm_start")
+    if not all(isinstance((by.get(g) or {}).get("match_f1"), (int, float)) for g in groups):
+        return None
+    f1 = {g: float(by[g]["match_f1"]) for g in groups}
+    stds = [by[g].get("match_f1_std") or 0.0 for g in f1]
+    return {"ratio": f1["cpr_curriculum"] / f1["answer_only"], "over_answer_only": f1["cpr_curriculum"] -
+            f1["answer_only"], "over_warm_start": f1["cpr_curriculum"] - f1["warm_start"], "two_std": 2 * max(stds)}
 
 
 def _weights(run: RunFolder, phases: list[str] | None) -> tuple[float, float] | None:
@@ -122,7 +138,7 @@ def _seed_means(rows: list[dict[str, Any]], keys: list[str]) -> list[dict[str, A
 def build_table(ab: Any, runs: list[Any]) -> dict[str, Any]:
     """The table of an ablation's planned runs (:func:`cpr.ablation.sweep.plan`): ``{"kind", "name", "split",
     "benchmark", "kl_limit", "reward_function", "phases", "columns", "seeds", "rows", "seed_rows", "paper",
-    "runs"}``; a row holds each column's key, ``status``, ``evaluated``, ``n_eval``, ``n_scored``, ``stable``,
+    "curriculum_lead", "runs"}`` (``curriculum_lead``: :func:`_curriculum_lead`, strategies only); a row holds each column's key, ``status``, ``evaluated``, ``n_eval``, ``n_scored``, ``stable``,
     ``stability`` and the ``*_detail`` reasons. Raises InputError naming a malformed file."""
     from cpr.evaluation.benchmarks import get_benchmark
 
@@ -151,6 +167,7 @@ def build_table(ab: Any, runs: list[Any]) -> dict[str, Any]:
             "reward_function": t.reward_function, "phases": t.phases,
             "columns": [{"title": a, "key": k, "decimals": d} for a, k, d in columns], "seeds": list(ab.seeds),
             "rows": rows, "seed_rows": seed_rows if ab.seeds else [], "paper": paper,
+            "curriculum_lead": None if ab.kind == "weights" else _curriculum_lead(rows),
             "runs": [{"name": r.name, "label": r.label, "folder": str(Path(ab.output_dir) / r.name)} for r in runs]}
 
 
@@ -203,6 +220,13 @@ def render_markdown(table: dict[str, Any]) -> str:
             notes.append(f"{', '.join(sampled)}: sampled decoding (evaluation.decoding); mean@k is the mean over an "
                          "item's k samples, then over items (pass@1 of reasoning-RL papers), pass@k the percent of "
                          "items with a correct sample. The columns before them are greedy.")
+    if lead := table.get("curriculum_lead"):
+        paper = PAPER_TABLE5_MATCH_F1
+        notes.append(f"CPR-Curriculum / Answer-Only Match F1: {lead['ratio']:.2f} (the paper's Table 5: "
+                     f"{paper['cpr_curriculum']} / {paper['answer_only']} = "
+                     f"{paper['cpr_curriculum'] / paper['answer_only']:.2f}). CPR-Curriculum's Match F1 minus the "
+                     f"warm start's: {lead['over_warm_start']:+.3f}, minus Answer-Only's: "
+                     f"{lead['over_answer_only']:+.3f}; twice the larger seed standard deviation: {lead['two_std']:.3f}.")
     notes.append("Stable: no NaN / infinite loss, grad norm, KL or reward logged" + stable_note)
     if table["seeds"]:
         notes.insert(0, f"Rows of this run: mean ± sample standard deviation over the seeds {table['seeds']} "
