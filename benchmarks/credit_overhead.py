@@ -6,7 +6,7 @@ Usage::
     # with the demo's warm-start adapter (completions that parse, so every step is mapped):
     ... benchmarks/credit_overhead.py --adapter outputs/demo/warm_start/adapter
 
-One :class:`cpr.training.divergence.GuardedGRPOTrainer` on the demo config (``recipes/configs/demo.yaml``: its tiny
+One :class:`cpr.training.trainer.CprGRPOTrainer` on the demo config (``recipes/configs/demo.yaml``: its tiny
 model, synthetic data, rewards and ``training`` section; format + CPR rewards) trains ``--steps`` optimizer steps,
 switching ``credit`` between ``completion`` and ``step`` every step (so drift of a shared CPU hits both alike);
 each step generates its own batch. Prints the median and mean of TRL's ``step_time`` per mode (the first step of
@@ -44,7 +44,7 @@ def main() -> int:
     from cpr.training import policy
     from cpr.training.build import build_phase
     from cpr.training.config import load_config
-    from cpr.training.divergence import GuardedGRPOTrainer
+    from cpr.training.trainer import CprGRPOTrainer
 
     torch.set_num_threads(args.threads)
     from cpr_tools import tiny_models
@@ -74,7 +74,7 @@ def main() -> int:
             if logs and "step_time" in logs:
                 times[("completion", "step")[(state.global_step - 1) % 2]].append(float(logs["step_time"]))
 
-    trainer = GuardedGRPOTrainer(
+    trainer = CprGRPOTrainer(
         model=model, reward_funcs=funcs, args=grpo, processing_class=processor,
         train_dataset=to_grpo_dataset(records, load_templates(cfg.data.prompts), mode="train"),
         peft_config=None if adapter else spec.lora,

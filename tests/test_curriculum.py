@@ -1,7 +1,7 @@
 """Tests of cpr.training.curriculum: schedule, GRPO structure, determinism across ranks, resume, errors.
 
 Fast tests use only the sampler (and accelerate's real dataloader wrappers to simulate HF
-Trainer); the slow test trains a tiny Qwen2 causal LM with CurriculumGRPOTrainer on CPU.
+Trainer); the slow test trains a tiny Qwen2 causal LM with CprGRPOTrainer (cpr.training.trainer) and a curriculum on CPU.
 """
 
 from __future__ import annotations
@@ -485,7 +485,7 @@ def test_callback_tracks_epoch_writes_and_verifies_state(tmp_path: Path):
 
 
 # --------------------------------------------------------------------------------------------------
-# Integration: CurriculumGRPOTrainer on a tiny text-only causal LM
+# Integration: CprGRPOTrainer with a curriculum on a tiny text-only causal LM
 # --------------------------------------------------------------------------------------------------
 
 
@@ -520,7 +520,7 @@ def test_trainer_follows_staged_order_and_resumes(tmp_path: Path):
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from cpr.training.curriculum import CurriculumGRPOTrainer
+    from cpr.training.trainer import CprGRPOTrainer
 
     diffs = ["hard", "easy", "medium", "hard", "medium", "easy"]  # 3 generation batches per epoch
     dataset = Dataset.from_dict(
@@ -543,7 +543,7 @@ def test_trainer_follows_staged_order_and_resumes(tmp_path: Path):
             max_steps=max_steps, save_steps=2, logging_steps=1, report_to=[], use_cpu=True, bf16=False, seed=11,
             learning_rate=1e-3, disable_tqdm=True, **extra,
         )  # fmt: skip
-        trainer = CurriculumGRPOTrainer(
+        trainer = CprGRPOTrainer(
             model=model, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tokenizer,
             curriculum=CurriculumConfig(),
         )  # fmt: skip

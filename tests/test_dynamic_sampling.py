@@ -16,7 +16,7 @@ from cpr.errors import ConfigError, CprError
 from cpr.training.config import DynamicSamplingConfig
 from cpr.training.curriculum import CurriculumConfig, CurriculumSampler, observation_lag
 from cpr.training.dynamic_sampling import (
-    DynamicSamplingTrainer,
+    DynamicSampling,
     assemble,
     refill,
     slot_keys,
@@ -64,7 +64,7 @@ class _Sampler:
         return list(self.fresh[k - 1])
 
 
-class _Trainer(DynamicSamplingTrainer):
+class _Trainer:
     """The dynamic-sampling loop on a stand-in trainer: ``generate`` gives each row its prompt row as its
     prompt token and the round as its completion width; the reward of prompt ``r`` is ``REWARDS[r]``."""
 
@@ -76,21 +76,24 @@ class _Trainer(DynamicSamplingTrainer):
         self.train_dataset = Dataset.from_dict({"id": [f"r{i}" for i in range(12)], "row": list(range(12))})
         self.processing_class = SimpleNamespace(pad_token_id=-1)
         self._metrics = {"train": defaultdict(list)}
-        self.callbacks = []
-        self.add_callback = self.callbacks.append
-        self._init_dynamic_sampling(DynamicSamplingConfig(enabled=True, max_resample=max_resample))
+        self.mastery_reward, self.mastery_pass = -1, 0.5
+        self.sampling = DynamicSampling(self, DynamicSamplingConfig(enabled=True, max_resample=max_resample))
         self.rounds = 0
 
     def generate(self, inputs):
         self.rounds += 1
         rows = [x["row"] for x in inputs]
-        self.gathered_rewards = torch.tensor([[self.rewards[r][i % G]] for i, r in enumerate(rows)])
+        rewards = torch.tensor([[self.rewards[r][i % G]] for i, r in enumerate(rows)])
         self._metrics["train"]["reward"].append(float(self.rounds))
         width = self.rounds  # completions get wider each round: the batch is padded to the widest
         return {"prompt_ids": torch.tensor([[r] for r in rows]), "prompt_mask": torch.ones(len(rows), 1, dtype=torch.long),
                 "completion_ids": torch.full((len(rows), width), 7), "completion_mask": torch.ones(len(rows), width),
                 "advantages": torch.arange(len(rows), dtype=torch.float32) + 100 * self.rounds,
-                "num_items_in_batch": torch.tensor(len(rows) * width)}
+                "num_items_in_batch": torch.tensor(len(rows) * width)}, rewards
+
+    def generation_batch(self, inputs):
+        """CprGRPOTrainer.generation_batch's first two steps: TRL's round, then DynamicSampling.rounds."""
+        return self.sampling.rounds(inputs, *self.generate(inputs), self.generate)
 
 
 FLAT, SPREAD = [1.0] * G, [0.0, 1.0, 0.0, 1.0]
@@ -100,7 +103,7 @@ REWARDS = {r: (FLAT if r in (0, 1, 4, 5, 8, 9) else SPREAD) for r in range(12)}
 def _run(batch, fresh, max_resample):
     trainer = _Trainer(_Sampler(batch, fresh), max_resample, REWARDS)
     inputs = [trainer.train_dataset[r] for r in batch for _ in range(G)]
-    out = trainer.score_generation_batch(inputs, trainer.generate)
+    out = trainer.generation_batch(inputs)
     logged = {k.split("/")[1]: v for k, v in trainer._metrics["train"].items() if k.startswith("dynamic_sampling/")}
     trained = out["prompt_ids"][::G, 0].tolist()
     return trainer, out, logged, trained
@@ -122,7 +125,7 @@ def test_zero_variance_groups_are_replaced_by_fresh_informative_groups():
     # advantages come with their rows: round 1's rows 8-15 (prompts 6, 7), round 0's rows 8-15 (prompts 2, 3)
     assert out["advantages"].tolist() == [200.0 + i for i in range(8, 16)] + [100.0 + i for i in range(8, 16)]
     assert int(out["num_items_in_batch"]) == 8 * 2 + 8 * 1
-    assert trainer.dynamic_sampling_totals == {"generation_batches": 1, "groups": 4, "dropped_groups": 2,
+    assert trainer.sampling.totals == {"generation_batches": 1, "groups": 4, "dropped_groups": 2,
                                                "extra_rounds": 1, "refilled_groups": 2}
 
 
@@ -149,7 +152,7 @@ def test_the_batch_must_be_the_samplers():
     trainer = _Trainer(_Sampler([0, 1, 2, 3], [[4, 5, 6, 7]]), 1, REWARDS)
     inputs = [trainer.train_dataset[r] for r in (0, 1, 2, 4) for _ in range(G)]
     with pytest.raises(CprError, match="not the curriculum sampler's"):
-        trainer.score_generation_batch(inputs, trainer.generate)
+        trainer.generation_batch(inputs)
 
 
 def test_processes_whose_samplers_differ_stop(monkeypatch):
@@ -159,9 +162,9 @@ def test_processes_whose_samplers_differ_stop(monkeypatch):
     trainer.accelerator.num_processes = 2
     monkeypatch.setattr(accelerate.utils, "gather_object", lambda x: [x[0], [0, 1, 2, 5]])
     with pytest.raises(CprError, match="drew different prompts"):
-        trainer._same_on_every_process(0, "prompts", [0, 1, 2, 3])
+        trainer.sampling._same_on_every_process(0, "prompts", [0, 1, 2, 3])
     monkeypatch.setattr(accelerate.utils, "gather_object", lambda x: [x[0], x[0]])
-    trainer._same_on_every_process(0, "prompts", [0, 1, 2, 3])
+    trainer.sampling._same_on_every_process(0, "prompts", [0, 1, 2, 3])
 
 
 def test_assemble_pads_prompts_on_the_left_and_splits_token_type_ids():

@@ -32,7 +32,7 @@ TRAINING = {"per_device_train_batch_size": 4, "num_generations": 2, "max_steps":
 
 
 def test_the_curriculum_is_built_once_and_is_what_the_trainers_sampler_reads(tmp_path, monkeypatch):
-    from cpr.training import divergence
+    from cpr.training import trainer as grpo_trainer
     from cpr.training.build import build_phases
     from cpr.training.curriculum import CurriculumConfig, CurriculumSampler
     from cpr.training.phase import train_phase
@@ -56,13 +56,13 @@ def test_the_curriculum_is_built_once_and_is_what_the_trainers_sampler_reads(tmp
     class Stop(Exception):
         pass
 
-    class Trainer(divergence.GuardedGRPOTrainer):
+    class Trainer(grpo_trainer.CprGRPOTrainer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             seen["trainer"] = self
             raise Stop
 
-    monkeypatch.setattr(divergence, "GuardedGRPOTrainer", Trainer)
+    monkeypatch.setattr(grpo_trainer, "CprGRPOTrainer", Trainer)
     splits, templates = load_run_data(cfg)
     with pytest.raises(Stop):
         train_phase(cfg, spec, splits, templates, cfg.model.name_or_path, None, False)

@@ -236,16 +236,16 @@ def test_single_phase_and_resume_skips_finished_phases(tmp_path, samples_dir, wi
 @pytest.fixture
 def trainers(monkeypatch):
     """Every GRPO trainer the runner builds."""
-    import cpr.training.divergence as guards
+    import cpr.training.trainer as grpo_trainer
 
     made = []
 
-    class Recording(guards.GuardedGRPOTrainer):
+    class Recording(grpo_trainer.CprGRPOTrainer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(guards, "GuardedGRPOTrainer", Recording)
+    monkeypatch.setattr(grpo_trainer, "CprGRPOTrainer", Recording)
     return made
 
 

@@ -51,7 +51,7 @@ def test_the_run_records_in_config_yaml_the_generation_settings_its_trainer_was_
     import yaml
     from conftest import tiny_run_config
 
-    from cpr.training import divergence, preflight
+    from cpr.training import preflight, trainer
     from cpr.training.build import effective_training_args
     from cpr.training.config import config_from_dict
     from cpr.training.experiment import run_experiment
@@ -62,7 +62,7 @@ def test_the_run_records_in_config_yaml_the_generation_settings_its_trainer_was_
         seen["args"] = kwargs["args"]
         raise _Built
 
-    monkeypatch.setattr(divergence, "GuardedGRPOTrainer", stop)
+    monkeypatch.setattr(trainer, "CprGRPOTrainer", stop)
     monkeypatch.setattr(preflight, "check_launch", lambda cfg, phases=None: None)
     training = {"per_device_train_batch_size": 4, "num_generations": 4, "max_steps": 1, "use_vllm": use_vllm,
                 "generation_kwargs": {"seed": 3}}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 from collections import defaultdict
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -50,7 +51,7 @@ def test_step_and_buffered_inputs_are_the_generation_batch_state_of_prepare_inpu
 
 def test_the_train_sampler_hook_and_its_batch_arithmetic_are_trls():
     """GRPOTrainer._get_train_sampler(dataset) builds a RepeatSampler whose shape repeat_sampler_shape
-    reproduces; the hook mixin falls back to it."""
+    reproduces; the hook falls back to it."""
     assert list(inspect.signature(GRPOTrainer._get_train_sampler).parameters) == ["self", "dataset"]
     args = SimpleNamespace(generation_batch_size=12, steps_per_generation=3, seed=0)
     stand_in = SimpleNamespace(args=args, num_generations=4, num_iterations=2, shuffle_dataset=True,
@@ -60,20 +61,10 @@ def test_the_train_sampler_hook_and_its_batch_arithmetic_are_trls():
     assert (sampler.mini_repeat_count, sampler.batch_size, sampler.repeat_count) == T.repeat_sampler_shape(stand_in)
     assert T.repeat_sampler_shape(stand_in) == (4, 3, 6)
 
-    class Hooked(T.TrainSamplerHook, GRPOTrainer):
-        pass
-
-    hooked = SimpleNamespace(**vars(stand_in))
-    assert isinstance(Hooked._get_train_sampler(_Bound(Hooked, hooked)), RepeatSampler)
-
-
-class _Bound:
-    """A stand-in instance of ``cls`` (attributes of ``ns``) whose ``super()`` calls reach TRL's methods."""
-
-    def __new__(cls, klass, ns):
-        obj = object.__new__(klass)
-        obj.__dict__.update(vars(ns))
-        return obj
+    stand_in.train_sampler = lambda dataset: None
+    assert isinstance(T.train_sampler_hook(stand_in), RepeatSampler)
+    stand_in.train_sampler = lambda dataset: ("ours", dataset)
+    assert T.train_sampler_hook(stand_in, "rows") == ("ours", "rows")
 
 
 def test_trainer_log_is_the_base_log_that_grpo_overrides():
@@ -90,10 +81,11 @@ def test_trainer_log_is_the_base_log_that_grpo_overrides():
     assert calls == [{"eval_crystal/match_f1": 0.5}]
 
 
-def test_generation_rounds_and_their_gathered_rewards_are_trls():
+def test_generation_rounds_and_their_gathered_rewards_are_trls(monkeypatch):
     """_prepare_inputs generates a training batch through _generate_and_score_completions(inputs), which
     scores it with _calculate_rewards(inputs, prompts, completions, completion_ids_list), gathered over the
-    processes; the hook routes training rounds and keeps the matrix."""
+    processes; the hooks route each round to the trainer's generation_batch, where TRL's round returns the
+    batch with its matrix."""
     prepare, score = _source("_prepare_inputs"), _source("_generate_and_score_completions")
     assert "generation_batch = self._generate_and_score_completions(generation_batch)" in prepare
     assert list(inspect.signature(GRPOTrainer._generate_and_score_completions).parameters) == ["self", "inputs"]
@@ -105,23 +97,19 @@ def test_generation_rounds_and_their_gathered_rewards_are_trls():
     # the advantages of a round are computed from that matrix within each group of num_generations rows
     assert "rewards.view(-1, num_generations)" in score and 'output = {\n            "prompt_ids": prompt_ids,' in score
 
-    class Base:
-        def _generate_and_score_completions(self, inputs):
-            return {"eval": inputs}
+    class Hooked(GRPOTrainer):  # TRL's methods below are stand-ins; the hooks are cpr's
+        _generate_and_score_completions = T.generation_batch_hook
+        _calculate_rewards = T.reward_matrix_hook
 
-        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-            return "matrix"
+        def generation_batch(self, inputs):
+            return {"routed": T.generate_and_score(self, inputs)}
 
-    class Hooked(T.GenerationHook, Base):
-        def score_generation_batch(self, inputs, generate):
-            return {"train": generate(inputs)}
-
-    hooked = Hooked()
-    hooked.model = SimpleNamespace(training=True)
-    assert hooked._generate_and_score_completions([1]) == {"train": {"eval": [1]}}
-    hooked.model.training = False
-    assert hooked._generate_and_score_completions([1]) == {"eval": [1]}
-    assert hooked._calculate_rewards(1, 2, 3, 4) == "matrix" and hooked.gathered_rewards == "matrix"
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions",
+                        lambda self, inputs: {"rows": inputs, "rewards": self._calculate_rewards(inputs, 2, 3, 4)})
+    monkeypatch.setattr(GRPOTrainer, "_calculate_rewards", lambda self, *args: ("matrix", args))
+    matrix = ("matrix", ([1], 2, 3, 4))
+    assert object.__new__(Hooked)._generate_and_score_completions([1]) == {"routed": ({"rows": [1], "rewards": matrix},
+                                                                                      matrix)}
 
 
 def test_rows_of_and_batch_of_split_images_by_row():
@@ -137,18 +125,22 @@ def test_rows_of_and_batch_of_split_images_by_row():
     assert back["image_grid_thw"].tolist() == [[1, 1, 3], [1, 1, 2]]
 
 
-def _private_uses(module: str) -> list[str]:
-    """The TRL-private names ``module``'s code (not its docstrings) reads or writes."""
-    import ast
-    import importlib
+PRIVATE = ("_metrics", "_step", "_buffered_inputs", "_get_train_sampler", "_generate_and_score_completions",
+           "_compute_loss", "_calculate_rewards", "_tokenize_prompts")
+LIBRARY = Path(T.__file__).resolve().parent
 
-    tree = ast.parse(inspect.getsource(importlib.import_module(module)))
+
+def _private_uses(path: Path) -> list[str]:
+    """The TRL-private names the code (not the docstrings) of the file ``path`` reads, writes or overrides with
+    a ``def``."""
+    import ast
+
     found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr in ("_metrics", "_step", "_buffered_inputs", "_get_train_sampler",
-                                                             "_generate_and_score_completions", "_compute_loss",
-                                                             "_calculate_rewards", "_tokenize_prompts"):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Attribute) and node.attr in PRIVATE:
             found.append(node.attr)
+        if isinstance(node, ast.FunctionDef) and node.name in PRIVATE:
+            found.append(f"def {node.name}")
         if (isinstance(node, ast.Attribute) and node.attr == "log" and isinstance(node.value, ast.Name)
                 and node.value.id == "Trainer"):
             found.append("Trainer.log")
@@ -178,12 +170,12 @@ def test_tokenize_prompts_is_what_trls_generation_hands_vllm():
     assert "self.vllm_generation.generate(" in single and "prompts=prompt_ids" in single and "images=images" in single
 
 
-@pytest.mark.parametrize("module", ["cpr.training.divergence", "cpr.training.checkpoints", "cpr.training.curriculum",
-                                    "cpr.training.phase", "cpr.training.logs", "cpr.evaluation.callback", "cpr.credit",
-                                    "cpr.training.dynamic_sampling", "cpr.training.greedy_baseline"])
+@pytest.mark.parametrize("module", sorted(str(p.relative_to(LIBRARY)) for p in LIBRARY.rglob("*.py")
+                                           if p.name != "trl_internals.py"))
 def test_no_other_module_touches_trls_private_state(module):
-    assert _private_uses(module) == [], f"{module}: go through cpr.trl_internals"
-    assert sorted(set(_private_uses("cpr.trl_internals"))) == [
+    """Every module of the library but cpr/trl_internals.py (its trainer binds the hooks defined there)."""
+    assert _private_uses(LIBRARY / module) == [], f"{module}: go through cpr.trl_internals"
+    assert sorted(set(_private_uses(LIBRARY / "trl_internals.py"))) == [
         "Trainer.log", "_buffered_inputs", "_calculate_rewards", "_generate_and_score_completions",
         "_get_train_sampler", "_metrics", "_step", "_tokenize_prompts"]
 
@@ -222,23 +214,13 @@ def test_compute_loss_takes_token_advantages_and_prepare_inputs_keeps_their_rows
         assert torch.equal(part["advantages"], part["completion_ids"].float() * 10)
 
 
-def test_the_advantage_hook_replaces_trls_advantages():
-    class Base:
-        def _generate_and_score_completions(self, inputs):
-            return {"advantages": "trl's", "inputs": inputs}
-
-    class Hooked(T.AdvantageHook, Base):
-        def token_advantages(self, batch):
-            return None if batch["inputs"] == "keep" else "token-level"
-
-    assert Hooked()._generate_and_score_completions("keep")["advantages"] == "trl's"
-    assert Hooked()._generate_and_score_completions("x")["advantages"] == "token-level"
+def test_the_process_index_is_accelerates():
     assert T.process_index(SimpleNamespace(accelerator=SimpleNamespace(process_index=2))) == 2
 
 
 def test_trls_model_card_leaves_a_local_base_unnamed_and_the_mixin_names_it(tmp_path):
     """TRL's create_model_card (its own code, on a stand-in trainer) writes UNNAMED_BASE_MODEL for a model loaded
-    from a local folder and names a hub id; BaseModelCard names the folder instead."""
+    from a local folder and names a hub id; name_base_model names the folder instead."""
     folder = tmp_path / "models" / "base"
     folder.mkdir(parents=True)
 
@@ -254,8 +236,10 @@ def test_trls_model_card_leaves_a_local_base_unnamed_and_the_mixin_names_it(tmp_
         def is_world_process_zero(self):
             return True
 
-    class Named(T.BaseModelCard, StandIn):
-        pass
+    class Named(StandIn):
+        def create_model_card(self, *args, **kwargs):
+            super().create_model_card(*args, **kwargs)
+            T.name_base_model(self)
 
     for i, (cls, base, line) in enumerate([
         (StandIn, folder, f"fine-tuned version of {T.UNNAMED_BASE_MODEL}."),

@@ -335,7 +335,7 @@ def evaluation_sequences(cfg: Any) -> tuple[int, str]:
 
 def greedy_baseline_sequences(gen_batch: int, num_generations: int, processes: int) -> int:
     """Greedy completions one process decodes at once for ``baseline: greedy``: one per group among its
-    ``gen_batch`` rows of a generation round (:meth:`cpr.training.greedy_baseline.GreedyBaselineMixin
+    ``gen_batch`` rows of a generation round (:func:`cpr.training.greedy_baseline
     .greedy_baseline_advantages`); with several processes a group may be split between two (one more)."""
     groups = -(-gen_batch // num_generations)
     split = processes > 1 and gen_batch % num_generations != 0

@@ -2,9 +2,9 @@
 
 :class:`CurriculumSampler` replaces TRL's ``RepeatSampler`` (same GRPO structure and length), picking each
 generation batch's prompts from the difficulty buckets the schedule (:class:`CurriculumConfig`) allows at that
-point of training. :class:`CurriculumGRPOTrainer` returns it from ``_get_train_sampler`` (:class:`cpr.trl_internals.TrainSamplerHook`), the hook TRL's own
-trainers override and its maintainers point to for custom sampling (huggingface/trl#2801; the public
-``get_train_dataloader`` would mean copying TRL's). Epoch ``e`` yields generation batches ``[e * B, (e + 1) * B)``
+point of training. :class:`cpr.training.trainer.CprGRPOTrainer` returns it from ``_get_train_sampler``
+(:func:`cpr.trl_internals.train_sampler_hook`), the hook TRL's own trainers override and its maintainers point
+to for custom sampling (huggingface/trl#2801; the public ``get_train_dataloader`` would mean copying TRL's). Epoch ``e`` yields generation batches ``[e * B, (e + 1) * B)``
 (``B = num_rows // batch_size``) of one global sequence, so a run longer than an epoch continues the curriculum;
 on resume the Trainer skips the epoch's consumed micro-batches with accelerate's ``skip_first_batches``, whose
 multi-process wrapper does not forward ``set_epoch``, so :class:`CurriculumStateCallback` sets it.
@@ -30,12 +30,9 @@ from typing import Any
 
 import torch
 from torch.utils.data import Sampler
-from trl import GRPOTrainer
 
 from cpr.errors import ConfigError, InputError
 from cpr.training.checkpoints import CheckpointState
-from cpr.training.dynamic_sampling import DynamicSamplingTrainer, check_dynamic_sampling
-from cpr.trl_internals import TrainSamplerHook, repeat_sampler_shape
 
 logger = logging.getLogger(__name__)
 
@@ -702,63 +699,3 @@ def observation_lag(gradient_accumulation_steps: int, repeat_count: int) -> int:
     is drawn at the start of the step before the one that holds micro-batch ``b R - 1`` at the earliest, after
     every batch whose first micro-batch was trained ``2 x gradient_accumulation_steps`` micro-batches earlier."""
     return max(1, math.ceil(2 * gradient_accumulation_steps / repeat_count))
-
-
-class CurriculumGRPOTrainer(DynamicSamplingTrainer, TrainSamplerHook, GRPOTrainer):
-    """``trl.GRPOTrainer`` whose train sampler is a :class:`CurriculumSampler` (``self.curriculum_sampler``,
-    seeded with ``args.seed``) when ``curriculum`` is given, with a :class:`CurriculumStateCallback`, and
-    dynamic sampling (:class:`cpr.training.dynamic_sampling.DynamicSamplingTrainer`) when ``dynamic_sampling`` is
-    enabled (``dynamic_sampling_field`` names the setting in errors).
-
-    Raises:
-        ConfigError: ``shuffle_dataset`` False, a train dataset that is not a map-style ``datasets.Dataset``,
-            dynamic sampling without a curriculum, or (when training starts) ``max_steps`` not positive with
-            ``staged`` / ``linear`` / ``mastery``, a ``mastery_reward`` that is not one of the reward functions.
-        InputError: no ``difficulty`` column, or an unknown difficulty.
-    """
-
-    def __init__(self, *args: Any, curriculum: CurriculumConfig | None = None, dynamic_sampling: Any = None,
-                 dynamic_sampling_field: str = "dynamic_sampling", **kwargs: Any) -> None:
-        check_dynamic_sampling(dynamic_sampling, has_sampler=curriculum is not None, field=dynamic_sampling_field)
-        self.curriculum = curriculum
-        self.curriculum_sampler: CurriculumSampler | None = None
-        super().__init__(*args, **kwargs)
-        self._init_dynamic_sampling(dynamic_sampling)
-        if curriculum is None:
-            return
-        if not self.args.shuffle_dataset:
-            raise ConfigError("must be True with a curriculum (the curriculum always shuffles within buckets)",
-                              field="shuffle_dataset")
-        if not hasattr(self.train_dataset, "column_names"):
-            raise ConfigError("a curriculum needs a map-style datasets.Dataset as train_dataset", field="train_dataset")
-        self.add_callback(CurriculumStateCallback(self))
-
-    def train_sampler(self, dataset: Any = None) -> Sampler | None:
-        """The :class:`CurriculumSampler` of ``dataset`` (default the train dataset); ``None`` (TRL's
-        ``RepeatSampler``) without a curriculum."""
-        if self.curriculum is None:
-            return None
-        source = dataset if dataset is not None else self.train_dataset
-        if "difficulty" not in source.column_names and len(source) == len(self.train_dataset):
-            source = self.train_dataset  # remove_unused_columns may have dropped the column from `dataset`
-        if "difficulty" not in source.column_names:
-            raise InputError(f"the training dataset has no 'difficulty' column (columns: {source.column_names})",
-                             field="difficulty")
-        _, batch_size, repeat_count = repeat_sampler_shape(self)
-        total = None
-        if self.curriculum.schedule != "none":  # fewer rows than batch_size: the sampler says so
-            total = total_generation_batches(self.args.max_steps, self.args.gradient_accumulation_steps,
-                                             repeat_count, max(len(source) // batch_size, 1))
-        if self.curriculum.schedule == "mastery":
-            name = self.curriculum.mastery_reward or self.reward_func_names[-1]
-            if name not in self.reward_func_names:
-                raise ConfigError(f"{name!r} is not one of the phase's reward functions {self.reward_func_names}",
-                                  field="curriculum.mastery_reward")
-            self.mastery_reward, self.mastery_pass = self.reward_func_names.index(name), self.curriculum.mastery_pass
-        fresh = self.dynamic_sampling.max_resample if self.dynamic_sampling is not None else 0
-        self.curriculum_sampler = CurriculumSampler(
-            source["difficulty"], self.num_generations, batch_size, repeat_count, total, self.curriculum,
-            self.args.seed, record_ids=source["id"] if "id" in source.column_names else None, fresh_rounds=fresh,
-            observation_lag=observation_lag(self.args.gradient_accumulation_steps, repeat_count),
-        )
-        return self.curriculum_sampler

@@ -25,9 +25,8 @@ from cpr.errors import ConfigError, CprError
 from cpr.io import append_jsonl, atomic_write_json
 from cpr.training.checkpoints import DIVERGED_MARKER, CheckpointState, checkpoint_folder
 from cpr.training.config import DEFAULT_GUARD_ACTIONS, GuardsConfig
-from cpr.training.curriculum import CurriculumGRPOTrainer
-from cpr.training.greedy_baseline import ZERO_SIGNAL_METRIC, GreedyBaselineMixin
-from cpr.trl_internals import AdvantageHook, BaseModelCard, logged_metrics, process_index
+from cpr.training.greedy_baseline import ZERO_SIGNAL_METRIC
+from cpr.trl_internals import logged_metrics
 
 logger = logging.getLogger("cpr.training.divergence")
 
@@ -319,74 +318,3 @@ class DivergenceGuard(CheckpointState):
         """Counters for the trainer logs: ``guards/<condition>_steps``, ``guards/skipped_steps``."""
         out = {f"guards/{c}_steps": float(v["steps"]) for c, v in self.counts.items()}
         return {**out, "guards/skipped_steps": float(len(self.skipped_steps))}
-
-
-class GuardedGRPOTrainer(BaseModelCard, AdvantageHook, GreedyBaselineMixin, CurriculumGRPOTrainer):
-    """:class:`cpr.training.curriculum.CurriculumGRPOTrainer` with ``self.guard``, the :class:`DivergenceGuard` of
-    ``guards`` (``None`` when absent or disabled; events to ``guard_events_path``): it watches the reward
-    functions, ``training_step`` hands it each loss and ``log`` adds its counters (transformers' documented
-    subclass hooks). ``credit``: ``"completion"`` (TRL's advantages, untouched) or ``"step"``, step-level credit
-    with weight ``credit_weight`` (:mod:`cpr.credit`; its metrics ``credit/...`` go to the logs). ``baseline``:
-    ``"group"`` (TRL's group mean) or ``"greedy"`` (:mod:`cpr.training.greedy_baseline`). Raises
-    :class:`ConfigError` for ``skip_step`` under DeepSpeed or fp16 loss scaling, and what
-    :func:`cpr.credit.check_credit` and :func:`cpr.advantages.check_baseline` raise. Its model card names the base
-    model (:class:`cpr.trl_internals.BaseModelCard`)."""
-
-    def __init__(self, *args: Any, reward_funcs: list[Any], guards: GuardsConfig | None = None,
-                 guard_events_path: str | Path | None = None, credit: str = "completion", credit_weight: float = 1.0,
-                 baseline: str = "group", **kwargs: Any) -> None:
-        from cpr.advantages import check_baseline
-        from cpr.credit import check_credit
-
-        grpo = kwargs.get("args")
-        check_credit(credit, credit_weight, reward_funcs, loss_type=getattr(grpo, "loss_type", "grpo"),
-                     off_policy_mask_threshold=getattr(grpo, "off_policy_mask_threshold", None),
-                     dynamic_sampling=bool(getattr(kwargs.get("dynamic_sampling"), "enabled", False)))
-        check_baseline(baseline, dynamic_sampling=bool(getattr(kwargs.get("dynamic_sampling"), "enabled", False)),
-                       aggregation=getattr(grpo, "multi_objective_aggregation", "sum_then_normalize"))
-        self.credit, self.credit_weight = credit, float(credit_weight)
-        self.baseline, self.baseline_reward_funcs = baseline, list(reward_funcs)
-        self._credit_funcs = [(i, f) for i, f in enumerate(reward_funcs) if getattr(f, "scores_steps", False)]
-        self.guard = (DivergenceGuard(guards, events_path=guard_events_path, baseline=baseline)
-                      if guards and guards.enabled else None)
-        if self.guard is not None:
-            reward_funcs = self.guard.watch(reward_funcs)
-        super().__init__(*args, reward_funcs=reward_funcs, **kwargs)
-        if self.guard is not None:
-            self.guard.bind(self).check_supported(deepspeed=self.is_deepspeed_enabled,
-                                                  fp16_scaler=self.accelerator.scaler is not None)
-            self.add_callback(self.guard)
-
-    def token_advantages(self, batch: dict[str, Any]) -> Any:
-        """With ``credit: step``, :func:`cpr.credit.batch_token_advantages` of the batch (its metrics logged under
-        the trainer's mode); else ``None`` (TRL's advantages)."""
-        if self.credit != "step":
-            return None
-        from accelerate.utils import gather_object
-
-        from cpr.credit import batch_token_advantages, combine
-
-        weights = self.reward_weights.tolist()
-        per_func = [f.last_credit for _, f in self._credit_funcs]
-        credits = [combine(row, [weights[i] for i, _ in self._credit_funcs]) for row in zip(*per_func, strict=True)]
-        tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
-        multi = self.accelerator.num_processes > 1
-        advantages, metrics = batch_token_advantages(
-            credits, batch["completion_ids"], batch["completion_mask"], batch["advantages"], tokenizer,
-            group_size=self.num_generations if self.model.training else self.num_generations_eval,
-            weight=self.credit_weight, gather=gather_object if multi else None, process_index=process_index(self))
-        logged = logged_metrics(self, "train" if self.model.training else "eval")
-        for name, value in metrics.items():
-            logged[name].append(value)
-        return advantages
-
-    def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        loss = super().training_step(*args, **kwargs)
-        if self.guard is not None:
-            self.guard.observe_loss(loss)
-        return loss
-
-    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-        if self.guard is not None and "loss" in logs:
-            logs.update(self.guard.log_values())
-        super().log(logs, *args, **kwargs)

@@ -4,7 +4,7 @@ A group (one prompt's ``num_generations`` completions) whose rewards are all equ
 GRPO's group normalisation: its completions cost generation time and teach nothing. DAPO's dynamic sampling
 (Yu et al. 2025, arXiv 2503.14476, section 3.2) drops such groups and fills the batch with groups of other
 prompts, so that every optimizer step trains on groups with a learning signal. Here, after TRL generated and
-scored a generation batch, :class:`DynamicSamplingTrainer` finds its zero-variance groups
+scored a generation batch, :meth:`DynamicSampling.rounds` finds its zero-variance groups
 (:func:`zero_variance_groups`, the same test as TRL's ``frac_reward_zero_std``) and runs up to ``max_resample``
 extra generation rounds, each on a whole generation batch of fresh prompts from the curriculum sampler
 (:meth:`cpr.training.curriculum.CurriculumSampler.fresh_prompts`); each dropped group is replaced by an
@@ -30,10 +30,9 @@ from typing import Any
 
 import torch
 
-from cpr.errors import ConfigError, CprError
+from cpr.errors import CprError
 from cpr.training.checkpoints import CheckpointState
 from cpr.trl_internals import (
-    GenerationHook,
     batch_of,
     logged_metrics,
     micro_step,
@@ -145,75 +144,52 @@ def assemble(rounds: Sequence[dict[str, Any]], picks: Sequence[tuple[int, int]],
     return batch_of(out)
 
 
-class DynamicSamplingState(CheckpointState):
-    """The run's dynamic-sampling totals (``trainer.dynamic_sampling_totals``) in each checkpoint, put back on
-    resume, so ``summary.json`` counts the whole phase."""
+class DynamicSampling(CheckpointState):
+    """The curriculum's part of a training generation batch of ``trainer`` (a
+    :class:`cpr.training.trainer.CprGRPOTrainer`: its ``curriculum_sampler``, ``None`` without a curriculum, and
+    ``mastery_reward``, the index of the reward function that decides a pass, ``mastery_pass`` its threshold),
+    with ``config`` (:class:`cpr.training.config.DynamicSamplingConfig`) dynamic sampling's (:meth:`rounds`). As a
+    callback (added with dynamic sampling) it keeps ``totals`` in each checkpoint and puts them back on resume.
 
-    def __init__(self, trainer: Any) -> None:
+    Logged per generation batch (averaged per logging step like TRL's metrics, which describe the first round
+    only): ``dynamic_sampling/dropped_groups`` (zero-variance groups of the first round), ``.../extra_rounds``,
+    ``.../refilled_groups``, ``.../frac_zero_std_trained`` (share of the trained batch's groups with zero
+    variance). ``totals`` sums them over the phase (with ``generation_batches`` and ``groups``).
+    """
+
+    def __init__(self, trainer: Any, config: Any) -> None:
         self.trainer = trainer
+        self.config = config if config is not None and config.enabled else None
+        self.totals = dict.fromkeys(("generation_batches", "groups", "dropped_groups", "extra_rounds",
+                                     "refilled_groups"), 0)
+        self._row_ids: list[Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
-        return {"totals": dict(self.trainer.dynamic_sampling_totals)}
+        return {"totals": dict(self.totals)}
 
     def on_train_begin(self, args, state, control, **kwargs):  # noqa: D102
         saved = self.saved_state(state)
         if saved is not None:
-            self.trainer.dynamic_sampling_totals.update({k: int(v) for k, v in saved["totals"].items()})
-
-
-class DynamicSamplingTrainer(GenerationHook):
-    """Mixin before ``GRPOTrainer`` (after it in the MRO: :class:`cpr.trl_internals.GenerationHook`) for a
-    trainer with ``curriculum_sampler`` (a :class:`~cpr.training.curriculum.CurriculumSampler`, or ``None``),
-    ``dynamic_sampling`` (:class:`cpr.training.config.DynamicSamplingConfig` or ``None``) and ``mastery_reward``
-    (index of the reward function that decides a pass, ``mastery_pass`` its threshold). Each training generation
-    batch: TRL's round; with a ``mastery`` sampler each group's pass rate goes to ``observe``; with dynamic
-    sampling, the extra rounds and the refill (module docstring).
-
-    Logged per generation batch (trainer logs, averaged per logging step like TRL's): ``dynamic_sampling/
-    dropped_groups`` (zero-variance groups of the first round), ``.../extra_rounds``, ``.../refilled_groups``,
-    ``.../frac_zero_std_trained`` (share of the trained batch's groups with zero variance); TRL's own metrics
-    (``reward``, ``frac_reward_zero_std``, ...) describe the first round only, as without dynamic sampling.
-    ``dynamic_sampling_totals`` sums them over the phase (``generation_batches``, ``groups``,
-    ``dropped_groups``, ``extra_rounds``, ``refilled_groups``).
-
-    Raises:
-        CprError: the generation batch's prompts are not the sampler's (ids differ), the processes' samplers
-            drew different prompts (checked each generation round), or a fresh prompt's dataset row has other
-            columns than the batch's.
-    """
-
-    dynamic_sampling: Any = None
-    curriculum_sampler: Any = None
-    mastery_reward: int = -1
-    mastery_pass: float = 0.5
-
-    def _init_dynamic_sampling(self, config: Any) -> None:
-        self.dynamic_sampling = config if config is not None and config.enabled else None
-        self.dynamic_sampling_totals = dict.fromkeys(
-            ("generation_batches", "groups", "dropped_groups", "extra_rounds", "refilled_groups"), 0)
-        if self.dynamic_sampling is not None:
-            self.add_callback(DynamicSamplingState(self))
+            self.totals.update({k: int(v) for k, v in saved["totals"].items()})
 
     def _global_rows(self, prompts: Sequence[int], local_rows: int) -> list[int]:
         """This process's dataset rows of a generation batch of unique ``prompts`` (each ``num_generations`` times)."""
-        start = self.accelerator.process_index * local_rows
-        return [p for p in prompts for _ in range(self.num_generations)][start:start + local_rows]
-
-    def _scored(self, generate: Any, inputs: list[dict[str, Any]]) -> tuple[dict[str, Any], torch.Tensor]:
-        out = generate(inputs)
-        return out, self.gathered_rewards
+        t = self.trainer
+        start = t.accelerator.process_index * local_rows
+        return [p for p in prompts for _ in range(t.num_generations)][start:start + local_rows]
 
     def _observe(self, batch_index: int, prompts: Sequence[int], rewards: torch.Tensor) -> None:
-        if self.curriculum_sampler is None or not self.curriculum_sampler.observes:
+        t = self.trainer
+        if not t.curriculum_sampler.observes:
             return
-        passed = (rewards[:, self.mastery_reward] >= self.mastery_pass).double()  # NaN (no reward) fails
-        rates = passed.view(-1, self.num_generations).mean(dim=1).tolist()
-        self.curriculum_sampler.observe(batch_index, list(prompts), rates)
+        passed = (rewards[:, t.mastery_reward] >= t.mastery_pass).double()  # NaN (no reward) fails
+        rates = passed.view(-1, t.num_generations).mean(dim=1).tolist()
+        t.curriculum_sampler.observe(batch_index, list(prompts), rates)
 
     def _same_on_every_process(self, batch_index: int, what: str, prompts: Sequence[int]) -> None:
         """Raises :class:`CprError` when another process's sampler drew other prompts (its groups would not be
         the same prompts': the rewards of a group would mix prompts)."""
-        if self.accelerator.num_processes <= 1:
+        if self.trainer.accelerator.num_processes <= 1:
             return
         from accelerate.utils import gather_object
 
@@ -222,31 +198,44 @@ class DynamicSamplingTrainer(GenerationHook):
             raise CprError(f"generation batch {batch_index}: the processes' samplers drew different {what}: {drawn}")
 
     def _check_prompts(self, inputs: list[dict[str, Any]], rows: Sequence[int], batch_index: int) -> None:
-        if "id" not in inputs[0] or "id" not in self.train_dataset.column_names:
+        dataset = self.trainer.train_dataset
+        if "id" not in inputs[0] or "id" not in dataset.column_names:
             return
-        if getattr(self, "_row_ids", None) is None:
-            self._row_ids = list(self.train_dataset["id"])
+        if self._row_ids is None:
+            self._row_ids = list(dataset["id"])
         got, expected = [x["id"] for x in inputs], [self._row_ids[i] for i in rows]
         if got != expected:
             raise CprError(f"generation batch {batch_index}: the dataloader's prompts {got[:4]}... are not the "
                            f"curriculum sampler's {expected[:4]}...; the sampler and the trainer are out of step")
 
-    def score_generation_batch(self, inputs: list[dict[str, Any]], generate: Any) -> dict[str, Any]:
-        sampler, ds = self.curriculum_sampler, self.dynamic_sampling
+    def rounds(self, inputs: list[dict[str, Any]], out: dict[str, Any], rewards: torch.Tensor,
+               generate: Any) -> dict[str, Any]:
+        """The training batch of the generation batch ``inputs`` (this process's rows), whose first round gave
+        ``out`` (TRL's batch dict) and ``rewards`` (its gathered ``(processes x rows, reward functions)`` matrix);
+        ``generate(rows)`` runs a further round, returning the same pair. With a curriculum sampler it checks the
+        prompts are the sampler's and hands a ``mastery`` sampler each group's pass rate (``observe``); with
+        dynamic sampling it runs the extra rounds and the refill (module docstring); else returns ``out``.
+
+        Raises:
+            CprError: the generation batch's prompts are not the sampler's (ids differ), the processes' samplers
+                drew different prompts (checked each generation round), or a fresh prompt's dataset row has
+                other columns than the batch's.
+        """
+        t, ds = self.trainer, self.config
+        sampler = t.curriculum_sampler
         if sampler is None or (ds is None and not sampler.observes):
-            return generate(inputs)
-        g, local = self.num_generations, len(inputs)
-        batch_index = micro_step(self) // repeat_sampler_shape(self)[2]
+            return out
+        g, local = t.num_generations, len(inputs)
+        batch_index = micro_step(t) // repeat_sampler_shape(t)[2]
         prompts = sampler.generation_batch(batch_index)
         self._same_on_every_process(batch_index, "prompts", prompts)
         self._check_prompts(inputs, self._global_rows(prompts, local), batch_index)
-        out, rewards = self._scored(generate, inputs)
-        weights = self.reward_weights
+        weights = t.reward_weights
         zero = zero_variance_groups(group_rewards(rewards, weights, g))
         self._observe(batch_index, prompts, rewards)
         if ds is None:
             return out
-        metrics = logged_metrics(self)
+        metrics = logged_metrics(t)
         marks = {k: len(v) for k, v in metrics.items()}
         keys = slot_keys(len(zero), g, local)
         sources = [(0, i) for i in range(len(zero))]
@@ -256,11 +245,11 @@ class DynamicSamplingTrainer(GenerationHook):
             k = len(rounds)
             fresh = sampler.fresh_prompts(batch_index, k)
             self._same_on_every_process(batch_index, f"fresh prompts (round {k})", fresh)
-            fresh_inputs = [self.train_dataset[i] for i in self._global_rows(fresh, local)]
+            fresh_inputs = [t.train_dataset[i] for i in self._global_rows(fresh, local)]
             if set(fresh_inputs[0]) != set(inputs[0]):
                 raise CprError(f"a fresh prompt's dataset row has columns {sorted(fresh_inputs[0])}, the generation "
                                f"batch's {sorted(inputs[0])}")
-            out_k, rewards_k = self._scored(generate, fresh_inputs)
+            out_k, rewards_k = generate(fresh_inputs)
             zeros.append(zero_variance_groups(group_rewards(rewards_k, weights, g)))
             self._observe(batch_index, fresh, rewards_k)
             rounds.append(out_k)
@@ -276,27 +265,18 @@ class DynamicSamplingTrainer(GenerationHook):
                   "frac_zero_std_trained": sum(trained_zero) / len(trained_zero)}
         for name, v in values.items():
             metrics[f"dynamic_sampling/{name}"].append(float(v))
-        totals = self.dynamic_sampling_totals
         for name, v in (("generation_batches", 1), ("groups", len(zero)), ("dropped_groups", dropped),
                         ("extra_rounds", extra), ("refilled_groups", dropped - len(empty))):
-            totals[name] += v
+            self.totals[name] += v
         if extra == 0:
             return out
-        start = self.accelerator.process_index * local
+        start = t.accelerator.process_index * local
         picks = []
         for row in range(start, start + local):
             k, j = sources[row // g]
             picks.append((k, j * g + row % g - start))
-        batch = assemble(rounds, picks, self.processing_class.tokenizer.pad_token_id
-                         if hasattr(self.processing_class, "tokenizer") else self.processing_class.pad_token_id)
+        batch = assemble(rounds, picks, t.processing_class.tokenizer.pad_token_id
+                         if hasattr(t.processing_class, "tokenizer") else t.processing_class.pad_token_id)
         loss_mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
-        batch["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        batch["num_items_in_batch"] = t.accelerator.gather(loss_mask.sum()).sum()
         return batch
-
-
-def check_dynamic_sampling(config: Any, *, has_sampler: bool, field: str) -> None:
-    """Raises :class:`ConfigError` (``field``) for dynamic sampling without the curriculum sampler, the source of
-    its fresh prompts (a phase resumed from a checkpoint saved before schedule ``none`` used it)."""
-    if config is not None and config.enabled and not has_sampler:
-        raise ConfigError("dynamic sampling draws its fresh prompts from the curriculum sampler, which this phase "
-                          "does not use (its checkpoint predates it); resume without dynamic sampling", field=field)

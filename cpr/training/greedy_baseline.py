@@ -18,7 +18,7 @@ from typing import Any
 
 from cpr.advantages import greedy_advantages, zero_signal_groups
 from cpr.errors import CprError
-from cpr.trl_internals import logged_metrics, process_index
+from cpr.trl_internals import logged_metrics, process_index, tokenize_prompts
 
 #: The share of a round's groups to which the greedy baseline gives no signal (:func:`cpr.advantages.zero_signal_groups`);
 #: the ``zero_std`` guard reads it instead of TRL's ``frac_reward_zero_std`` with ``baseline: greedy``.
@@ -78,111 +78,89 @@ def total_rewards(reward_funcs: list[Any], weights: list[float], rows: list[dict
 GREEDY_SAMPLING: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": None}
 
 
-def vllm_greedy(generation: Any, prompt_ids: list[list[int]], images: list[Any] | None) -> list[list[int]]:
-    """The greedy completion ids of each prompt from TRL's ``VLLMGeneration`` ``generation`` (its ``generate``,
-    one completion a prompt): its own settings (``repetition_penalty``, ``max_completion_length``,
-    ``generation_kwargs`` such as the placeholder ``bad_words``) with :data:`GREEDY_SAMPLING`, which are
-    restored afterwards, also when generation fails. Every process of a server-mode run must call it."""
-    saved = {key: getattr(generation, key) for key in GREEDY_SAMPLING}
+def greedy_completions(trainer: Any, rows: list[dict[str, Any]]) -> list[str]:
+    """The current policy's greedy completion of each row's prompt (``max_completion_length`` new tokens, TRL's
+    ``repetition_penalty``, as ``trainer``'s sampling; every process calls this once a round). With ``use_vllm``:
+    through the phase's vLLM engine (:func:`vllm_greedy_completions`); else transformers' ``generate`` with the
+    ZeRO-3 parameters gathered and, with several ZeRO-3 processes, lock-step ``synced_gpus``."""
+    from trl.models.utils import unwrap_model_for_generation
+
+    from cpr.evaluation.generation import TransformersGenerator
+
+    conversations = [with_images(row["prompt"], row.get("images")) for row in rows]
+    if getattr(trainer, "use_vllm", False):
+        return vllm_greedy_completions(trainer, conversations)
+    accelerator = trainer.accelerator
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    synced = accelerator.num_processes > 1 and plugin is not None and plugin.zero_stage == 3
+    with unwrap_model_for_generation(trainer.model_wrapped, accelerator, gather_deepspeed3_params=True,
+                                     gradient_checkpointing_kwargs=getattr(trainer.args, "gradient_checkpointing_kwargs",
+                                                                           None)) as unwrapped:
+        generator = TransformersGenerator(unwrapped, trainer.processing_class, trainer.max_completion_length,
+                                          synced_gpus=synced, repetition_penalty=trainer.repetition_penalty)
+        return [g.text for g in generator(conversations)]
+
+
+def vllm_greedy_completions(trainer: Any, conversations: list[list[dict[str, Any]]]) -> list[str]:
+    """Greedy completions of ``conversations`` (messages with their images) from the phase's vLLM engine, colocate
+    or server (TRL's ``VLLMGeneration`` ``trainer.vllm_generation``, its weights synced by this step's generation
+    round; its ``generate``, one completion a prompt): the prompts tokenized as TRL tokenizes them
+    (:func:`cpr.trl_internals.tokenize_prompts`) and decoded as TRL decodes completions, with the engine's own
+    settings (``repetition_penalty``, ``max_completion_length``, ``generation_kwargs`` such as the placeholder
+    ``bad_words``) but :data:`GREEDY_SAMPLING`, restored afterwards, also when generation fails. Every process
+    sends as many prompts as the one with most (its last repeated): TRL's server mode hands each process its
+    slice of the gathered prompts by that count."""
+    from accelerate.utils import gather_object
+
+    prompt_ids, images = tokenize_prompts(trainer, conversations)
+    n = len(prompt_ids)
+    most = max(gather_object([n])) if trainer.accelerator.num_processes > 1 else n
+    prompt_ids = prompt_ids + [prompt_ids[-1]] * (most - n)
+    images = None if images is None else images + [images[-1]] * (most - n)
+    engine = trainer.vllm_generation
+    saved = {key: getattr(engine, key) for key in GREEDY_SAMPLING}
     for key, value in GREEDY_SAMPLING.items():
-        setattr(generation, key, value)
+        setattr(engine, key, value)
     try:
-        _, completion_ids, _, _ = generation.generate(prompts=prompt_ids, images=images, num_generations=1)
+        _, completion_ids, _, _ = engine.generate(prompts=prompt_ids, images=images, num_generations=1)
     finally:
         for key, value in saved.items():
-            setattr(generation, key, value)
-    return [list(ids) for ids in completion_ids]
+            setattr(engine, key, value)
+    return trainer.processing_class.batch_decode([list(ids) for ids in completion_ids[:n]], skip_special_tokens=True)
 
 
-class GreedyBaselineMixin:
-    """Mixin before :class:`cpr.training.curriculum.CurriculumGRPOTrainer` (its ``score_generation_batch`` hook,
-    :class:`cpr.trl_internals.GenerationHook`): with ``baseline="greedy"`` each training generation round's
-    ``advantages`` (``(B,)``, this process's rows) become :func:`cpr.advantages.greedy_advantages` of the round's
-    gathered rewards and the greedy completions' rewards. ``baseline_reward_funcs``: the phase's reward
-    functions before any wrapping (the divergence guard's monitors are not fed the greedy completions)."""
+def greedy_baseline_advantages(trainer: Any, inputs: list[dict[str, Any]], matrix: Any, reward_funcs: list[Any]) -> Any:
+    """This process's ``(B,)`` advantages of a training generation round of ``trainer`` (its ``num_generations``,
+    ``reward_weights``, ``scale_rewards``) with the greedy baseline (ReMax): :func:`cpr.advantages.greedy_advantages`
+    of ``matrix`` (the round's gathered ``(processes x B, reward functions)`` reward matrix) and the rewards under
+    ``reward_funcs`` (the phase's, unwrapped) of the greedy completions of the groups this process's ``inputs``
+    belong to (exchanged between processes, so a group split over processes gets one baseline); logs
+    ``baseline/greedy_reward``, ``baseline/above_greedy`` and :data:`ZERO_SIGNAL_METRIC`."""
+    import torch
+    from accelerate.utils import gather_object
 
-    baseline: str = "group"
-    baseline_reward_funcs: list[Any] = []
-
-    def score_generation_batch(self, inputs: list[dict[str, Any]], generate: Any) -> dict[str, Any]:
-        batch = super().score_generation_batch(inputs, generate)
-        if self.baseline == "greedy":
-            batch["advantages"] = self.greedy_baseline_advantages(inputs).to(batch["advantages"])
-        return batch
-
-    def greedy_completions(self, rows: list[dict[str, Any]]) -> list[str]:
-        """The current policy's greedy completion of each row's prompt (``max_completion_length`` new tokens,
-        TRL's ``repetition_penalty``, as its sampling; every process calls this once a round). With
-        ``use_vllm``: through the phase's vLLM engine (:meth:`vllm_greedy_completions`); else transformers'
-        ``generate`` with the ZeRO-3 parameters gathered and, with several ZeRO-3 processes, lock-step
-        ``synced_gpus``."""
-        from trl.models.utils import unwrap_model_for_generation
-
-        from cpr.evaluation.generation import TransformersGenerator
-
-        conversations = [with_images(row["prompt"], row.get("images")) for row in rows]
-        if getattr(self, "use_vllm", False):
-            return self.vllm_greedy_completions(conversations)
-        accelerator = self.accelerator
-        plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-        synced = accelerator.num_processes > 1 and plugin is not None and plugin.zero_stage == 3
-        with unwrap_model_for_generation(self.model_wrapped, accelerator, gather_deepspeed3_params=True,
-                                         gradient_checkpointing_kwargs=getattr(self.args, "gradient_checkpointing_kwargs",
-                                                                               None)) as unwrapped:
-            generator = TransformersGenerator(unwrapped, self.processing_class, self.max_completion_length,
-                                              synced_gpus=synced, repetition_penalty=self.repetition_penalty)
-            return [g.text for g in generator(conversations)]
-
-    def vllm_greedy_completions(self, conversations: list[list[dict[str, Any]]]) -> list[str]:
-        """Greedy completions of ``conversations`` (messages with their images) from the phase's vLLM engine,
-        colocate or server (TRL's ``vllm_generation``, its weights synced by this step's generation round):
-        the prompts tokenized as TRL tokenizes them (:func:`cpr.trl_internals.tokenize_prompts`) and decoded as
-        TRL decodes completions, TRL's sampling settings with :data:`GREEDY_SAMPLING` (:func:`vllm_greedy`).
-        Every process sends as many prompts as the one with most (its last repeated): TRL's server mode
-        hands each process its slice of the gathered prompts by that count."""
-        from accelerate.utils import gather_object
-
-        from cpr.trl_internals import tokenize_prompts
-
-        prompt_ids, images = tokenize_prompts(self, conversations)
-        n = len(prompt_ids)
-        most = max(gather_object([n])) if self.accelerator.num_processes > 1 else n
-        prompt_ids = prompt_ids + [prompt_ids[-1]] * (most - n)
-        images = None if images is None else images + [images[-1]] * (most - n)
-        completion_ids = vllm_greedy(self.vllm_generation, prompt_ids, images)[:n]
-        return self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
-
-    def greedy_baseline_advantages(self, inputs: list[dict[str, Any]]) -> Any:
-        """This process's ``(B,)`` advantages with the greedy baseline, from ``gathered_rewards`` (the round's
-        ``(processes x B, reward functions)`` reward matrix) and the greedy completions of the groups its rows
-        belong to (the greedy rewards are exchanged between processes, so a group split over processes gets one
-        baseline); logs ``baseline/greedy_reward``, ``baseline/above_greedy`` and :data:`ZERO_SIGNAL_METRIC`."""
-        import torch
-        from accelerate.utils import gather_object
-
-        group = self.num_generations
-        matrix = self.gathered_rewards
-        rewards = (matrix * self.reward_weights.to(matrix.device).unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(matrix).all(dim=1)] = math.nan
-        start = process_index(self) * len(inputs)
-        first: dict[int, int] = {}  # group -> its first row on this process
-        for j in range(len(inputs)):
-            first.setdefault((start + j) // group, j)
-        rows = [inputs[j] for j in first.values()]
-        scored = total_rewards(self.baseline_reward_funcs, self.reward_weights.tolist(), rows, self.greedy_completions(rows))
-        local = list(zip(first, scored, strict=True))
-        pairs = gather_object(local) if self.accelerator.num_processes > 1 else local
-        greedy = torch.full((rewards.numel() // group,), math.nan)
-        for g, value in pairs:
-            greedy[g] = value
-        greedy = greedy.to(rewards)
-        advantages = greedy_advantages(rewards, greedy, group, self.scale_rewards)
-        logged = logged_metrics(self, "train")
-        logged[ZERO_SIGNAL_METRIC].append(zero_signal_groups(rewards, greedy, group).float().mean().item())
-        known = ~torch.isnan(greedy)
-        if known.any():
-            logged["baseline/greedy_reward"].append(torch.nanmean(greedy).item())
-            grouped = rewards.view(-1, group)[known]
-            above = (grouped > greedy[known].unsqueeze(1) + 1e-6).float()
-            logged["baseline/above_greedy"].append(above.mean().item())
-        return advantages[start:start + len(inputs)]
+    group = trainer.num_generations
+    rewards = (matrix * trainer.reward_weights.to(matrix.device).unsqueeze(0)).nansum(dim=1)
+    rewards[torch.isnan(matrix).all(dim=1)] = math.nan
+    start = process_index(trainer) * len(inputs)
+    first: dict[int, int] = {}  # group -> its first row on this process
+    for j in range(len(inputs)):
+        first.setdefault((start + j) // group, j)
+    rows = [inputs[j] for j in first.values()]
+    scored = total_rewards(reward_funcs, trainer.reward_weights.tolist(), rows, greedy_completions(trainer, rows))
+    local = list(zip(first, scored, strict=True))
+    pairs = gather_object(local) if trainer.accelerator.num_processes > 1 else local
+    greedy = torch.full((rewards.numel() // group,), math.nan)
+    for g, value in pairs:
+        greedy[g] = value
+    greedy = greedy.to(rewards)
+    advantages = greedy_advantages(rewards, greedy, group, trainer.scale_rewards)
+    logged = logged_metrics(trainer, "train")
+    logged[ZERO_SIGNAL_METRIC].append(zero_signal_groups(rewards, greedy, group).float().mean().item())
+    known = ~torch.isnan(greedy)
+    if known.any():
+        logged["baseline/greedy_reward"].append(torch.nanmean(greedy).item())
+        grouped = rewards.view(-1, group)[known]
+        above = (grouped > greedy[known].unsqueeze(1) + 1e-6).float()
+        logged["baseline/above_greedy"].append(above.mean().item())
+    return advantages[start:start + len(inputs)]

@@ -1,4 +1,4 @@
-"""One GRPO phase of an experiment (:func:`train_phase`): a :class:`cpr.training.divergence.GuardedGRPOTrainer` with
+"""One GRPO phase of an experiment (:func:`train_phase`): a :class:`cpr.training.trainer.CprGRPOTrainer` with
 LoRA of the phase's :class:`cpr.training.build.PhaseSpec` (its ``trl.GRPOConfig``, reward functions, curriculum)."""
 
 from __future__ import annotations
@@ -63,11 +63,10 @@ def restore_trained(trainer: Any, ckpt: Path, hook: Any = None) -> None:
     result reads (the divergence guard, the dynamic-sampling totals, the eval hook ``hook``, each restored by its
     ``on_train_begin``)."""
     from cpr.training import checkpoints
-    from cpr.training.dynamic_sampling import DynamicSamplingState
 
     checkpoints.restore_trained(trainer, ckpt)
     for cb in trainer.callback_handler.callbacks:
-        if cb is trainer.guard or cb is hook or isinstance(cb, DynamicSamplingState):
+        if cb is trainer.guard or cb is hook or cb is trainer.sampling:
             cb.on_train_begin(trainer.args, trainer.state, trainer.control)
 
 
@@ -93,6 +92,7 @@ def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, temp
     from cpr.distributed import process_state
     from cpr.rewards import set_completion_recorder
     from cpr.training import divergence
+    from cpr.training import trainer as grpo_trainer
     from cpr.training.checkpoints import CheckpointCallback
     from cpr.training.curriculum import CurriculumConfig, empty_buckets_message
     from cpr.training.evaluate import eval_hook
@@ -118,7 +118,7 @@ def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, temp
                        "TRL's RepeatSampler (its order is not continued exactly past an epoch boundary)",
                        phase.name, ckpt.name)
         sampler_curriculum = None
-    trainer = divergence.GuardedGRPOTrainer(
+    trainer = grpo_trainer.CprGRPOTrainer(
         model=model, reward_funcs=funcs, args=args, processing_class=processor, curriculum=sampler_curriculum,
         dynamic_sampling=phase.dynamic_sampling, dynamic_sampling_field=f"phase_settings.{phase.name}.dynamic_sampling",
         train_dataset=to_grpo_dataset(splits.train, templates, mode="train"),
@@ -167,9 +167,8 @@ def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, temp
         "kl_max": max((r["kl"] for r in rows if isinstance(r.get("kl"), (int, float))), default=math.nan),
         "guards": guard.report() if guard is not None else None,
     }
-    if trainer.dynamic_sampling is not None:
-        result["dynamic_sampling"] = {"max_resample": phase.dynamic_sampling.max_resample,
-                                      **trainer.dynamic_sampling_totals}
+    if trainer.sampling.config is not None:
+        result["dynamic_sampling"] = {"max_resample": phase.dynamic_sampling.max_resample, **trainer.sampling.totals}
     if hook is not None and hook.best is not None:
         result["best_eval"] = hook.best
     if stopped is not None:

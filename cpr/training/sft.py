@@ -219,14 +219,18 @@ def sft_precision(dtype: Any, extra: Mapping[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def _sft_trainer_class() -> type:
-    """``trl.SFTTrainer`` whose model card names the base model (:class:`cpr.trl_internals.BaseModelCard`);
+    """``trl.SFTTrainer`` whose model card names the base model (:func:`cpr.trl_internals.name_base_model`);
     built on first use, as TRL is imported only when a model trains."""
     from trl import SFTTrainer
 
-    from cpr.trl_internals import BaseModelCard
+    from cpr.trl_internals import name_base_model
 
-    class NamedBaseSFTTrainer(BaseModelCard, SFTTrainer):
-        """``trl.SFTTrainer`` with :class:`cpr.trl_internals.BaseModelCard`."""
+    class NamedBaseSFTTrainer(SFTTrainer):
+        """``trl.SFTTrainer`` whose model card names the base model."""
+
+        def create_model_card(self, *args: Any, **kwargs: Any) -> None:  # noqa: D102
+            super().create_model_card(*args, **kwargs)
+            name_base_model(self)
 
     return NamedBaseSFTTrainer
 
