@@ -235,7 +235,7 @@ def test_reward_hacking_config_errors_name_the_key(guards, field, message, sampl
 
 
 def test_rewards_guard_in_the_config_reaches_the_reward_functions(samples_dir):
-    from cpr.training.config import _reward_shared
+    from cpr.training.config.checks import _reward_shared
 
     data = {"model": {"name_or_path": "models/unused"},
             "data": {"train": [{"source": "tabmwp", "path": str(samples_dir / "tabmwp")}]},

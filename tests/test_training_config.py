@@ -438,7 +438,7 @@ def test_shared_reward_settings_still_reach_only_the_functions_that_take_them(tm
     """The ``rewards:`` section is shared: its step settings go to cpr / step_f1 and its answer mode to
     accuracy / cpr, without an error for the functions that take neither (format)."""
     from cpr.rewards import get_reward_set
-    from cpr.training.config import _reward_shared
+    from cpr.training.config.checks import _reward_shared
 
     path = tmp_path / "ok.yaml"
     path.write_text(yaml.safe_dump(BASE))

@@ -18,13 +18,8 @@ from typing import Any
 
 from cpr.errors import ConfigError
 from cpr.training import policy
-from cpr.training.config import (
-    ExperimentConfig,
-    PhaseConfig,
-    _reward_shared,
-    phase_reward_weights,
-    phase_training_args,
-)
+from cpr.training.config import ExperimentConfig, PhaseConfig, phase_reward_weights, phase_training_args
+from cpr.training.config.checks import _reward_shared
 
 logger = logging.getLogger("cpr.training")
 

@@ -1,0 +1,140 @@
+"""Reading an experiment config: the YAML file (OmegaConf, so ``5e-4`` is a number), ``--set key=value``
+overrides (OmegaConf's dotlist), a ``--phases`` override's dropped phases, and the parsed and checked
+:class:`~cpr.training.config.sections.ExperimentConfig`, an error naming the file, the override and the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from cpr.errors import ConfigError
+from cpr.training.config.checks import _validate
+from cpr.training.config.sections import ExperimentConfig, _parse
+
+
+def config_from_dict(data: Mapping[str, Any], *, config_path: str | None = None) -> ExperimentConfig:
+    """Build and validate an :class:`ExperimentConfig` from a mapping. A run's resolved ``config.yaml``
+    loads too: its ``training_effective`` block is derived from the rest and ignored.
+
+    Raises:
+        ConfigError: an unknown key or an invalid value (dotted key named; ``config_path`` as the file).
+    """
+    if isinstance(data, Mapping):
+        data = {k: v for k, v in data.items() if k != "training_effective"}
+    try:
+        cfg = _parse(ExperimentConfig, data)
+        cfg.config_path = config_path
+        return _validate(cfg)
+    except ConfigError as e:
+        raise ConfigError(e.message, field=e.field, path=e.path or config_path) from None
+
+
+def read_run_config(path: str | Path) -> ExperimentConfig:
+    """A run's resolved ``config.yaml`` as an :class:`ExperimentConfig`, each value type-checked, with the
+    defaults the run had for keys it does not hold, but not cross-checked by :func:`config_from_dict`
+    (a recipe's own reward functions need not be registered, its datasets need not be at hand): what
+    ``cpr eval`` reads of the run an adapter belongs to.
+
+    Raises:
+        ConfigError: unreadable YAML, not a mapping, an unknown key or a value of the wrong type (file
+            and dotted key named).
+        FileNotFoundError: ``path`` does not exist.
+    """
+    data = read_yaml(path)
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"expected a mapping, got {type(data).__name__}", path=path)
+    try:
+        return _parse(ExperimentConfig, {k: v for k, v in data.items() if k != "training_effective"})
+    except ConfigError as e:
+        raise ConfigError(e.message, field=e.field, path=path) from None
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = (), *, warn_dropped: bool = True) -> ExperimentConfig:
+    """Read a YAML experiment config, apply ``key=value`` overrides (:func:`apply_overrides`), validate it.
+
+    An override of ``phases`` (``--phases cpr``) also leaves out, with a warning (unless ``warn_dropped`` is
+    false), the ``phase_settings`` and ``evaluation.compare`` entries of the file's phases it drops (a phase
+    name the file does not run stays, and is refused).
+
+    Raises:
+        ConfigError: unreadable YAML, an unknown key or an invalid value; the message names the file
+            (and the override that set the value) and the dotted key.
+        FileNotFoundError: ``path`` does not exist.
+    """
+    data = read_yaml(path)
+    if overrides and isinstance(data, dict):
+        file_phases = data.get("phases", ExperimentConfig.model_fields["phases"].default)
+        data = apply_overrides(data, overrides)
+        phases, settings, evaluation = data.get("phases"), data.get("phase_settings"), data.get("evaluation")
+        if "phases" in map(_name, overrides) and isinstance(phases, list) and isinstance(file_phases, list):
+            gone = [p for p in file_phases if p not in phases]
+            if isinstance(settings, dict) and any(k in gone for k in settings):
+                logging.getLogger("cpr.training").log(logging.WARNING if warn_dropped else logging.DEBUG,"phases %s: leaving out phase_settings of %s", phases,
+                                                          sorted(str(k) for k in settings if k in gone))
+                data["phase_settings"] = {k: v for k, v in settings.items() if k not in gone}
+            if isinstance(evaluation, dict) and isinstance(evaluation.get("compare"), list):
+                evaluation["compare"] = [c for c in evaluation["compare"] if c not in gone]
+    try:
+        return config_from_dict(data, config_path=str(path))
+    except ConfigError as e:  # name the last override that set the key, a key above it or one below it
+        key = (e.field or "").replace("[", ".").replace("]", "")
+        given = [o for o in overrides if e.field and (f"{key}.".startswith(f"{_name(o)}.") or _name(o).startswith(f"{key}."))]
+        if not given or e.path != str(path):
+            raise
+        raise ConfigError(e.message, field=e.field, path=f"{path} (--set {given[-1]})") from None
+
+
+def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
+    """Load and validate the config named by parsed arguments (``--config``, ``--set``, ``--output-dir``,
+    ``--phases`` of :func:`cpr.training.cli.add_arguments`; :func:`load_config`)."""
+    overrides = list(args.overrides)
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    if args.phases:
+        overrides.append(f"phases=[{args.phases}]")
+    return load_config(args.config, overrides)
+
+
+def _name(override: str) -> str:
+    return override.partition("=")[0].strip().replace("[", ".").replace("]", "")
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """``data`` with ``key.sub=value`` / ``key[i].sub=value`` overrides applied in order (OmegaConf's
+    dotlist; values parsed as YAML); a value replaces what was there, a mapping included.
+
+    Raises:
+        ConfigError: an override without ``=`` or that cannot be applied (naming it).
+    """
+    conf = OmegaConf.create(dict(data))
+    for item in overrides:
+        if "=" not in item or not _name(item):
+            raise ConfigError(f"override {item!r} is not of the form key.sub=value", field=item)
+        key = item.partition("=")[0].strip()
+        try:
+            OmegaConf.update(conf, key, None, merge=False)  # replace rather than merge a mapping
+            conf.merge_with_dotlist([f"{key}={item.partition('=')[2]}"])
+        except (OmegaConfBaseException, yaml.YAMLError) as e:
+            raise ConfigError(f"cannot apply override {item!r}: {' '.join(str(e).split())}", field=key) from None
+    return OmegaConf.to_container(conf)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The content of a YAML file as plain dicts and lists (``{}`` when empty), read by OmegaConf.
+
+    Raises:
+        ConfigError: invalid YAML (a one-line message naming the file).
+        FileNotFoundError: ``path`` does not exist.
+    """
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path))
+    except yaml.YAMLError as e:
+        raise ConfigError("invalid YAML: " + " ".join(str(e).split()), path=path) from None
