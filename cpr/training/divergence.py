@@ -24,7 +24,7 @@ import torch
 from cpr.errors import ConfigError, CprError
 from cpr.io import append_jsonl, atomic_write_json
 from cpr.training.checkpoints import DIVERGED_MARKER, CheckpointState, checkpoint_folder
-from cpr.training.config import DEFAULT_GUARD_ACTIONS, GuardsConfig
+from cpr.training.config_sections import DEFAULT_GUARD_ACTIONS, GuardsConfig
 from cpr.training.curriculum import CurriculumGRPOTrainer
 from cpr.training.greedy_baseline import ZERO_SIGNAL_METRIC, GreedyBaselineMixin
 from cpr.trl_internals import AdvantageHook, BaseModelCard, logged_metrics, process_index

@@ -1,6 +1,12 @@
-"""Reading an experiment config: the YAML file (OmegaConf, so ``5e-4`` is a number), ``--set key=value``
-overrides (OmegaConf's dotlist), a ``--phases`` override's dropped phases, and the parsed and checked
-:class:`~cpr.training.config.sections.ExperimentConfig`, an error naming the file, the override and the key.
+"""Experiment configuration: one YAML file describes a whole run (both phases).
+
+This module reads it: OmegaConf reads the YAML (so ``5e-4`` is a number) and applies ``--set key=value``
+overrides (its dotlist), a ``--phases`` override drops the other phases' settings, and :func:`load_config`
+checks everything before any model, dataset or encoder loads, an invalid value raising
+:class:`cpr.errors.ConfigError` that names its dotted key, the file and the override that gave it. The sections
+are the fields of :class:`cpr.training.config_sections.ExperimentConfig` (strict pydantic models; examples in
+recipes/configs/, a table in docs/training.md); what needs more than a type is checked in
+:mod:`cpr.training.config_checks` (``phase_settings`` merged over the built-in :data:`~cpr.training.config_sections.PHASE_PRESETS`).
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from cpr.errors import ConfigError
-from cpr.training.config.checks import _validate
-from cpr.training.config.sections import ExperimentConfig, _parse
+from cpr.training.config_checks import _validate
+from cpr.training.config_sections import ExperimentConfig, _parse
 
 
 def config_from_dict(data: Mapping[str, Any], *, config_path: str | None = None) -> ExperimentConfig:

@@ -18,7 +18,7 @@ from cpr.data import ADAPTERS, load_templates
 from cpr.data.adapters.hf import looks_like_hub_name
 from cpr.errors import ConfigError
 from cpr.scoring import ScoringSettings
-from cpr.training.config.sections import (
+from cpr.training.config_sections import (
     PHASE_PRESETS,
     DataSourceConfig,
     ExperimentConfig,

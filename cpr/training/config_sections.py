@@ -158,7 +158,7 @@ class PhaseConfig(_Section):
 
     @property
     def training_args(self) -> dict[str, Any]:
-        """The phase's ``trl.GRPOConfig`` keyword arguments (:func:`~cpr.training.config.checks.phase_training_args`), merged once by
+        """The phase's ``trl.GRPOConfig`` keyword arguments (:func:`~cpr.training.config_checks.phase_training_args`), merged once by
         :func:`~cpr.training.config.load_config`.
 
         Raises:
@@ -282,7 +282,7 @@ class GuardsConfig(_Section):
 
 
 class ExperimentConfig(_Section):
-    """A whole experiment (:mod:`cpr.training.config`)."""
+    """A whole experiment (one YAML file; :mod:`cpr.training.config`)."""
 
     run_name: str = "cpr"
     output_dir: str = "outputs/cpr"
