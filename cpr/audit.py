@@ -381,7 +381,8 @@ def _reward_set(args: argparse.Namespace) -> tuple[list[Any], list[float], dict[
     (``None`` without one)."""
     from cpr.rewards import get_reward_set
     from cpr.scoring import ScoringSettings
-    from cpr.training.config import _reward_shared, load_config
+    from cpr.training.config import load_config
+    from cpr.training.config_checks import _reward_shared
 
     cfg = None
     if args.config is not None:

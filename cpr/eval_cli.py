@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from cpr.evaluation.benchmarks import BENCHMARKS
     from cpr.evaluation.generation import BACKENDS, DECODING_MODES
     from cpr.scoring import add_scoring_arguments
-    from cpr.training.config import EVAL_SPLITS
+    from cpr.training.config_sections import EVAL_SPLITS
 
     of_run = "the adapter's run's "
     p = subparsers.add_parser("eval", help="generate with a model on a benchmark and score it (crystal, m3cot, "

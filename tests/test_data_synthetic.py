@@ -114,7 +114,7 @@ def test_config_needs_no_path_for_the_generated_source():
 
 def test_the_same_generated_items_twice_are_refused_naming_the_source():
     from cpr.errors import InputError
-    from cpr.training.config import DataConfig, DataSourceConfig
+    from cpr.training.config_sections import DataConfig, DataSourceConfig
     from cpr.training.splits import load_sources
 
     src = DataSourceConfig(source="synthetic", options={"size": 3})

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from launch import BIN, REPO, free_port, start, write_reward_recipe
 
-from cpr.training.config import DataConfig
+from cpr.training.config_sections import DataConfig
 from cpr.training.splits import load_splits
 from cpr_tools import tiny_models
 

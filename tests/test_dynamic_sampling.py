@@ -13,7 +13,7 @@ import torch
 from datasets import Dataset
 
 from cpr.errors import ConfigError, CprError
-from cpr.training.config import DynamicSamplingConfig
+from cpr.training.config_sections import DynamicSamplingConfig
 from cpr.training.curriculum import CurriculumConfig, CurriculumSampler, observation_lag
 from cpr.training.dynamic_sampling import (
     DynamicSampling,

@@ -24,13 +24,8 @@ from conftest import tiny_run_config
 from transformers import TrainerControl, TrainerState
 
 from cpr.errors import ConfigError
-from cpr.training.config import (
-    GuardsConfig,
-    KLGuardConfig,
-    NanGuardConfig,
-    ZeroStdGuardConfig,
-    config_from_dict,
-)
+from cpr.training.config import config_from_dict
+from cpr.training.config_sections import GuardsConfig, KLGuardConfig, NanGuardConfig, ZeroStdGuardConfig
 from cpr.training.divergence import DivergenceGuard, TrainingDivergedError, drop_update
 
 REPO = Path(__file__).resolve().parents[1]

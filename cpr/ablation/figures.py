@@ -127,7 +127,7 @@ def plot_reward_components(run: RunFolder, path: str | Path, *, dpi: int = 120) 
 def kl_guard_limit(run: RunFolder) -> float | None:
     """``guards.kl.limit`` of the run's ``config.yaml`` (the guard's default where it is left out);
     ``None`` without a config or with the KL guard off."""
-    from cpr.training.config import KLGuardConfig
+    from cpr.training.config_sections import KLGuardConfig
 
     guards = (run.config or {}).get("guards") or {}
     kl = guards.get("kl") or {}
@@ -164,7 +164,7 @@ def plot_hack_monitors(run: RunFolder, path: str | Path, *, dpi: int = 120) -> P
     ``guards.reward_hacking`` (else the defaults) as a dashed red line where it does not flatten the values
     (:func:`bound_on_scale`; else named in the legend)."""
     from cpr.guarded_matching import MONITORS
-    from cpr.training.config import DEFAULT_HACKING_BOUNDS
+    from cpr.training.config_sections import DEFAULT_HACKING_BOUNDS
 
     logs = run.phase_logs()
     rows = [r for p in logs for r in p.train]
@@ -224,7 +224,7 @@ def difficulty_by_id(run: RunFolder) -> dict[str, str]:
     Raises:
         InputError: no ``config.yaml`` with a data section, or data that does not load.
     """
-    from cpr.training.config import DataConfig, DataSourceConfig
+    from cpr.training.config_sections import DataConfig, DataSourceConfig
     from cpr.training.splits import load_splits
 
     if not run.config or not isinstance(run.config.get("data"), dict):

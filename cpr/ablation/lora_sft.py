@@ -59,7 +59,7 @@ def load_sft_config(path: str | Path, overrides: Sequence[str] = (), *, warn_dro
 
 def run_sft_baseline(cfg: Any, *, ranges: str = "error", resume: bool = False, overwrite: bool = False) -> dict:
     """Check the M3CoT ranges (:func:`check_m3cot_ranges`), then train and score the baseline; the summary."""
-    from cpr.training.config import num_processes
+    from cpr.training.config_checks import num_processes
     from cpr.training.experiment import run_experiment
     from cpr.training.warm_start import warm_start_settings
 

@@ -18,13 +18,8 @@ from typing import Any
 
 from cpr.errors import ConfigError
 from cpr.training import policy
-from cpr.training.config import (
-    ExperimentConfig,
-    PhaseConfig,
-    _reward_shared,
-    phase_reward_weights,
-    phase_training_args,
-)
+from cpr.training.config_checks import _reward_shared, phase_reward_weights, phase_training_args
+from cpr.training.config_sections import ExperimentConfig, PhaseConfig
 
 logger = logging.getLogger("cpr.training")
 
@@ -80,7 +75,7 @@ class PhaseSpec:
             ``generation_kwargs`` bans the vision placeholders once :attr:`args` is built).
         reward_funcs / reward_weights: TRL's ``reward_funcs`` / ``reward_weights`` (one weight a function).
         curriculum: the phase's :class:`cpr.training.curriculum.CurriculumConfig` (the config's own object,
-            :attr:`cpr.training.config.PhaseConfig.curriculum_config`).
+            :attr:`cpr.training.config_sections.PhaseConfig.curriculum_config`).
         init_adapter: the phase's configured ``init_adapter`` folder, or ``None`` (the runner hands on the
             previous phase's, else the warm start's, else a new adapter trains).
         model_path: the model whose family gives the LoRA targets and whose processor the vision placeholders.
@@ -167,7 +162,7 @@ class PhaseSpec:
 
 
 def grpo_kwargs(cfg: ExperimentConfig, phase: PhaseConfig, reward_weights: list[float]) -> dict[str, Any]:
-    """The keyword arguments of ``phase``'s ``trl.GRPOConfig``: :func:`cpr.training.config.phase_training_args`
+    """The keyword arguments of ``phase``'s ``trl.GRPOConfig``: :func:`cpr.training.config_checks.phase_training_args`
     with cpr's defaults where unset (CPU / bf16 by device, the data columns kept for the reward functions, no
     reports, a log row every step, a checkpoint every quarter of ``max_steps``), activation checkpointing from
     ``model.gradient_checkpointing`` (default: on GPU) and the resolved ``reward_weights``."""

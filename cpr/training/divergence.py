@@ -1,4 +1,4 @@
-"""Divergence guards of the GRPO phases (``guards:``, :class:`cpr.training.config.GuardsConfig`; docs/training.md,
+"""Divergence guards of the GRPO phases (``guards:``, :class:`cpr.training.config_sections.GuardsConfig`; docs/training.md,
 "Divergence guards"; the paper's Composite and Answer-Only runs diverge to NaN gradients, docs/method.md section 4).
 
 :class:`DivergenceGuard` checks each optimizer step once its gradients are accumulated and clipped, before
@@ -24,7 +24,7 @@ import torch
 from cpr.errors import ConfigError, CprError
 from cpr.io import append_jsonl, atomic_write_json
 from cpr.training.checkpoints import DIVERGED_MARKER, CheckpointState, checkpoint_folder
-from cpr.training.config import DEFAULT_GUARD_ACTIONS, GuardsConfig
+from cpr.training.config_sections import DEFAULT_GUARD_ACTIONS, GuardsConfig
 from cpr.training.greedy_baseline import ZERO_SIGNAL_METRIC
 from cpr.trl_internals import logged_metrics
 

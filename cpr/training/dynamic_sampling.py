@@ -148,7 +148,7 @@ class DynamicSampling(CheckpointState):
     """The curriculum's part of a training generation batch of ``trainer`` (a
     :class:`cpr.training.trainer.CprGRPOTrainer`: its ``curriculum_sampler``, ``None`` without a curriculum, and
     ``mastery_reward``, the index of the reward function that decides a pass, ``mastery_pass`` its threshold),
-    with ``config`` (:class:`cpr.training.config.DynamicSamplingConfig`) dynamic sampling's (:meth:`rounds`). As a
+    with ``config`` (:class:`cpr.training.config_sections.DynamicSamplingConfig`) dynamic sampling's (:meth:`rounds`). As a
     callback (added with dynamic sampling) it keeps ``totals`` in each checkpoint and puts them back on resume.
 
     Logged per generation batch (averaged per logging step like TRL's metrics, which describe the first round

@@ -20,7 +20,7 @@ from typing import Any
 
 from cpr.errors import ConfigError
 from cpr.training import policy
-from cpr.training.config import EVAL_SPLITS, ExperimentConfig
+from cpr.training.config_sections import EVAL_SPLITS, ExperimentConfig
 from cpr.training.splits import DataSplits
 
 logger = logging.getLogger("cpr.training")
@@ -95,7 +95,7 @@ def hook_benchmarks(cfg: ExperimentConfig, splits: DataSplits) -> list[tuple[str
     """``(benchmark, records, limit)`` the eval hook scores: each benchmark of ``evaluation.benchmarks``
     without its own ``data`` (a test set, left to the final evaluation; ``crystal`` when none is listed)
     on the validation split, capped at its ``limit``; ``[]`` without validation records."""
-    from cpr.training.config import EvalBenchmarkConfig
+    from cpr.training.config_sections import EvalBenchmarkConfig
 
     listed = [b for b in cfg.evaluation.benchmarks if not b.data] if cfg.evaluation.benchmarks else [EvalBenchmarkConfig()]
     return [(b.name, list(splits.validation), b.limit) for b in listed] if splits.validation else []

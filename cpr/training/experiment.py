@@ -36,7 +36,8 @@ import yaml
 from cpr.errors import ConfigError, RunInterrupted
 from cpr.io import atomic_write_json, atomic_write_text
 from cpr.training.checkpoints import DIVERGED_MARKER, adapter_folder, last_checkpoint
-from cpr.training.config import EVAL_SPLITS, ExperimentConfig, config_from_dict
+from cpr.training.config import config_from_dict
+from cpr.training.config_sections import EVAL_SPLITS, ExperimentConfig
 from cpr.training.splits import load_run_data
 
 logger = logging.getLogger("cpr.training")

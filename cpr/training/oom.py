@@ -10,7 +10,7 @@ from typing import Any
 
 from cpr.errors import CprError
 from cpr.training.build import PhaseSpec, trl_default
-from cpr.training.config import ExperimentConfig
+from cpr.training.config_sections import ExperimentConfig
 
 
 class TrainingOutOfMemoryError(CprError):

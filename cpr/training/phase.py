@@ -15,7 +15,7 @@ from typing import Any
 from cpr.training import policy
 from cpr.training.build import PhaseSpec
 from cpr.training.checkpoints import DIVERGED_MARKER, has_curriculum_state, prepare_resume, training_done
-from cpr.training.config import ExperimentConfig
+from cpr.training.config_sections import ExperimentConfig
 from cpr.training.splits import DataSplits
 
 logger = logging.getLogger("cpr.training")

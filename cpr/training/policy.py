@@ -11,7 +11,7 @@ import gc
 from pathlib import Path
 from typing import Any
 
-from cpr.training.config import ExperimentConfig
+from cpr.training.config_sections import ExperimentConfig
 
 
 def load_policy(cfg: ExperimentConfig, model_path: str, device: Any = None) -> tuple[Any, Any]:

@@ -19,7 +19,8 @@ from typing import Any
 from cpr.distributed import env_flag
 from cpr.errors import ConfigError, ModelNotAvailableError
 from cpr.matching import _looks_like_path
-from cpr.training.config import ExperimentConfig, warm_start_settings
+from cpr.training.config_checks import warm_start_settings
+from cpr.training.config_sections import ExperimentConfig
 
 logger = logging.getLogger("cpr.training")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from cpr.data.records import DIFFICULTIES, Record
 from cpr.errors import ConfigError
-from cpr.training.config import ExperimentConfig
+from cpr.training.config_sections import ExperimentConfig
 from cpr.training.logs import read_log
 
 __all__ = ["UNTRAINED", "WARM_START", "bucket_mix", "chance_accuracy", "closing_lines", "compare_stages",

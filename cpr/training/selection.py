@@ -14,7 +14,7 @@ from typing import Any
 
 from cpr.io import atomic_write_json
 from cpr.training.checkpoints import adapter_folder, checkpoint_status, checkpoint_step, checkpoints_of
-from cpr.training.config import ExperimentConfig, PhaseConfig
+from cpr.training.config_sections import ExperimentConfig, PhaseConfig
 from cpr.training.splits import DataSplits
 
 logger = logging.getLogger("cpr.training")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from cpr.data import Records, load_records
 from cpr.errors import ConfigError, InputError
-from cpr.training.config import DataConfig, DataSourceConfig, ExperimentConfig
+from cpr.training.config_sections import DataConfig, DataSourceConfig, ExperimentConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from cpr.data import PromptTemplates

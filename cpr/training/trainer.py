@@ -13,7 +13,7 @@ from trl import GRPOTrainer
 
 from cpr import trl_internals
 from cpr.errors import ConfigError, InputError
-from cpr.training.config import GuardsConfig
+from cpr.training.config_sections import GuardsConfig
 from cpr.training.curriculum import (
     CurriculumConfig,
     CurriculumSampler,
@@ -33,7 +33,7 @@ class CprGRPOTrainer(GRPOTrainer):
     * ``curriculum``: its train sampler is a :class:`~cpr.training.curriculum.CurriculumSampler`
       (``self.curriculum_sampler``, seeded with ``args.seed``), kept in step by a
       :class:`~cpr.training.curriculum.CurriculumStateCallback`; ``None``: TRL's ``RepeatSampler``.
-    * ``dynamic_sampling`` (:class:`cpr.training.config.DynamicSamplingConfig`; ``dynamic_sampling_field`` names the
+    * ``dynamic_sampling`` (:class:`cpr.training.config_sections.DynamicSamplingConfig`; ``dynamic_sampling_field`` names the
       setting in errors): zero-variance groups replaced by fresh ones (``self.sampling``,
       :class:`~cpr.training.dynamic_sampling.DynamicSampling`).
     * ``baseline``: ``"group"`` (TRL's group mean) or ``"greedy"`` (:mod:`cpr.training.greedy_baseline`).

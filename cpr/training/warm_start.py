@@ -19,7 +19,8 @@ from typing import Any
 from cpr.data.records import Record
 from cpr.io import atomic_write_json
 from cpr.training import policy
-from cpr.training.config import ExperimentConfig, warm_start_settings
+from cpr.training.config_checks import warm_start_settings
+from cpr.training.config_sections import ExperimentConfig
 from cpr.training.splits import DataSplits
 
 logger = logging.getLogger("cpr.training")
