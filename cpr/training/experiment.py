@@ -5,19 +5,9 @@ ablation sweep) and ``recipes/cpr_curriculum.py`` call them in that order.
 
 A phase starts from its ``init_adapter``, else the adapter the previous phase handed on (its best checkpoint on
 the validation split with ``select_best``, else its final adapter), else the warm start's, else a new one. The
-run folder holds ``config.yaml`` (every default filled in, and ``training_effective``), ``run.log``,
-``summary.json`` (``status`` running, finished, diverged, failed or interrupted), ``warm_start/`` (its
-``checkpoint-N/`` folders and ``adapter/``),
-``final_eval/`` (``stages/<stage>/``: earlier stages, ``evaluation.compare``), and per phase its
-``checkpoint-N/`` folders (:mod:`cpr.training.checkpoints`), ``adapter/`` (the phase's result: its last step, or
-with ``select_best`` the selected checkpoint's adapter, the last step staying in its checkpoint), ``log.jsonl``, ``scored_completions.jsonl``, ``eval_history.jsonl``, ``best_checkpoint.json``,
-``guard_events.jsonl``, ``selection.json``, ``phase_done.json`` and ``abandoned-checkpoint-N-<time>/``.
-While a run holds the folder it holds ``run.lock`` (:func:`lock_run_folder`: a second run into it, a second
-``--resume`` say, is refused). Resume (refused for a folder that holds no run) continues an unfinished warm start from its last complete
-checkpoint, skips finished phases and continues the current one from its last complete, not diverged checkpoint;
-on CPU with a fixed ``torch_threads`` it ends with the uninterrupted run's adapter and prompt order
-(tests/test_reliability_resume.py); on GPU only with ``training.full_determinism: true``. Ctrl-C logs one line
-(:func:`interrupted_line`: where, the last checkpoint, the ``--resume`` command) and raises ``RunInterrupted``.
+run folder's files, its lock (:func:`lock_run_folder`), ``--resume`` and Ctrl-C (:func:`interrupted_line`):
+docs/training.md, "The run folder". A resumed run ends with the uninterrupted run's adapter and prompt order on
+CPU with a fixed ``torch_threads`` (tests/test_reliability_resume.py), on GPU only with ``training.full_determinism``.
 """
 
 from __future__ import annotations
