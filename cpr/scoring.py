@@ -14,12 +14,10 @@ PREDS ``id``, ``completion``. Ids are compared as strings. Completions an evalua
 beside them: ``cpr eval``, a run's ``final_eval/<benchmark>/``) are scored with the settings it recorded
 unless a flag says otherwise (:func:`resolve_scoring`), so ``cpr score`` recomputes that evaluation's numbers.
 
-Sampled completions (``sampled_completions.jsonl`` of ``cpr eval --decoding sampled``): PREDS rows that
-also carry ``sample`` (0, 1, ..., k-1), k per id. Each sample index is scored alone like a greedy file;
-the summary holds mean@k of every column (the mean over an item's k samples, then over items: what
-reasoning-RL papers report as pass@1) and ``pass_at_k`` (percent of items with at least one correct
-sample). The lucky-guess rate (:func:`lucky_guess_rate`) is the percent of completions with a correct
-answer and Match F1 below :data:`LUCKY_GUESS_F1`, the CRYSTAL paper's diagnosis of answer-only training.
+Sampled completions (``sampled_completions.jsonl``, rows with ``sample`` 0..k-1) give mean@k of every column and
+``pass_at_k`` (:func:`score_sampled_records`; docs/evaluation.md). The lucky-guess rate
+(:func:`lucky_guess_rate`): the percent of completions with a correct answer and Match F1 below
+:data:`LUCKY_GUESS_F1`.
 """
 
 from __future__ import annotations
@@ -458,14 +456,6 @@ def flag_errors() -> Iterator[None]:
         yield
     except ConfigError as e:
         raise InputError(e.message, field="--" + str(e.field).replace("_", "-")) from None
-
-
-def settings_from_args(args: argparse.Namespace, batch_size: int = 64) -> ScoringSettings:
-    """:class:`ScoringSettings` of :func:`add_scoring_arguments`'s flags (and ``--device``)."""
-    with flag_errors():
-        return ScoringSettings(encoder=args.encoder, threshold=args.threshold, alpha=args.alpha, matching=args.matching,
-                               answer_mode=args.answer_mode, device=args.device, batch_size=batch_size,
-                               guard="paper")  # scored as the paper does: the guard shapes training rewards only
 
 
 #: The file beside an evaluation's completions that records the scoring they were scored with (``scoring``).

@@ -25,13 +25,13 @@ DEMOS = (DEMO, DEMO.with_name("demo_tabmwp.yaml"))
 
 
 def main() -> int:
+    """Parse the arguments, build the demo's tiny models (demo configs only) and run :func:`train`; the exit code
+    (errors as one line on standard error: :func:`cpr.errors.run_command`)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from cpr.cli import run_command
-    from cpr.errors import quiet_deepspeed_cpu_notice
-    from cpr.training.cli import add_arguments, run
+    from cpr.errors import quiet_deepspeed_cpu_notice, run_command
+    from cpr.training.cli import add_arguments
 
     quiet_deepspeed_cpu_notice()  # before the demo's tiny model is built
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser, default_config=str(DEMO))
     args = parser.parse_args()
@@ -44,11 +44,44 @@ def main() -> int:
         # a demo-based run given another output_dir (an ablation's runs) is never deleted unasked
         own_output = args.output_dir is None and not any(o.startswith("output_dir=") for o in args.overrides)
         args.overwrite = args.overwrite or (own_output and not args.resume)
-    # cpr.training.cli.run: the config loaded and validated before any model loads (--check: only checked),
-    # then cpr.training.experiment.run_experiment, step by step: each phase built (GRPOConfig, rewards, curriculum),
-    # the launch checked, config.yaml written, the data loaded, the warm start, per phase train -> select the
-    # best checkpoint -> hand over, the final evaluation and the closing table
-    return run_command("cpr_curriculum", run, args)
+    return run_command("cpr_curriculum", train, args)
+
+
+def train(args: argparse.Namespace) -> int:
+    """The run, step by step (``cpr train`` runs the same: :func:`cpr.training.experiment.run_experiment`)."""
+    from cpr.training.build import build_phases
+    from cpr.training.check import run_check
+    from cpr.training.cli import experiment_config
+    from cpr.training.experiment import (
+        close,
+        final_evaluation,
+        finished_phase,
+        hand_over,
+        load_data,
+        open_run,
+        select_best,
+        train_phase,
+        warm_start,
+    )
+
+    if args.check:  # validate the run and estimate its per-GPU memory; nothing trains
+        return run_check(args)
+    cfg = experiment_config(args)  # the config, validated before any model loads
+    phases = build_phases(cfg)  # each phase's GRPOConfig, reward functions and weights, curriculum
+    # the run folder locked and claimed, run.log and config.yaml; a failure inside goes into summary.json
+    with open_run(cfg, phases, resume=args.resume, overwrite=args.overwrite) as run:
+        load_data(run)
+        handover = warm_start(run)  # the supervised warm start's adapter, or None
+        for spec in phases.values():
+            if (done := finished_phase(run, spec)) is not None:  # --resume: a phase that finished before
+                handover = done
+                continue
+            result = train_phase(run, spec, handover)
+            best = select_best(run, spec, result)  # the best checkpoint on validation, or the last step
+            handover = hand_over(run, spec, result, best)
+        final_evaluation(run, handover)
+        close(run)  # summary.json and the closing table
+    return 0
 
 
 if __name__ == "__main__":

@@ -329,14 +329,20 @@ def test_demo_overwrites_only_its_own_output(monkeypatch, argv, overwrite):
     """No arguments: the demo replaces its own outputs/demo; a demo-based run given another folder
     (the ablation demos' runs) is never deleted unasked."""
     import cpr.training.cli
+    from cpr.errors import ConfigError
     from cpr_tools import tiny_models
 
     seen = {}
-    monkeypatch.setattr(cpr.training.cli, "run", lambda args: seen.setdefault("overwrite", args.overwrite) and 0)
+
+    def config(args):
+        seen["overwrite"] = args.overwrite
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(cpr.training.cli, "experiment_config", config)
     monkeypatch.setattr(tiny_models, "build_demo_models", lambda *configs: seen.setdefault("demo_models", configs))
     main = runpy.run_path(str(REPO / "recipes" / "cpr_curriculum.py"), run_name="cpr_recipe")["main"]
     monkeypatch.setattr(sys, "argv", ["cpr_curriculum.py", *argv])
-    main()
+    assert main() == 2
     # the demo's tiny model is built where missing
     assert seen == {"demo_models": (str(REPO / "recipes" / "configs" / "demo.yaml"),), "overwrite": overwrite}
 

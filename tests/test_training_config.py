@@ -208,6 +208,7 @@ def nothing_may_load(monkeypatch):
     monkeypatch.setattr(cpr.models, "load_model_and_processor", forbidden)
     monkeypatch.setattr(cpr.training.splits, "load_splits", forbidden)
     monkeypatch.setattr(cpr.training.experiment, "run_experiment", forbidden)
+    monkeypatch.setattr(cpr.training.experiment, "open_run", forbidden)
 
 
 RECIPE_CASES = [CASES[i] for i in (0, 2, 4, 6, 10, 12, 14, 16)]

@@ -105,10 +105,10 @@ def test_the_runner_hands_on_the_pick_and_its_summary_names_the_phase_adapter(tm
     phase = _phase(tmp_path)
     monkeypatch.setattr(selection, "select_best", lambda *a: {"picked": str(phase / "checkpoint-2"), "scores": []})
     state = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
-    run = SimpleNamespace(out=phase.parent, state=state, cfg=None)
+    run = SimpleNamespace(out=phase.parent, state=state, cfg=None, splits=None, templates=None, model_path="model")
     spec = SimpleNamespace(name="answer_only", phase=SimpleNamespace(select_best=True))
     result = {"phase": "answer_only", "steps": 4, "adapter": str(phase / "adapter")}
-    handed = runner._select_best(run, spec, result, None, None, "model")
+    handed = runner.select_best(run, spec, result)
     assert handed == phase / "checkpoint-2"
     assert _contents(Path(result["adapter"])) == {**_adapter_files(2), **PROCESSOR_FILES}
     assert (result["adapter_from"], result["last_step_adapter"]) == (str(handed), str(phase / "checkpoint-4"))

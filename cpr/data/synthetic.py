@@ -1,38 +1,12 @@
 """A generated visual-reasoning task a tiny model can learn on a CPU: counting colours on a grid.
 
-Every item is a 3 x 3 grid of solid red, green and blue cells (84 x 84 px, each cell 28 x 28 px)
-and one of three multiple-choice questions, with three options each (a lucky guess is right one
-time in three):
-
-======  ==============================================  =====  ===========================
-bucket  question                                        steps  options
-======  ==============================================  =====  ===========================
-easy    How many cells are red?                         1      two / three / four
-medium  How many cells are red or blue?                 3      four / five / six
-hard    Which colour has the most cells?                4      red / green / blue
-======  ==============================================  =====  ===========================
-
-The reference steps are written by the generator, one short visual fact a step::
-
-    ["Two red cells.", "Three green cells.", "Four blue cells.", "Blue has the most cells."]
-
-Why it looks like this (measured with ``reports/synthetic_task/synthetic_probe.py``):
-
-* a cell is exactly one merged image token of Qwen2.5-VL (14 px patches merged 2 x 2), so each
-  token carries one colour; the tiny models' random, frozen vision tower keeps a solid colour
-  linearly readable (drawn digits learn about as well; cells that straddle tokens lose about 0.1 Match F1);
-* the steps state counts, not positions: the step encoder (all-MiniLM-L6-v2) hardly tells
-  "top left" from "top right" (cosine 0.95-0.99), but it does tell "Two red cells." from
-  "Three red cells." when the threshold is set for it (``reports/synthetic_task/step_similarity.py``);
-* the option texts of a question are fixed and every block of 9 items holds each (question kind,
-  correct letter) pair once, so the question text alone gives chance accuracy.
-
-Determinism: item ``i`` of ``(seed, split)`` is drawn from its own ``random.Random`` seeded by a
-SHA-256 of ``"{seed}/{split}/{i}"`` and painted with ``ImageDraw.rectangle`` only (no fonts, no
-anti-aliasing), so the items are bit-identical across runs, machines and sizes (the first ``n``
-items of a larger draw are the same). Splits are disjoint images: a grid belongs to the split
-picked by a SHA-256 of its cell colours (8 in 10 train, 1 validation, 1 test), and each split
-draws only its own grids.
+Each item is a 3 x 3 grid of solid red, green and blue cells (84 x 84 px, one Qwen2.5-VL image token a
+cell) with one of three multiple-choice questions (easy: how many red; medium: how many red or blue;
+hard: which colour has the most), three options each, and reference steps that state counts. Item ``i``
+of ``(seed, split)`` is drawn from a ``random.Random`` seeded by a SHA-256 of ``"{seed}/{split}/{i}"``
+and painted with ``ImageDraw.rectangle`` only, so items are bit-identical across runs and machines; a
+grid belongs to the split a SHA-256 of its cells picks (8 in 10 train, 1 validation, 1 test). The task
+and why it looks like this: docs/data.md section 7.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """Sampled evaluation: ``k`` seeded completions per item beside the greedy one, scored as mean@k and pass@k.
 
-``evaluation.decoding: {mode: sampled, temperature, top_p, samples, seed}`` (``cpr eval --decoding
-sampled``; :class:`cpr.evaluation.generation.DecodingSettings`) makes :func:`cpr.evaluation.evaluate_model`
-draw ``samples`` completions per record after the greedy ones. GRPO optimises the sampled policy; the
-greedy numbers alone hide what training did to it.
-
-Files: ``sampled_completions.jsonl``, one ``{"id", "sample", "completion", "num_tokens", "finished"}`` row
-per completion (``sample`` 0..k-1), appended batch by batch and resumed like ``completions.jsonl``;
-``sampled_samples.jsonl``, the scored rows with ``sample``. ``cpr score`` on the completions file reports
-the same mean@k and pass@k (:func:`cpr.scoring.score_sampled_records`).
+``evaluation.decoding: {mode: sampled, ...}`` / ``cpr eval --decoding sampled``
+(:class:`cpr.evaluation.generation.DecodingSettings`); the files and numbers: docs/evaluation.md.
 
 Seeding: batches are cut from the record list at fixed places, and batch ``b``'s torch seed is
 :func:`~cpr.evaluation.generation.batch_seed` of the seed and its first record's id; a resumed run

@@ -25,6 +25,25 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_config: str | None
     add_check_arguments(parser)
 
 
+def experiment_config(args: argparse.Namespace) -> Any:
+    """The validated :class:`cpr.training.config.ExperimentConfig` a training run's arguments name
+    (:func:`cpr.training.config.config_from_args`), loaded before any model.
+
+    Raises:
+        ConfigError: an option of ``--check`` without ``--check``, ``--resume`` with ``--overwrite``, or an
+            invalid config.
+    """
+    from cpr.training.config import config_from_args
+
+    for option in ("num_processes", "gpu_memory", "accelerate_config", "skip_data"):
+        if getattr(args, option):
+            name = "--" + option.replace("_", "-")
+            raise ConfigError(f"{name} belongs to --check (the launcher sets the processes of a training run)", field=name)
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the run in output_dir, --overwrite deletes it: pass one", field="--overwrite")
+    return config_from_args(args)
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate the config, then run the experiment (``--check``: only check it); exit code 0 when it
     finished. Errors propagate to :func:`cpr.cli.run_command` (exit 2, or 3 when a divergence guard stopped it)."""
@@ -32,16 +51,9 @@ def run(args: argparse.Namespace) -> int:
         from cpr.training.check import run_check
 
         return run_check(args)
-    for option in ("num_processes", "gpu_memory", "accelerate_config", "skip_data"):
-        if getattr(args, option):
-            name = "--" + option.replace("_", "-")
-            raise ConfigError(f"{name} belongs to --check (the launcher sets the processes of a training run)", field=name)
-    if args.resume and args.overwrite:
-        raise ConfigError("--resume continues the run in output_dir, --overwrite deletes it: pass one", field="--overwrite")
-    from cpr.training.config import config_from_args
     from cpr.training.experiment import run_experiment
 
-    summary = run_experiment(config_from_args(args), resume=args.resume, overwrite=args.overwrite)
+    summary = run_experiment(experiment_config(args), resume=args.resume, overwrite=args.overwrite)
     return 0 if summary.get("status") == "finished" else 1
 
 

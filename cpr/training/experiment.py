@@ -1,20 +1,13 @@
-"""Run an experiment: warm start, the GRPO phases, checkpoint selection, final evaluation (:func:`run_experiment`).
+"""Run an experiment, step by step: :func:`open_run`, :func:`load_data`, :func:`warm_start`, per phase
+:func:`train_phase`, :func:`select_best` and :func:`hand_over` (a resumed run skips the phases it finished:
+:func:`finished_phase`), :func:`final_evaluation` and :func:`close`. :func:`run_experiment` (``cpr train``, the
+ablation sweep) and ``recipes/cpr_curriculum.py`` call them in that order.
 
 A phase starts from its ``init_adapter``, else the adapter the previous phase handed on (its best checkpoint on
 the validation split with ``select_best``, else its final adapter), else the warm start's, else a new one. The
-run folder holds ``config.yaml`` (every default filled in, and ``training_effective``), ``run.log``,
-``summary.json`` (``status`` running, finished, diverged, failed or interrupted), ``warm_start/`` (its
-``checkpoint-N/`` folders and ``adapter/``),
-``final_eval/`` (``stages/<stage>/``: earlier stages, ``evaluation.compare``), and per phase its
-``checkpoint-N/`` folders (:mod:`cpr.training.checkpoints`), ``adapter/`` (the phase's result: its last step, or
-with ``select_best`` the selected checkpoint's adapter, the last step staying in its checkpoint), ``log.jsonl``, ``scored_completions.jsonl``, ``eval_history.jsonl``, ``best_checkpoint.json``,
-``guard_events.jsonl``, ``selection.json``, ``phase_done.json`` and ``abandoned-checkpoint-N-<time>/``.
-While a run holds the folder it holds ``run.lock`` (:func:`lock_run_folder`: a second run into it, a second
-``--resume`` say, is refused). Resume (refused for a folder that holds no run) continues an unfinished warm start from its last complete
-checkpoint, skips finished phases and continues the current one from its last complete, not diverged checkpoint;
-on CPU with a fixed ``torch_threads`` it ends with the uninterrupted run's adapter and prompt order
-(tests/test_reliability_resume.py); on GPU only with ``training.full_determinism: true``. Ctrl-C logs one line
-(:func:`interrupted_line`: where, the last checkpoint, the ``--resume`` command) and raises ``RunInterrupted``.
+run folder's files, its lock (:func:`lock_run_folder`), ``--resume`` and Ctrl-C (:func:`interrupted_line`):
+docs/training.md, "The run folder". A resumed run ends with the uninterrupted run's adapter and prompt order on
+CPU with a fixed ``torch_threads`` (tests/test_reliability_resume.py), on GPU only with ``training.full_determinism``.
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ import math
 import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,10 +40,7 @@ def run_experiment(
     cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, callbacks: Sequence[Any] = ()
 ) -> dict[str, Any]:
     """Run every phase of ``cfg`` and return the summary (also ``summary.json``, rewritten after each phase; with
-    ``evaluation.final``, ``final_eval`` / ``final_eval_validation``: ``{benchmark: overall}``). The steps, in order:
-    each phase built (its GRPOConfig, reward functions and weights, curriculum), the launch checked, the output
-    folder claimed, ``config.yaml`` written, the data loaded, the warm start, each phase trained from the adapter
-    handed over, its best checkpoint selected and handed on, the final evaluation and the closing table.
+    ``evaluation.final``, ``final_eval`` / ``final_eval_validation``: ``{benchmark: overall}``).
 
     Args:
         cfg: a validated config (:func:`cpr.training.config.load_config`).
@@ -65,62 +55,39 @@ def run_experiment(
         TrainingDivergedError / TrainingOutOfMemoryError: a guard stopped a phase / out of memory.
         DiskFullError: no space left in ``output_dir`` (:mod:`cpr.training.diskspace`).
     """
-    from cpr.io import unlock_file
     from cpr.training.build import build_phases
 
-    phases = build_phases(cfg)  # each phase's TRL objects (rewards included), built once: what every step reads
-    state, checked, lock = _launch(cfg, phases, resume=resume, overwrite=overwrite)
-    try:
-        return _run(cfg, phases, state, checked, resume, callbacks)
-    finally:
-        if lock is not None:
-            unlock_file(lock)
-
-
-def _run(cfg: ExperimentConfig, phases: Mapping[str, Any], state: Any, checked: Any, resume: bool,
-         callbacks: Sequence[Any]) -> dict[str, Any]:
-    """The steps of :func:`run_experiment` once ``output_dir`` is claimed and locked; a full disk is one
-    :class:`cpr.training.diskspace.DiskFullError`."""
-    from cpr.training.diskspace import disk_full_error
-    from cpr.training.divergence import TrainingDivergedError
-    from cpr.training.logs import close_run_log, open_run_log
-
-    handler = open_run_log(Path(cfg.output_dir), write=state.is_main_process)
-    run = _Run(cfg, Path(cfg.output_dir), state, resume)
-    try:
-        _write_config(run, phases)
-        splits, templates, model_path = _load_data(run, phases, checked)
-        handover = _warm_start(run, splits, templates, model_path)
+    phases = build_phases(cfg)  # each phase's GRPOConfig, reward functions and weights, curriculum
+    with open_run(cfg, phases, resume=resume, overwrite=overwrite) as run:
+        load_data(run)
+        handover = warm_start(run)
         for spec in phases.values():
-            if (finished := _finished_phase(run, spec)) is not None:  # a resumed run's finished phase
-                handover = finished
+            if (done := finished_phase(run, spec)) is not None:  # --resume: a phase that finished before
+                handover = done
                 continue
-            result = _train(run, spec, splits, templates, model_path, handover, callbacks)
-            adapter = _select_best(run, spec, result, splits, templates, model_path)
-            handover = _hand_over(run, spec, result, adapter)
-        _final_evaluation(run, splits, templates, model_path, handover)
-        return _close(run, splits)
-    except TrainingDivergedError:
-        raise
-    except BaseException as e:
-        _record_failure(run, e)
-        if (full := disk_full_error(e, run.out)) is not None:
-            raise full from e
-        raise
-    finally:
-        close_run_log(handler)
+            result = train_phase(run, spec, handover, callbacks)
+            best = select_best(run, spec, result)
+            handover = hand_over(run, spec, result, best)
+        final_evaluation(run, handover)
+        return close(run)
 
 
 @dataclass
-class _Run:
-    """What the steps of one :func:`run_experiment` share: the config, the run folder ``out``, accelerate's
-    process ``state``, ``resume``, the ``summary`` (``summary.json``) and the ``stage`` running now (the line of
-    an interrupted run names it)."""
+class Run:
+    """What the steps of one run share (:func:`open_run` makes it): the config, its built ``phases``
+    (:func:`cpr.training.build.build_phases`), the run folder ``out``, accelerate's process ``state``,
+    ``resume``, the ``summary`` (``summary.json``), the ``stage`` running now (the line of an interrupted run names
+    it) and, once :func:`load_data` ran, the ``splits``, ``templates`` and ``model_path``."""
 
     cfg: ExperimentConfig
+    phases: Mapping[str, Any]
     out: Path
     state: Any
     resume: bool
+    checked: Any = None  # what check_before_training returned when the launch ran it
+    splits: Any = None
+    templates: Any = None
+    model_path: str = ""
     t_start: float = field(default_factory=time.time)
     summary: dict[str, Any] = field(init=False)
     stage: str = "setup"
@@ -134,6 +101,50 @@ class _Run:
         self.summary["wall_time_s"] = round(time.time() - self.t_start, 1)
         if self.state.is_main_process:
             atomic_write_json(self.out / "summary.json", self.summary)
+
+
+@contextlib.contextmanager
+def open_run(cfg: ExperimentConfig, phases: Mapping[str, Any], *, resume: bool = False, overwrite: bool = False
+             ) -> Iterator[Run]:
+    """Open the run in ``cfg.output_dir`` for the steps inside the ``with``: the launch checked and the folder
+    locked and claimed (:func:`_launch`), ``run.log`` opened (:func:`cpr.training.logs.open_run_log`) and
+    ``config.yaml`` written (:func:`_write_config`). On leaving, the log is closed and the lock released; a
+    failure inside is written into ``summary.json`` (status ``failed``, or ``interrupted`` for Ctrl-C:
+    :func:`_record_failure`), a diverged phase has already written its own.
+
+    Args:
+        cfg: a validated config; ``phases``: its built phases (:func:`cpr.training.build.build_phases`).
+        resume, overwrite: as :func:`run_experiment`'s.
+
+    Raises:
+        ConfigError: a refused ``output_dir`` or resumed config (before anything of a previous run is touched).
+        RunInterrupted: Ctrl-C inside.
+        DiskFullError: a failure inside that a full disk caused (:func:`cpr.training.diskspace.disk_full_error`).
+    """
+    from cpr.io import unlock_file
+    from cpr.training.diskspace import disk_full_error
+    from cpr.training.divergence import TrainingDivergedError
+    from cpr.training.logs import close_run_log, open_run_log
+
+    state, checked, lock = _launch(cfg, phases, resume=resume, overwrite=overwrite)
+    try:
+        handler = open_run_log(Path(cfg.output_dir), write=state.is_main_process)
+        run = Run(cfg, phases, Path(cfg.output_dir), state, resume, checked)
+        try:
+            _write_config(run)
+            yield run
+        except TrainingDivergedError:
+            raise
+        except BaseException as e:
+            _record_failure(run, e)
+            if (full := disk_full_error(e, run.out)) is not None:
+                raise full from e
+            raise
+        finally:
+            close_run_log(handler)
+    finally:
+        if lock is not None:
+            unlock_file(lock)
 
 
 def _launch(cfg: ExperimentConfig, phases: Mapping[str, Any], *, resume: bool, overwrite: bool
@@ -218,7 +229,7 @@ def lock_run_folder(out: Path) -> Any:
                           field="output_dir") from None
 
 
-def _write_config(run: _Run, phases: Mapping[str, Any]) -> None:
+def _write_config(run: Run) -> None:
     """A resumed run's config checked against its ``config.yaml`` (:func:`check_resumed_config`), then
     ``config.yaml`` written (:func:`cpr.training.phase.resolved_config`)."""
     import torch
@@ -230,35 +241,42 @@ def _write_config(run: _Run, phases: Mapping[str, Any]) -> None:
     if run.state.is_main_process:
         run.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run.out / "config.yaml",
-                          yaml.safe_dump(resolved_config(run.cfg, phases), sort_keys=False, allow_unicode=True))
+                          yaml.safe_dump(resolved_config(run.cfg, run.phases), sort_keys=False, allow_unicode=True))
     logger.info("run %s -> %s (torch threads: %d)", run.cfg.run_name, run.out.resolve(), torch.get_num_threads())
 
 
-def _load_data(run: _Run, phases: Mapping[str, Any], checked: Any) -> tuple[Any, Any, str]:
-    """The splits, templates and model path (:func:`check_before_training`, unless :func:`_launch` ran it)."""
-    splits, templates, model_path = checked or check_before_training(run.cfg, run.state, phases)
-    logger.info("data: %s", splits.counts())
-    logger.info("model: %s", model_path)
-    run.summary["data"] = splits.counts()
-    return splits, templates, model_path
+def load_data(run: Run) -> Any:
+    """Load the run's data: ``run.splits`` (returned; their counts go into the summary), ``run.templates`` and
+    ``run.model_path``, from :func:`check_before_training` (unless the launch already ran it).
+
+    Raises:
+        InputError: a dataset that does not load; ConfigError / ModelNotAvailableError: as
+        :func:`check_before_training`.
+    """
+    run.splits, run.templates, run.model_path = run.checked or check_before_training(run.cfg, run.state, run.phases)
+    logger.info("data: %s", run.splits.counts())
+    logger.info("model: %s", run.model_path)
+    run.summary["data"] = run.splits.counts()
+    return run.splits
 
 
-def _warm_start(run: _Run, splits: Any, templates: Any, model_path: str) -> Path | None:
-    """The warm start's adapter (:func:`cpr.training.warm_start.run_warm_start`), or ``None`` without one."""
+def warm_start(run: Run) -> Path | None:
+    """Train the supervised warm start (:func:`cpr.training.warm_start.run_warm_start`, into ``warm_start/``)
+    and return its adapter, or ``None`` when ``warm_start.enabled`` is off."""
     from cpr.training.warm_start import run_warm_start
 
     if not run.cfg.warm_start.enabled:
         return None
     run.stage = "warm_start"
-    adapter = run_warm_start(run.cfg, splits, run.out / "warm_start", templates=templates, model_path=model_path,
-                             resume=run.resume)
+    adapter = run_warm_start(run.cfg, run.splits, run.out / "warm_start", templates=run.templates,
+                             model_path=run.model_path, resume=run.resume)
     run.summary["warm_start_adapter"] = str(adapter)
     return adapter
 
 
-def _finished_phase(run: _Run, spec: Any) -> Path | None:
-    """With ``resume``, the adapter a phase that finished before handed over (its ``phase_done.json`` back in the
-    summary); ``None`` when it is to be trained."""
+def finished_phase(run: Run, spec: Any) -> Path | None:
+    """With ``resume``, the adapter phase ``spec`` handed over when it finished before (its ``phase_done.json``,
+    back into the summary); ``None`` when it is to be trained."""
     done_file = run.out / spec.name / "phase_done.json"
     if not (run.resume and done_file.is_file()):
         return None
@@ -267,20 +285,20 @@ def _finished_phase(run: _Run, spec: Any) -> Path | None:
     return Path(run.summary["phases"][-1]["handover_adapter"])
 
 
-def _train(run: _Run, spec: Any, splits: Any, templates: Any, model_path: str, handover: Path | None,
-           callbacks: Sequence[Any]) -> dict[str, Any]:
+def train_phase(run: Run, spec: Any, handover: Path | None, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Train phase ``spec`` (:func:`cpr.training.phase.train_phase`) from its ``init_adapter``, else the adapter
-    ``handover``; its result goes into the summary.
+    ``handover`` (``None``: a new one), with extra trainer ``callbacks``; its result (the phase's summary entry)
+    goes into the summary and is returned.
 
     Raises:
         TrainingDivergedError: a guard stopped it (``summary.json``: status ``diverged``).
     """
+    from cpr.training import phase
     from cpr.training.divergence import TrainingDivergedError
-    from cpr.training.phase import train_phase
 
     run.stage = spec.name
-    result = train_phase(run.cfg, spec, splits, templates, model_path, spec.init_adapter or handover, run.resume,
-                         callbacks)
+    result = phase.train_phase(run.cfg, spec, run.splits, run.templates, run.model_path, spec.init_adapter or handover,
+                               run.resume, callbacks)
     run.summary["phases"].append(result)
     if result.get("status") == "diverged":
         d = run.summary["diverged"] = result["diverged"]
@@ -295,24 +313,28 @@ def _train(run: _Run, spec: Any, splits: Any, templates: Any, model_path: str, h
     return result
 
 
-def _select_best(run: _Run, spec: Any, result: dict[str, Any], splits: Any, templates: Any, model_path: str) -> Path:
+def select_best(run: Run, spec: Any, result: dict[str, Any]) -> Path:
     """The adapter phase ``spec`` hands on: with ``select_best``, its best checkpoint on the validation split
     (:func:`cpr.training.selection.select_best`, into ``result["selection"]``), which then becomes the phase's
     ``adapter/`` folder (:func:`cpr.training.selection.install_selected`; ``result`` gains ``adapter_from`` and
-    ``last_step_adapter``); else its final adapter."""
-    from cpr.training.selection import install_selected, select_best
+    ``last_step_adapter``); else its final adapter.
+
+    Raises:
+        ConfigError: the picked checkpoint holds no LoRA adapter.
+    """
+    from cpr.training import selection
 
     if not spec.phase.select_best:
         return Path(result["adapter"])
-    result["selection"] = select_best(run.cfg, spec.phase, splits, templates, model_path)
+    result["selection"] = selection.select_best(run.cfg, spec.phase, run.splits, run.templates, run.model_path)
     picked = adapter_folder(Path(result["selection"]["picked"]), field=f"{spec.name} selection.json picked")
     if run.state.is_main_process:
-        result.update(install_selected(run.out / spec.name, picked, result["steps"]) or {})
+        result.update(selection.install_selected(run.out / spec.name, picked, result["steps"]) or {})
     run.state.wait_for_everyone()
     return picked
 
 
-def _hand_over(run: _Run, spec: Any, result: dict[str, Any], adapter: Path) -> Path:
+def hand_over(run: Run, spec: Any, result: dict[str, Any], adapter: Path) -> Path:
     """Record ``adapter`` as what phase ``spec`` hands over (``phase_done.json``, which a resumed run reads) and
     rewrite the summary; returns ``adapter``."""
     result["handover_adapter"] = str(adapter)
@@ -322,10 +344,11 @@ def _hand_over(run: _Run, spec: Any, result: dict[str, Any], adapter: Path) -> P
     return adapter
 
 
-def _final_evaluation(run: _Run, splits: Any, templates: Any, model_path: str, adapter: Path | None) -> None:
-    """Score the final ``adapter`` with ``evaluation.final`` (:func:`cpr.training.evaluate.final_evaluation`), and
-    with ``evaluation.compare`` the earlier stages beside it (:func:`cpr.training.report.compare_stages`)."""
-    from cpr.training.evaluate import final_evaluation, summary_entries
+def final_evaluation(run: Run, adapter: Path | None) -> None:
+    """Score the final ``adapter`` (``None``: the model as loaded) with ``evaluation.final``
+    (:func:`cpr.training.evaluate.final_evaluation`, into ``final_eval/`` and the summary), and with
+    ``evaluation.compare`` the earlier stages beside it (:func:`cpr.training.report.compare_stages`)."""
+    from cpr.training import evaluate
     from cpr.training.report import chance_accuracy, compare_stages
 
     cfg, summary = run.cfg, run.summary
@@ -333,20 +356,21 @@ def _final_evaluation(run: _Run, splits: Any, templates: Any, model_path: str, a
     run.stage = "final evaluation"
     if not cfg.evaluation.final:
         return
-    results = final_evaluation(cfg, splits, adapter=adapter, run_dir=run.out, label=cfg.run_name, templates=templates,
-                               model_path=model_path, skip_empty=True, echo=True)
-    summary.update(summary_entries(results))
+    results = evaluate.final_evaluation(cfg, run.splits, adapter=adapter, run_dir=run.out, label=cfg.run_name,
+                                        templates=run.templates, model_path=run.model_path, skip_empty=True, echo=True)
+    summary.update(evaluate.summary_entries(results))
     if cfg.evaluation.compare:  # the closing table: earlier stages beside the final adapter
-        summary["chance_accuracy"] = chance_accuracy(splits.test)
-        summary["comparison"] = compare_stages(cfg, splits, summary, run.out, templates=templates, model_path=model_path)
+        summary["chance_accuracy"] = chance_accuracy(run.splits.test)
+        summary["comparison"] = compare_stages(cfg, run.splits, summary, run.out, templates=run.templates,
+                                               model_path=run.model_path)
 
 
-def _close(run: _Run, splits: Any) -> dict[str, Any]:
-    """Finish the summary (each phase's bucket mix, status ``finished``), print it with the closing table
-    (main process) and return it."""
+def close(run: Run) -> dict[str, Any]:
+    """Finish the summary (each phase's bucket mix, status ``finished``; ``summary.json``), print it with the
+    closing table (main process) and return it."""
     from cpr.training.report import phase_bucket_mixes
 
-    run.summary["bucket_mix"] = phase_bucket_mixes(run.out, run.summary, splits.train)
+    run.summary["bucket_mix"] = phase_bucket_mixes(run.out, run.summary, run.splits.train)
     run.summary["status"] = "finished"
     run.write_summary()
     if run.state.is_main_process:
@@ -354,7 +378,7 @@ def _close(run: _Run, splits: Any) -> dict[str, Any]:
     return run.summary
 
 
-def _record_failure(run: _Run, e: BaseException) -> None:
+def _record_failure(run: Run, e: BaseException) -> None:
     """Write ``summary.json`` with status ``failed`` (or ``interrupted``) and the error; on Ctrl-C log one line
     (:func:`interrupted_line`).
 
