@@ -1,27 +1,12 @@
-"""Step-level credit (a phase's ``credit: step``; docs/method.md section 4, "Step-level credit").
+"""Step-level credit (a phase's ``credit: step``; docs/method.md section 4, "Step-level credit", which gives the
+formulas and the reasons for them).
 
-With ``credit: completion`` (the default) every token of a completion gets GRPO's completion-level advantage
-``A_i``. With ``credit: step`` the step-scoring reward (:class:`cpr.rewards.StepF1Reward`, :class:`cpr.rewards.CPRReward`)
-splits its reward over the completion's parts: predicted step ``k`` earns ``r_k = scale * c_k`` (``c_k`` its
-guarded credit to the reference step it matched, :func:`cpr.guarded_matching.pair_credit`; 0 when unmatched, a collapsed
-duplicate or a restatement discounted below tau) and the answer span the completion's answer term (CPR:
-``c * a_w``), the parts summing to the reward (:meth:`cpr.rewards.StepF1Reward.credit_split`).
-
-The process advantage is DeepSeekMath's process supervision (Shao et al. 2024, arXiv 2402.03300, section
-4.1.3): all part rewards of a group's completions are normalised together, ``r~ = (r - mean(R)) / std(R)``,
-and a token's process advantage is the sum of the normalised rewards of the parts that end at or after it,
-``A~_t = sum_{end(j) >= t} r~_j`` (the answer is the last part). We take the sum form, not PURE's min-form
-(Cheng et al. 2025, arXiv 2504.15275), because PURE's min-form guards against a learned process reward model
-that can be inflated step by step, while here a step earns credit only through a one-to-one match with a
-distinct reference step (a repeated or restated step earns 0, which the normalisation turns negative): the sum
-stays bounded by the reference, and it keeps each step's own signal, which the min-form replaces by the worst
-later step's. A token's advantage is ``A_i + w * A~_t`` (``w = credit_weight``): additive, so ``w = 0`` is
-exactly ``credit: completion`` and the outcome signal keeps its scale on every token; tokens outside any part
-(JSON punctuation, keys) and every token of an unparsable completion (format ``none``) or one whose text
-cannot be mapped to its tokens get ``A_i`` alone.
-
-Characters map to tokens exactly (:func:`token_char_spans`): the tokenizer's offsets when re-encoding the
-decoded completion gives back the generated ids, else by decoding token prefixes.
+The step-scoring reward (:class:`cpr.rewards.StepF1Reward`, :class:`cpr.rewards.CPRReward`) splits its reward
+over the completion's parts (:meth:`cpr.rewards.StepF1Reward.credit_split`). The process advantage is
+DeepSeekMath's process supervision (Shao et al. 2024, arXiv 2402.03300, section 4.1.3) in its sum form,
+``A~_t = sum_{end(j) >= t} r~_j``, and a token's advantage is ``A_i + w * A~_t`` (``w = credit_weight``);
+tokens outside any part, and every token of an unparsable or unmappable completion, get ``A_i`` alone.
+Characters map to tokens exactly (:func:`token_char_spans`).
 """
 
 from __future__ import annotations
