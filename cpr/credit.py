@@ -1,10 +1,12 @@
-"""Step-level credit (a phase's ``credit: step``; docs/method.md section 4, "Step-level credit").
+"""Step-level credit (a phase's ``credit: step``; docs/method.md section 4, "Step-level credit", which gives the
+formulas and the reasons for them).
 
-The step-scoring reward splits its reward over the completion's parts (:meth:`cpr.rewards.StepF1Reward.credit_split`);
-the part rewards of a group are normalised together and a token's process advantage is the sum of the
-normalised rewards of the parts that end at or after it (DeepSeekMath's process supervision, Shao et al. 2024,
-arXiv 2402.03300, section 4.1.3); a token's advantage is ``A_i + credit_weight * A~_t``, tokens outside any part
-keep ``A_i``. Characters map to tokens exactly (:func:`token_char_spans`).
+The step-scoring reward (:class:`cpr.rewards.StepF1Reward`, :class:`cpr.rewards.CPRReward`) splits its reward
+over the completion's parts (:meth:`cpr.rewards.StepF1Reward.credit_split`). The process advantage is
+DeepSeekMath's process supervision (Shao et al. 2024, arXiv 2402.03300, section 4.1.3) in its sum form,
+``A~_t = sum_{end(j) >= t} r~_j``, and a token's advantage is ``A_i + w * A~_t`` (``w = credit_weight``);
+tokens outside any part, and every token of an unparsable or unmappable completion, get ``A_i`` alone.
+Characters map to tokens exactly (:func:`token_char_spans`).
 """
 
 from __future__ import annotations

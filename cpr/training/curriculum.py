@@ -9,11 +9,9 @@ to for custom sampling (huggingface/trl#2801; the public ``get_train_dataloader`
 on resume the Trainer skips the epoch's consumed micro-batches with accelerate's ``skip_first_batches``, whose
 multi-process wrapper does not forward ``set_epoch``, so :class:`CurriculumStateCallback` sets it.
 
-The ``mastery`` schedule is driven by the rewards: the trainer hands the sampler each group's pass rate
-(:meth:`CurriculumSampler.observe`), and batch ``b`` is drawn from the pass rates seen up to batch ``b - lag``
-(``lag`` generation batches: the dataloader draws a batch before the previous ones are trained). With dynamic
-sampling (:mod:`cpr.training.dynamic_sampling`) the sampler also hands out the fresh prompts of extra generation rounds
-(:meth:`CurriculumSampler.fresh_prompts`), fixed by the batch and the round, so a resumed run draws the same ones.
+The ``mastery`` schedule is driven by the rewards (:meth:`CurriculumSampler.observe`), and with dynamic
+sampling the sampler also hands out the fresh prompts of extra generation rounds
+(:meth:`CurriculumSampler.fresh_prompts`); docs/method.md section 6 describes both.
 """
 
 from __future__ import annotations
@@ -251,20 +249,14 @@ class CurriculumSampler(Sampler[int]):
       than the batch); the batch is shuffled. ``staged`` weights are the data's proportions restricted to the
       unlocked buckets. An empty bucket set falls back to the next non-empty one (staged), or an empty
       bucket's weight moves to the next harder non-empty bucket (linear), with a warning.
-    - ``mastery``: buckets open one at a time, easiest first; after the groups of a generation batch are
-      observed (:meth:`observe`: each prompt's pass rate, the share of its completions that pass), the next
-      non-empty bucket opens when the hardest open bucket's last ``mastery_window`` groups pass at a mean rate
-      of at least ``mastery_threshold``. Batch ``b`` holds ``batch_size`` distinct prompts of the open buckets
-      drawn with weight ``max(p (1 - p), mastery_floor)``, ``p`` a prompt's last observed pass rate
-      (:data:`UNSEEN_PASS_RATE` before), from the observations of batches ``<= b - observation_lag`` only
-      (:func:`weighted_draw`, seeded by ``seed`` and ``b``), so the order is a function of the arguments and
-      the observed rewards. Weighting by ``p (1 - p)``, the reward variance of a prompt with a binary reward,
-      puts the batch where the groups have a learning signal.
+    - ``mastery``: buckets open one at a time as their online pass rates reach ``mastery_threshold``
+      (:meth:`observe`; docs/method.md section 6); batch ``b`` holds ``batch_size`` distinct prompts of the open
+      buckets drawn with weight ``max(p (1 - p), mastery_floor)`` from the observations of batches
+      ``<= b - observation_lag`` only (:func:`weighted_draw`, seeded by ``seed`` and ``b``).
 
     Fresh prompts (:meth:`fresh_prompts`, dynamic sampling): round ``k`` of batch ``b`` draws ``batch_size``
-    prompts with batch ``b``'s per-row weights (the bucket mix spread evenly over a bucket's rows; mastery: the
-    batch's own weights), leaving out the batch's prompts and earlier rounds', seeded by ``seed``, ``b`` and
-    ``k``; ``mastery`` draws the ``fresh_rounds`` rounds together with the batch.
+    prompts with batch ``b``'s per-row weights, leaving out the batch's prompts and earlier rounds', seeded by
+    ``seed``, ``b`` and ``k``.
 
     Raises:
         InputError: a difficulty that is not a bucket name (names the value, row and id).

@@ -1,25 +1,16 @@
-"""Dynamic sampling for TRL's GRPOTrainer (``phase_settings.<phase>.dynamic_sampling``, docs/method.md section 6).
+"""Dynamic sampling for TRL's GRPOTrainer (``phase_settings.<phase>.dynamic_sampling``; DAPO, Yu et al. 2025,
+arXiv 2503.14476, section 3.2; docs/method.md section 6 says how this differs from DAPO).
 
-A group (one prompt's ``num_generations`` completions) whose rewards are all equal has zero advantage under
-GRPO's group normalisation: its completions cost generation time and teach nothing. DAPO's dynamic sampling
-(Yu et al. 2025, arXiv 2503.14476, section 3.2) drops such groups and fills the batch with groups of other
-prompts, so that every optimizer step trains on groups with a learning signal. Here, after TRL generated and
-scored a generation batch, :meth:`DynamicSampling.rounds` finds its zero-variance groups
+After TRL generated and scored a generation batch, :meth:`DynamicSampling.rounds` finds its zero-variance groups
 (:func:`zero_variance_groups`, the same test as TRL's ``frac_reward_zero_std``) and runs up to ``max_resample``
-extra generation rounds, each on a whole generation batch of fresh prompts from the curriculum sampler
-(:meth:`cpr.training.curriculum.CurriculumSampler.fresh_prompts`); each dropped group is replaced by an
-informative group of a later round (:func:`refill`), and the trained batch is put together row by row from
-the rounds (:func:`assemble`). Groups still without a replacement after ``max_resample`` rounds stay in the
-batch (zero advantage, as without dynamic sampling), so the batch keeps its size.
+extra generation rounds on fresh prompts (:meth:`cpr.training.curriculum.CurriculumSampler.fresh_prompts`); each
+dropped group is replaced by an informative group of a later round (:func:`refill`) and the trained batch is put
+together row by row (:func:`assemble`); groups without a replacement stay, so the batch keeps its size.
 
-Every process takes the same decisions (the rewards are gathered over the processes before the test) and
-runs the same number of generation rounds, so the collective operations of generation (ZeRO-3's parameter
-gathering included) stay in step. A dropped group's replacement comes from the same process (groups never
-move between processes): a group whose rows all lie on one process can be replaced by any informative group
-of that process, a group split across processes only by the group at the same position of a later round.
-The fresh prompts of round ``k`` of generation batch ``b`` are fixed by ``(seed, b, k)``, so a resumed run
-draws the same ones: the sampler position after resampling is the generation batch index, which each
-checkpoint holds.
+Every process takes the same decisions (rewards gathered before the test) and runs the same number of rounds,
+so generation's collective operations (ZeRO-3) stay in step. A replacement comes from the same process: a group
+whose rows all lie on one process can be replaced by any informative group of that process, a group split
+across processes only by the group at the same position of a later round.
 """
 
 from __future__ import annotations

@@ -48,14 +48,14 @@ def warm_start_finished(adapter: Path, done: Path) -> bool:
 
 
 def train_lora(cfg: ExperimentConfig, settings: Any, out_dir: str | Path, records: Sequence[Any], *, templates: Any,
-               model_path: str, oom_stage: str = "warm start", resume_from_checkpoint: str | Path | None = None) -> Path:
+               model_path: str, resume_from_checkpoint: str | Path | None = None) -> Path:
     """Train a new LoRA adapter (``cfg.lora``) on ``records`` with :func:`cpr.training.sft.run_sft`
     (``settings``: its :class:`~cpr.training.sft.SFTSettings`) into ``out_dir``, on
     ``model_path`` with the GRPO training prompt of ``templates``, continuing from ``resume_from_checkpoint``
     (a ``checkpoint-N`` folder of ``out_dir``) when given; the model is then released.
 
     Returns the adapter folder (``<out_dir>/adapter``). Raises what ``run_sft`` raises (setting errors name
-    ``warm_start.<key>``), and ``TrainingOutOfMemoryError`` naming ``oom_stage`` (:func:`cpr.training.oom.explain_oom`).
+    ``warm_start.<key>``), and ``TrainingOutOfMemoryError`` naming the warm start (:func:`cpr.training.oom.explain_oom`).
     """
     from cpr.training.oom import explain_oom
     from cpr.training.sft import run_sft
@@ -63,7 +63,7 @@ def train_lora(cfg: ExperimentConfig, settings: Any, out_dir: str | Path, record
     model, processor = policy.load_policy(cfg, model_path)
     logger.info("supervised LoRA on %d records for %d steps -> %s", len(records), settings.max_steps, out_dir)
     t0 = time.time()
-    with explain_oom(cfg, oom_stage):
+    with explain_oom(cfg, "warm start"):
         path = run_sft(model, processor, records, templates, settings, out_dir,
                        peft_config=policy.lora_config(cfg, model_path), prefix="warm_start",
                        resume_from_checkpoint=resume_from_checkpoint)
