@@ -65,6 +65,9 @@ def test_sigkill_during_atomic_writes_never_leaves_a_broken_file(tmp_path):
         proc = subprocess.Popen([sys.executable, "-c", CHILD, str(target)], stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(0.05 + 0.03 * k)
+        deadline = time.monotonic() + 60  # the last writer is killed only once a version replaced the file (load)
+        while k == 5 and json.loads(target.read_text())["version"] < 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         data = json.loads(target.read_text())  # always a whole version

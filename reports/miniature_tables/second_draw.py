@@ -31,6 +31,8 @@ def score(run_dir: Path, seed: int, size: int) -> dict:
     out = run_dir / f"draw_{seed}" / "crystal"
     if not (out / "metrics.json").exists():
         summary = json.loads((run_dir / "summary.json").read_text())
+        if summary.get("status") != "finished":
+            sys.exit(f"{run_dir}: status {summary.get('status')!r}, not finished (run the ablation first)")
         model = ["--adapter", summary["final_adapter"]] if summary.get("final_adapter") else ["--model", summary["model"]]
         subprocess.run(["cpr", "eval", *model, "--benchmark", "crystal", "--source", "synthetic", "--split", "test",
                         "--option", f"size={size}", "--option", f"seed={seed}", "--output", str(out)], check=True)
