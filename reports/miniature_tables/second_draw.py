@@ -3,7 +3,8 @@ generated colour-grid task and print the table in the same layout: mean ± sampl
 
     python reports/miniature_tables/second_draw.py --ablation recipes/configs/reproduce_strategies.yaml --seed 2027
 
-Each run's final adapter (``summary.json``'s ``final_adapter``; a run without one: its base model) is scored with
+Each run's final adapter (``summary.json``'s ``final_adapter``; a run without one, the untrained model, is left
+out: ``cpr eval`` takes the scoring settings from an adapter's run) is scored with
 ``cpr eval`` on ``--source synthetic --split test --option size=90 --option seed=SEED`` into
 ``<run>/draw_<SEED>/crystal`` (skipped where its ``metrics.json`` exists). Then the table is printed with the
 CPR-Curriculum / Answer-Only Match F1 ratio and CPR-Curriculum's lead over the warm start and Answer-Only against
@@ -26,15 +27,17 @@ COLUMNS = (("Acc", "accuracy", 2), ("Match F1", "match_f1", 3), ("P", "precision
            ("Steps", "steps", 2), ("Lucky", "lucky_guess_rate", 2))
 
 
-def score(run_dir: Path, seed: int, size: int) -> dict:
-    """The run's ``overall`` metrics on the draw (``cpr eval`` first where they are missing)."""
+def score(run_dir: Path, seed: int, size: int) -> dict | None:
+    """The run's ``overall`` metrics on the draw (``cpr eval`` first where they are missing); ``None`` for a run
+    without an adapter."""
     out = run_dir / f"draw_{seed}" / "crystal"
     if not (out / "metrics.json").exists():
         summary = json.loads((run_dir / "summary.json").read_text())
         if summary.get("status") != "finished":
             sys.exit(f"{run_dir}: status {summary.get('status')!r}, not finished (run the ablation first)")
-        model = ["--adapter", summary["final_adapter"]] if summary.get("final_adapter") else ["--model", summary["model"]]
-        subprocess.run(["cpr", "eval", *model, "--benchmark", "crystal", "--source", "synthetic", "--split", "test",
+        if not summary.get("final_adapter"):
+            return None
+        subprocess.run(["cpr", "eval", "--adapter", summary["final_adapter"], "--benchmark", "crystal", "--source", "synthetic", "--split", "test",
                         "--option", f"size={size}", "--option", f"seed={seed}", "--output", str(out)], check=True)
     return json.loads((out / "metrics.json").read_text())["overall"]
 
@@ -48,8 +51,8 @@ def main() -> int:
     ab = load_ablation(args.ablation)
     groups: dict[str, tuple[str, list[dict]]] = {}
     for run in plan(ab):
-        label, rows = groups.setdefault(run.group, (run.label, []))
-        rows.append(score(Path(ab.output_dir) / run.name, args.seed, args.size))
+        if (metrics := score(Path(ab.output_dir) / run.name, args.seed, args.size)) is not None:
+            groups.setdefault(run.group, (run.label, []))[1].append(metrics)
     body, mean = [], {}
     for group, (label, rows) in groups.items():
         cells = []
