@@ -4,6 +4,7 @@ relative link of README.md, CONTRIBUTING.md, docs/ and reports/ points at a file
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
@@ -115,3 +116,37 @@ def test_the_readme_record_line_is_a_valid_crystal_record(tmp_path, capsys):
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "records: 1\n" in captured.out and "first record: id q1" in captured.out
+
+
+def _readme_commands() -> list[list[str]]:
+    """The README's ``cpr ...`` and ``... recipes/cpr_curriculum.py ...`` command lines, continuations joined and
+    comments dropped, split as a shell would."""
+    import shlex
+
+    lines, blocks = [], re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.S)
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words and (words[0] == "cpr" or "recipes/cpr_curriculum.py" in words):
+                lines.append(words)
+    return lines
+
+
+def test_the_readme_commands_parse_with_the_real_parsers():
+    """Every README command line is accepted, as written, by the parser that runs it (a renamed or removed option
+    fails here); the configs it names exist."""
+    from cpr.cli import build_parser
+    from cpr.training.cli import add_arguments
+
+    commands = _readme_commands()
+    assert len(commands) >= 8  # two launches, the check, four train lines, score
+    for words in commands:
+        if words[0] == "cpr":
+            args = build_parser(only=words[1]).parse_args(words[1:])
+            assert args.command == words[1]
+        else:
+            recipe = argparse.ArgumentParser()
+            add_arguments(recipe)
+            args = recipe.parse_args(words[words.index("recipes/cpr_curriculum.py") + 1:])
+        if getattr(args, "config", "X.yaml") != "X.yaml":
+            assert (REPO / args.config).is_file(), args.config
