@@ -38,7 +38,8 @@ def score(run_dir: Path, seed: int, size: int) -> dict | None:
         if not summary.get("final_adapter"):
             return None
         subprocess.run(["cpr", "eval", "--adapter", summary["final_adapter"], "--benchmark", "crystal", "--source", "synthetic", "--split", "test",
-                        "--option", f"size={size}", "--option", f"seed={seed}", "--output", str(out)], check=True)
+                        "--option", f"size={size}", "--option", f"seed={seed}", "--output", str(out)], check=True,
+                       stdout=subprocess.DEVNULL)
     return json.loads((out / "metrics.json").read_text())["overall"]
 
 
@@ -64,7 +65,7 @@ def main() -> int:
             cells.append(f"{mean[group, key]:.{dec}f}" + (f" ± {std:.{dec}f}" if std is not None else ""))
         body.append([label, str(len(rows)), *cells])
     print(f"Test draw seed {args.seed} ({args.size} items), greedy:\n")
-    print(markdown_table(["Strategy", "Seeds", *[c[0] for c in COLUMNS]], body))
+    print(markdown_table(["Run", "Seeds", *[c[0] for c in COLUMNS]], body))
     if all((g, "match_f1") in mean for g in ("cpr_curriculum", "answer_only", "warm_start")):
         f1 = {g: mean[g, "match_f1"] for g in ("cpr_curriculum", "answer_only", "warm_start")}
         two_std = 2 * max(mean[g, "match_f1", "std"] for g in f1)
