@@ -25,7 +25,8 @@ from cpr.evaluation.report import sampled_columns
 from cpr.io import atomic_write_json, atomic_write_text
 from cpr.markdown import format_value, markdown_table
 
-__all__ = ["LUCKY_COLUMN", "PAPER_TABLE6", "build_table", "render_markdown", "write_outputs"]
+__all__ = ["LUCKY_COLUMN", "PAPER_TABLE6", "build_table", "curriculum_lead", "curriculum_lead_line", "render_markdown",
+           "write_outputs"]
 
 #: The strategy table's lucky-guess column (greedy completions with a correct answer and Match F1 < 0.5, percent).
 LUCKY_COLUMN = ("Lucky", "lucky_guess_rate", 2)
@@ -49,7 +50,7 @@ PAPER_TABLE6 = {
 PAPER_TABLE5_MATCH_F1 = {"cpr_curriculum": 0.633, "answer_only": 0.429}
 
 
-def _curriculum_lead(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+def curriculum_lead(rows: list[dict[str, Any]]) -> dict[str, float] | None:
     """CPR-Curriculum's greedy Match F1 against the rows ``warm_start`` and ``answer_only`` (by group):
     ``{"ratio"}`` (CPR-Curriculum / Answer-Only, the paper's Table 5 gives 0.633 / 0.429), ``{"over_<group>"}``
     (the difference) and ``"two_std"`` (twice the larger seed standard deviation of the rows compared);
@@ -61,6 +62,15 @@ def _curriculum_lead(rows: list[dict[str, Any]]) -> dict[str, float] | None:
     stds = [by[g].get("match_f1_std") or 0.0 for g in f1]
     return {"ratio": f1["cpr_curriculum"] / f1["answer_only"], "over_answer_only": f1["cpr_curriculum"] -
             f1["answer_only"], "over_warm_start": f1["cpr_curriculum"] - f1["warm_start"], "two_std": 2 * max(stds)}
+
+
+def curriculum_lead_line(lead: dict[str, float]) -> str:
+    """The strategy table's line of :func:`curriculum_lead`'s values, beside the paper's Table 5 ratio."""
+    paper = PAPER_TABLE5_MATCH_F1
+    return (f"CPR-Curriculum / Answer-Only Match F1: {lead['ratio']:.2f} (the paper's Table 5: "
+            f"{paper['cpr_curriculum']} / {paper['answer_only']} = {paper['cpr_curriculum'] / paper['answer_only']:.2f})."
+            f" CPR-Curriculum's Match F1 minus the warm start's: {lead['over_warm_start']:+.3f}, minus Answer-Only's: "
+            f"{lead['over_answer_only']:+.3f}; twice the larger seed standard deviation: {lead['two_std']:.3f}.")
 
 
 def _weights(run: RunFolder, phases: list[str] | None) -> tuple[float, float] | None:
@@ -138,7 +148,7 @@ def _seed_means(rows: list[dict[str, Any]], keys: list[str]) -> list[dict[str, A
 def build_table(ab: Any, runs: list[Any]) -> dict[str, Any]:
     """The table of an ablation's planned runs (:func:`cpr.ablation.sweep.plan`): ``{"kind", "name", "split",
     "benchmark", "kl_limit", "reward_function", "phases", "columns", "seeds", "rows", "seed_rows", "paper",
-    "curriculum_lead", "runs"}`` (``curriculum_lead``: :func:`_curriculum_lead`, strategies only); a row holds each column's key, ``status``, ``evaluated``, ``n_eval``, ``n_scored``, ``stable``,
+    "curriculum_lead", "runs"}`` (``curriculum_lead``: :func:`curriculum_lead`, strategies only); a row holds each column's key, ``status``, ``evaluated``, ``n_eval``, ``n_scored``, ``stable``,
     ``stability`` and the ``*_detail`` reasons. Raises InputError naming a malformed file."""
     from cpr.evaluation.benchmarks import get_benchmark
 
@@ -167,7 +177,7 @@ def build_table(ab: Any, runs: list[Any]) -> dict[str, Any]:
             "reward_function": t.reward_function, "phases": t.phases,
             "columns": [{"title": a, "key": k, "decimals": d} for a, k, d in columns], "seeds": list(ab.seeds),
             "rows": rows, "seed_rows": seed_rows if ab.seeds else [], "paper": paper,
-            "curriculum_lead": None if ab.kind == "weights" else _curriculum_lead(rows),
+            "curriculum_lead": None if ab.kind == "weights" else curriculum_lead(rows),
             "runs": [{"name": r.name, "label": r.label, "folder": str(Path(ab.output_dir) / r.name)} for r in runs]}
 
 
@@ -221,12 +231,7 @@ def render_markdown(table: dict[str, Any]) -> str:
                          "item's k samples, then over items (pass@1 of reasoning-RL papers), pass@k the percent of "
                          "items with a correct sample. The columns before them are greedy.")
     if lead := table.get("curriculum_lead"):
-        paper = PAPER_TABLE5_MATCH_F1
-        notes.append(f"CPR-Curriculum / Answer-Only Match F1: {lead['ratio']:.2f} (the paper's Table 5: "
-                     f"{paper['cpr_curriculum']} / {paper['answer_only']} = "
-                     f"{paper['cpr_curriculum'] / paper['answer_only']:.2f}). CPR-Curriculum's Match F1 minus the "
-                     f"warm start's: {lead['over_warm_start']:+.3f}, minus Answer-Only's: "
-                     f"{lead['over_answer_only']:+.3f}; twice the larger seed standard deviation: {lead['two_std']:.3f}.")
+        notes.append(curriculum_lead_line(lead))
     notes.append("Stable: no NaN / infinite loss, grad norm, KL or reward logged" + stable_note)
     if table["seeds"]:
         notes.insert(0, f"Rows of this run: mean ± sample standard deviation over the seeds {table['seeds']} "

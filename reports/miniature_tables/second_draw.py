@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from cpr.ablation.sweep import load_ablation, plan
+from cpr.ablation.tables import curriculum_lead, curriculum_lead_line
 from cpr.markdown import markdown_table
 
 COLUMNS = (("Acc", "accuracy", 2), ("Match F1", "match_f1", 3), ("P", "precision", 3), ("R", "recall", 3),
@@ -54,25 +55,20 @@ def main() -> int:
     for run in plan(ab):
         if (metrics := score(Path(ab.output_dir) / run.name, args.seed, args.size)) is not None:
             groups.setdefault(run.group, (run.label, []))[1].append(metrics)
-    body, mean = [], {}
+    body, means = [], []
     for group, (label, rows) in groups.items():
-        cells = []
+        row, cells = {"group": group}, []
         for _, key, dec in COLUMNS:
             vals = [float(r[key]) for r in rows]
-            mean[group, key] = statistics.fmean(vals)
-            std = statistics.stdev(vals) if len(vals) > 1 else None
-            mean[group, key, "std"] = std or 0.0
-            cells.append(f"{mean[group, key]:.{dec}f}" + (f" ± {std:.{dec}f}" if std is not None else ""))
+            row[key], row[f"{key}_std"] = statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else None
+            std = row[f"{key}_std"]
+            cells.append(f"{row[key]:.{dec}f}" + (f" ± {std:.{dec}f}" if std is not None else ""))
         body.append([label, str(len(rows)), *cells])
+        means.append(row)
     print(f"Test draw seed {args.seed} ({args.size} items), greedy:\n")
     print(markdown_table(["Run", "Seeds", *[c[0] for c in COLUMNS]], body))
-    if all((g, "match_f1") in mean for g in ("cpr_curriculum", "answer_only", "warm_start")):
-        f1 = {g: mean[g, "match_f1"] for g in ("cpr_curriculum", "answer_only", "warm_start")}
-        two_std = 2 * max(mean[g, "match_f1", "std"] for g in f1)
-        print(f"\nCPR-Curriculum / Answer-Only Match F1: {f1['cpr_curriculum'] / f1['answer_only']:.2f} (the paper's "
-              f"Table 5: 0.633 / 0.429 = 1.48). CPR-Curriculum minus the warm start: "
-              f"{f1['cpr_curriculum'] - f1['warm_start']:+.3f}, minus Answer-Only: "
-              f"{f1['cpr_curriculum'] - f1['answer_only']:+.3f}; twice the larger seed standard deviation: {two_std:.3f}.")
+    if lead := curriculum_lead(means):
+        print("\n" + curriculum_lead_line(lead))
     return 0
 
 
