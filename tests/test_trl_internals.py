@@ -126,7 +126,8 @@ def test_rows_of_and_batch_of_split_images_by_row():
 
 
 PRIVATE = ("_metrics", "_step", "_buffered_inputs", "_get_train_sampler", "_generate_and_score_completions",
-           "_compute_loss", "_calculate_rewards", "_tokenize_prompts")
+           "_compute_loss", "_calculate_rewards", "_tokenize_prompts", "_generate_single_turn",
+           "_get_per_token_logps_and_entropies")
 LIBRARY = Path(T.__file__).resolve().parent
 
 
@@ -177,7 +178,8 @@ def test_no_other_module_touches_trls_private_state(module):
     assert _private_uses(LIBRARY / module) == [], f"{module}: go through cpr.trl_internals"
     assert sorted(set(_private_uses(LIBRARY / "trl_internals.py"))) == [
         "Trainer.log", "_buffered_inputs", "_calculate_rewards", "_generate_and_score_completions",
-        "_get_train_sampler", "_metrics", "_step", "_tokenize_prompts"]
+        "_generate_single_turn", "_get_per_token_logps_and_entropies", "_get_train_sampler", "_metrics", "_step",
+        "_tokenize_prompts"]
 
 
 def test_generate_and_score_returns_the_batch_that_step_credit_reads():
@@ -253,3 +255,85 @@ def test_trls_model_card_leaves_a_local_base_unnamed_and_the_mixin_names_it(tmp_
         card = (out / "README.md").read_text(encoding="utf-8")
         assert line in card, (cls, base)
         assert (T.UNNAMED_BASE_MODEL in card) == (cls is StandIn and base == folder)
+
+
+def test_single_turn_generation_is_trls_and_the_hook_routes_it(monkeypatch):
+    """``_generate`` gets a round's completions from ``_generate_single_turn(prompt_ids, images, multimodal_fields,
+    num_generations)`` (prompt token ids, one row a completion), which returns ``(completion_ids, logprobs)``; the
+    hook routes it to the trainer's ``generate_completions`` and :func:`generate_single_turn` calls TRL's."""
+    assert list(inspect.signature(GRPOTrainer._generate_single_turn).parameters) == [
+        "self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"]
+    generate = _source("_generate")
+    assert "completion_ids, logprobs = self._generate_single_turn(\n                prompt_ids, images, multimodal_fields, num_generations\n            )" in generate
+    assert "contents = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)" in generate
+    single = _source("_generate_single_turn")
+    assert single.rstrip().endswith("return completion_ids, logprobs")
+    # vLLM's log-probabilities of a token it did not score are NaN, which TRL neutralises in the correction
+    score = _source("_generate_and_score_completions")
+    assert "per_token_logps_diff = torch.nan_to_num(per_token_logps_diff, nan=0.0)" in score
+    assert 'output["importance_sampling_ratio"] = vllm_importance_sampling_ratio' in score
+
+    class Hooked(GRPOTrainer):
+        _generate_single_turn = T.single_turn_hook
+
+        def generate_completions(self, *args):
+            return ("routed", T.generate_single_turn(self, *args))
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", lambda self, *args: ("trl", args))
+    got = object.__new__(Hooked)._generate_single_turn([[1, 2]], None, {}, 4)
+    assert got == ("routed", ("trl", ([[1, 2]], None, {}, 4, False)))
+
+
+def test_the_loss_forward_passes_through_the_logps_method_and_is_captured(monkeypatch):
+    """``_compute_loss`` takes the policy's ``(B, T)`` log-probabilities from
+    ``_get_per_token_logps_and_entropies`` (first of three values); :func:`captured_logps` keeps them only inside
+    its block."""
+    src = _source("_compute_loss")
+    assert "per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(" in src
+
+    class Hooked(GRPOTrainer):
+        _get_per_token_logps_and_entropies = T.logps_hook
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", lambda self, model, *a, **k: ("lp", "e", 0))
+    trainer = object.__new__(Hooked)
+    assert trainer._get_per_token_logps_and_entropies("m") == ("lp", "e", 0)
+    with T.captured_logps(trainer) as captured:
+        trainer._get_per_token_logps_and_entropies("m", 1, x=2)
+    trainer._get_per_token_logps_and_entropies("m")
+    assert captured == ["lp"]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_aggregate_token_loss_is_trls_aggregation(loss_type, tmp_path, one_thread):
+    """TRL's ``_compute_loss`` on a tiny model, without old log-probabilities (ratio 1, KL off): each token's
+    loss is -A of its row, so TRL's loss equals :func:`aggregate_token_loss` of -A over the mask, per loss type,
+    in training (2 accumulation steps, 4 steps a generation) and in evaluation."""
+    import torch
+    from conftest import tiny_model
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from cpr.models import load_model_and_processor
+
+    model, processor = load_model_and_processor(tiny_model("qwen2_5_vl"), device="cpu")
+    prompt = [{"role": "user", "content": [{"type": "text", "text": "Add 3 and 4."}]}]
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_steps=1,
+                      max_completion_length=6, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
+                      beta=0.0, loss_type=loss_type, gradient_accumulation_steps=2, steps_per_generation=4)
+    trainer = GRPOTrainer(model=model, reward_funcs=[lambda completions, **k: [0.0] * len(completions)],
+                          args=args, train_dataset=Dataset.from_dict({"prompt": [prompt] * 8}),
+                          processing_class=processor)
+    trainer.current_gradient_accumulation_steps = 2
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0]])
+    advantages = torch.tensor([0.5, -1.0, 2.0, 0.25])
+    inputs = {"prompt_ids": torch.randint(10, 100, (4, 5)), "prompt_mask": torch.ones(4, 5, dtype=torch.long),
+              "completion_ids": torch.randint(10, 100, (4, 6)), "completion_mask": mask,
+              "advantages": advantages, "num_items_in_batch": torch.tensor(29)}
+    per_token = -advantages.unsqueeze(1).expand(4, 6)
+    for training in (True, False):
+        trainer.model.train(training)
+        with torch.no_grad():
+            trls = GRPOTrainer._compute_loss(trainer, trainer.model, inputs)
+        ours = T.aggregate_token_loss(trainer, per_token, mask.float(), inputs["num_items_in_batch"])
+        assert float(ours) == pytest.approx(float(trls), rel=1e-6, abs=1e-7), (loss_type, training)
