@@ -107,9 +107,7 @@ def check_baseline(baseline: Any, *, dynamic_sampling: bool = False, aggregation
 
 
 def _grouped_baseline(rewards: Any, greedy_rewards: Any, group_size: int) -> tuple[Any, Any, Any]:
-    """``rewards`` as ``(N // group_size, group_size)``, ``greedy_rewards`` in their dtype and device, and each
-    group's baseline ``(N // group_size,)``: the greedy completion's reward, the group's mean where it is NaN.
-    Raises ``ValueError`` for ``N`` not a multiple of ``group_size`` or ``greedy_rewards`` of another length."""
+    """``rewards`` ``(groups, group_size)``, ``greedy_rewards`` and per-group baselines (NaN: the mean)."""
     import torch
 
     if group_size < 1 or rewards.numel() % group_size:

@@ -182,9 +182,7 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _decoding(args: argparse.Namespace, recorded: dict[str, Any] | None, taken: dict[str, Any]) -> Any:
-    """The :class:`~cpr.evaluation.generation.DecodingSettings` of ``--decoding`` and the sampling flags, over
-    the ``recorded`` decoding (the run's ``evaluation.decoding``; noted in ``taken``) where ``--decoding`` is
-    not given."""
+    """The ``--decoding`` flags' DecodingSettings over the ``recorded`` ones (noted in ``taken``)."""
     from cpr.evaluation.generation import DecodingSettings
     from cpr.scoring import flag_errors
 
@@ -269,8 +267,7 @@ def _load(args: argparse.Namespace, settings: dict[str, Any], max_images: int) -
 
 
 def _taken_line(settings: dict[str, Any]) -> str:
-    """The line naming the settings taken from the adapter's run or the exported model's settings file
-    (prompt templates written out in full are named, not printed)."""
+    """The line naming the settings taken from the adapter's run or the exported model's settings file."""
     shown = ", ".join(f"{k} {v}" if not (k == "prompts" and settings["cfg"] is None) else "prompts (the run's templates)"
                       for k, v in settings["taken"].items())
     source = "the adapter's run" if settings["cfg"] is not None else "the exported model's settings"

@@ -21,9 +21,7 @@ from cpr.errors import InputError
 
 
 def _run_files(run_dir: Path, adapter: str | None) -> tuple[Path, str | None, str | None, str]:
-    """(adapter, config.yaml text, final table, run name) of a run folder: ``adapter`` when given, else the
-    run's final adapter. Raises ``InputError``: no or malformed ``summary.json``; no final adapter and no
-    ``adapter``."""
+    """(adapter, config.yaml text, final table, run name) of a run folder; InputError without adapter."""
     from cpr.training.evaluate import final_eval_dir
 
     summary_file = run_dir / "summary.json"
@@ -120,8 +118,7 @@ def export_merged(adapter: str | Path, output: str | Path, *, base: str | None =
 
 
 def _run_eval_settings(run_config: Path | None) -> dict[str, Any] | None:
-    """:func:`cpr.training.evaluate.eval_settings` (templates written out) of the run whose ``config.yaml`` is
-    ``run_config``; ``None`` without one."""
+    """:func:`cpr.training.evaluate.eval_settings` of the run of ``run_config``; ``None`` without one."""
     from cpr.training.config import read_run_config
     from cpr.training.evaluate import eval_settings
 

@@ -149,8 +149,7 @@ def _strip_fence(text: str) -> str:
 
 
 def _loads(text: str, *, strict: bool = True) -> Any:
-    """``json.loads``, ``None`` for "did not decode" (ValueError: JSONDecodeError, the int-digit limit;
-    RecursionError: deep nesting)."""
+    """``json.loads``, ``None`` when it did not decode (ValueError, RecursionError)."""
     if not text:
         return None
     try:

@@ -93,9 +93,7 @@ def _mark_divergence(ax: Any, logs: Sequence[PhaseLogs], xs: Sequence[int], ys: 
 
 def _line_plot(run: RunFolder, path: str | Path, labels: dict[str, str], *, title: str, ylabel: str,
                limit: float | None = None, no_data: str | None = None, dpi: int = 120) -> Path:
-    """The training log's ``labels`` keys (the first drawn widest) against step, a red X at the first
-    divergence, a dashed limit line when given; ``no_data`` (default "no <ylabel> logged") across the panel
-    when nothing is logged."""
+    """The log's ``labels`` keys against step, an X at the first divergence, an optional limit line."""
     logs = run.phase_logs()
     rows = [r for p in logs for r in p.train]
     fig, axes = _figure()

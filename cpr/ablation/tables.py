@@ -119,9 +119,7 @@ def _row(ab: Any, planned: Any, keys: list[str]) -> dict[str, Any]:
 
 
 def _seed_means(rows: list[dict[str, Any]], keys: list[str]) -> list[dict[str, Any]]:
-    """One row per group (a run's seeds): each key's mean over the seeds with a value and ``<key>_std``,
-    their sample standard deviation (``None`` under two); ``status`` finished when every seed finished
-    (else the first other); ``n_seeds`` (seeds with a value of the first key); the first seed's other fields."""
+    """One row per group of seeds: means, ``<key>_std`` (sample std; under two None), status, ``n_seeds``."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault(row["group"], []).append(row)

@@ -205,8 +205,7 @@ class EvalCallback(TrainerCallback):
 
     def _run_benchmarks(self, model: Any, processor: Any, args: Any, step: int, accelerator: Any,
                         synced: bool) -> dict[str, dict[str, Any]]:
-        """Every rank generates its share; the main process scores, writes and returns the metrics
-        (``{}`` elsewhere)."""
+        """Every rank generates its share; the main process scores, writes and returns the metrics."""
         from cpr.distributed import process_state
 
         out = self._out(args)

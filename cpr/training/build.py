@@ -181,12 +181,7 @@ def grpo_kwargs(cfg: ExperimentConfig, phase: PhaseConfig, reward_weights: list[
 
 
 def _placeholder_ban(cfg: ExperimentConfig, model_path: str, generation_kwargs: Any) -> dict[str, Any]:
-    """``generation_kwargs`` with the model's vision placeholders banned in vLLM (its config and tokenizer,
-    read from ``model_path``; :func:`cpr.training.vllm.vllm_generation_kwargs`).
-
-    Raises:
-        ModelNotAvailableError: the model's config or processor is neither local nor downloadable.
-    """
+    """``generation_kwargs`` with the model's vision placeholders banned in vLLM; may raise ModelNotAvailable."""
     from transformers import AutoConfig, AutoProcessor
 
     from cpr.models import _not_available, resolve_model_path

@@ -219,8 +219,7 @@ def sft_precision(dtype: Any, extra: Mapping[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def _sft_trainer_class() -> type:
-    """``trl.SFTTrainer`` whose model card names the base model (:func:`cpr.trl_internals.name_base_model`);
-    built on first use, as TRL is imported only when a model trains."""
+    """``trl.SFTTrainer`` whose model card names the base model, built on first use (TRL imported lazily)."""
     from trl import SFTTrainer
 
     from cpr.trl_internals import name_base_model
