@@ -79,10 +79,9 @@ class AuditItem:
 
 
 def exploit_completions(item: AuditItem, other: AuditItem) -> dict[str, list[str]]:
-    """The fixed exploits (steps; all with the gold answer): question repeated as steps, one
-    reference step repeated to the reference's length, near-duplicate rewordings of one step,
-    option texts as steps (items with options), 15 filler sentences plus one true step, and
-    ``other``'s reference steps."""
+    """The fixed exploits (steps; all with the gold answer): question repeated as steps, one reference step
+    repeated to the reference's length, near-duplicate rewordings of one step, option texts as steps (items
+    with options), 15 filler sentences plus one true step, and ``other``'s reference steps."""
     steps, m = list(item.reference_steps), len(item.reference_steps)
     out = {
         "question repeated": [item.question] * m,

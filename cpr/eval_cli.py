@@ -102,12 +102,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The evaluation's settings: each flag where given, else the value recorded for the model, else the
-    built-in default. Recorded values are those of the adapter's run (:func:`cpr.training.evaluate.run_of_adapter`,
-    :func:`cpr.training.config.read_run_config`, :func:`cpr.training.evaluate.eval_settings`: what the run's
-    evaluations use) or, for a ``--model`` that ``cpr export`` wrote, its
-    :data:`~cpr.training.evaluate.EVAL_SETTINGS_FILE` (:func:`cpr.training.evaluate.read_eval_settings`). A
-    pixel-limit flag differing from the recorded value warns.
+    """The evaluation's settings: each flag where given, else the value recorded for the model (the adapter's
+    run's :func:`cpr.training.evaluate.eval_settings`, or an exported model's
+    :data:`~cpr.training.evaluate.EVAL_SETTINGS_FILE`), else the default.
 
     Returns:
         ``{"model", "adapter", "run_config" (path or None), "cfg" (the run's ExperimentConfig or None),

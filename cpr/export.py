@@ -1,11 +1,8 @@
 """``cpr export``: merge a run's LoRA adapter into the base model it records and write a folder to serve.
 
-The folder is a plain checkpoint of the base architecture (PEFT's ``merge_and_unload``: ``W + (alpha /
-r) B A`` in every adapted linear) with the processor the run trained with and a model card (the run's
-config and final evaluation table); it loads with transformers' auto classes and ``vllm serve``. An
-adapter of a run also leaves ``cpr_eval_settings.json`` beside the model: how the run's evaluations
-prompt, decode and score (:func:`cpr.training.evaluate.eval_settings`), which ``cpr eval --model <folder>``
-takes as it takes a run's for an adapter.
+The folder is a plain checkpoint of the base architecture (PEFT's ``merge_and_unload``: ``W + (alpha / r) B A``
+in every adapted linear) with the run's processor, a model card and ``cpr_eval_settings.json``
+(docs/evaluation.md, "Export a trained model").
 """
 
 from __future__ import annotations

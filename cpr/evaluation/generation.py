@@ -42,9 +42,8 @@ Batch = Sequence[list[dict[str, Any]]]
 @dataclass(frozen=True)
 class DecodingSettings:
     """Evaluation decoding: ``greedy`` (the paper's protocol) or ``sampled``, which also draws ``samples``
-    completions per prompt at ``temperature`` with nucleus ``top_p`` (no top-k cut, as TRL's GRPO
-    generation), torch's generator seeded per batch from ``seed`` (:func:`batch_seed`). Greedy ignores
-    the sampling fields.
+    completions per prompt at ``temperature`` with nucleus ``top_p`` (no top-k cut, as TRL's GRPO generation),
+    torch's generator seeded per batch from ``seed`` (:func:`batch_seed`). Greedy ignores the sampling fields.
 
     Raises:
         ConfigError: an unknown mode, a temperature that is not a positive finite number, ``top_p``

@@ -3,11 +3,8 @@
 :func:`finished_phase`), :func:`final_evaluation` and :func:`close`. :func:`run_experiment` (``cpr train``, the
 ablation sweep) and ``recipes/cpr_curriculum.py`` call them in that order.
 
-A phase starts from its ``init_adapter``, else the adapter the previous phase handed on (its best checkpoint on
-the validation split with ``select_best``, else its final adapter), else the warm start's, else a new one. The
-run folder's files, its lock (:func:`lock_run_folder`), ``--resume`` and Ctrl-C (:func:`interrupted_line`):
-docs/training.md, "The run folder". A resumed run ends with the uninterrupted run's adapter and prompt order on
-CPU with a fixed ``torch_threads`` (tests/test_reliability_resume.py), on GPU only with ``training.full_determinism``.
+A phase starts from its ``init_adapter``, else the adapter the previous phase handed on, else the warm start's,
+else a new one. The run folder, its lock, ``--resume`` and Ctrl-C: docs/training.md, "The run folder".
 """
 
 from __future__ import annotations
