@@ -16,8 +16,7 @@ from typing import Any
 from cpr.data.records import Record
 from cpr.evaluation.generation import DecodingSettings, batch_seed, sharded_rounds
 
-__all__ = ["SAMPLED_COMPLETIONS", "SAMPLED_SAMPLES", "add_sampled_metrics", "generate_samples",
-           "sampled_key"]
+__all__ = ["SAMPLED_COMPLETIONS", "SAMPLED_SAMPLES", "add_sampled_metrics", "generate_samples", "sampled_key"]
 
 SAMPLED_COMPLETIONS, SAMPLED_SAMPLES = "sampled_completions.jsonl", "sampled_samples.jsonl"
 

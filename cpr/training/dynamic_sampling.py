@@ -23,13 +23,7 @@ import torch
 
 from cpr.errors import CprError
 from cpr.training.checkpoints import CheckpointState
-from cpr.trl_internals import (
-    batch_of,
-    logged_metrics,
-    micro_step,
-    repeat_sampler_shape,
-    rows_of,
-)
+from cpr.trl_internals import batch_of, logged_metrics, micro_step, repeat_sampler_shape, rows_of
 
 logger = logging.getLogger("cpr.training")
 
