@@ -1,15 +1,9 @@
 """The baseline of a GRPO advantage: TRL's group mean (``baseline: group``) or the reward of the policy's greedy
 completion of the same prompt (``baseline: greedy``).
 
-GRPO (DeepSeekMath, arXiv 2402.03300, section 4.1.2) subtracts the mean reward of a prompt's group of sampled
-completions, so the update raises whatever is above that mean; when the greedy completion is better than most
-samples it is itself above the mean, and the update mostly makes the sampled policy more like the greedy one.
-ReMax (Li et al., arXiv 2310.10505, section 4) subtracts instead the reward of the greedy completion: a sample
-then has a positive advantage only where it beats what greedy decoding writes, zero where it ties, and a
-negative one where it is worse. Here the greedy baseline keeps TRL's scaling (``scale_rewards``: the group's
-or the batch's standard deviation, or none, plus TRL's 1e-4), with the greedy completions' rewards counted in
-that standard deviation: a group whose samples all tie but differ from their greedy completion then gets
-advantages of the order of one, not a difference divided by 1e-4.
+GRPO: DeepSeekMath, arXiv 2402.03300, section 4.1.2; the greedy baseline: ReMax (Li et al., arXiv 2310.10505,
+section 4) with TRL's ``scale_rewards`` scaling, the greedy rewards counted in the standard deviation
+(docs/method.md section 4, "The greedy baseline").
 """
 
 from __future__ import annotations
@@ -27,12 +21,9 @@ def greedy_advantages(rewards: Any, greedy_rewards: Any, group_size: int, scale_
 
     Args:
         rewards: ``(N,)`` float tensor, the total (weighted) reward of every completion of the generation batch,
-            all processes, a group's ``group_size`` completions consecutive (TRL's order); NaN: unscorable.
-        greedy_rewards: ``(N // group_size,)`` the total reward of each group's greedy completion; NaN: it could
-            not be scored, and that group falls back to its mean (TRL's baseline).
-        group_size: completions per prompt (TRL's ``num_generations``).
-        scale_rewards: TRL's ``scale_rewards``: ``group`` (the group's standard deviation), ``batch`` (the whole
-            batch's) or ``none``.
+            all processes, groups consecutive (TRL's order); NaN: unscorable.
+        greedy_rewards: ``(N // group_size,)`` each group's greedy completion's reward; NaN: use the group mean.
+        group_size: TRL's ``num_generations``; scale_rewards: TRL's ``scale_rewards`` (``group``, ``batch``, ``none``).
 
     Returns:
         ``(N,)`` advantages; 0 for unscorable completions and where the scale is NaN (a group of one), as TRL.
@@ -57,22 +48,9 @@ def greedy_advantages(rewards: Any, greedy_rewards: Any, group_size: int, scale_
 
 
 def zero_signal_groups(rewards: Any, greedy_rewards: Any, group_size: int) -> Any:
-    """Per group, whether the greedy baseline gives it no signal: every scorable sample's reward equals its
-    baseline (the greedy completion's reward; the group mean where that is NaN, as :func:`greedy_advantages`)
-    by ``torch.isclose`` (TRL's test for ``frac_reward_zero_std``), so every advantage of the group is 0. A
-    group of tied samples whose greedy completion differs has a signal; TRL's ``frac_reward_zero_std``, which
-    looks at the samples only, counts it as none. A group with no scorable sample has none.
-
-    Args:
-        rewards: ``(N,)`` as :func:`greedy_advantages`.
-        greedy_rewards: ``(N // group_size,)`` as :func:`greedy_advantages`.
-        group_size: completions per prompt.
-
-    Returns:
-        ``(N // group_size,)`` bool tensor.
-
-    Raises:
-        ValueError: as :func:`greedy_advantages`.
+    """``(N // group_size,)`` bool: per group, whether every scorable sample's reward equals its greedy
+    baseline by ``torch.isclose`` (TRL's ``frac_reward_zero_std`` test), so every advantage is 0; also for a
+    group with no scorable sample. Arguments and ``ValueError`` as :func:`greedy_advantages`.
     """
     import torch
 
@@ -107,9 +85,7 @@ def check_baseline(baseline: Any, *, dynamic_sampling: bool = False, aggregation
 
 
 def _grouped_baseline(rewards: Any, greedy_rewards: Any, group_size: int) -> tuple[Any, Any, Any]:
-    """``rewards`` as ``(N // group_size, group_size)``, ``greedy_rewards`` in their dtype and device, and each
-    group's baseline ``(N // group_size,)``: the greedy completion's reward, the group's mean where it is NaN.
-    Raises ``ValueError`` for ``N`` not a multiple of ``group_size`` or ``greedy_rewards`` of another length."""
+    """``rewards`` ``(groups, group_size)``, ``greedy_rewards`` and per-group baselines (NaN: the mean)."""
     import torch
 
     if group_size < 1 or rewards.numel() % group_size:

@@ -469,8 +469,7 @@ class _MathValue:
 
 
 def _math_value(text: str, reference: _MathValue | None) -> _MathValue | None:
-    """An answer read as one math value, or None. ``reference`` None: reading the reference (a word
-    must be a function name); else the prediction is held to the reference's vocabulary."""
+    """An answer read as one math value, or None (a prediction is held to the reference's vocabulary)."""
     core = _math_core(text)
     parsed = _parse_math(core) if core is not None else None
     if parsed is None:
@@ -495,11 +494,7 @@ def _math_value(text: str, reference: _MathValue | None) -> _MathValue | None:
 
 
 def _math_core(text: str) -> str | None:
-    """The text math-verify is given: ``°``, ``1.5e3`` and plain unit words after a number rewritten.
-
-    math-verify's LaTeX parser reads none of them: ``°`` is not LaTeX (``^{\\circ}`` is), "e" in
-    ``1.5e3`` is Euler's number, and its unit list is fixed ("318 calls" would be 318 * c * a * l * l * s).
-    """
+    """The text for math-verify: ``°``, ``1.5e3`` and unit words after a number (it misreads) rewritten."""
     core = text.replace("\\$", "").replace("$", "").strip().removesuffix(".").replace("°", "^{\\circ}")
     if len(core) > MAX_MATH_CHARS or any(ch not in _ALLOWED_CHARS for ch in core):
         return None
@@ -526,11 +521,7 @@ def _timeout_s() -> int | None:
 
 @functools.lru_cache(maxsize=4096)
 def _parse_math(core: str) -> tuple[Basic | MatrixBase, str] | None:
-    """(SymPy value, normalised LaTeX) of ``core`` read as LaTeX by math-verify, or None.
-
-    None also when the value is undefined (``1/0``) or when math-verify dropped a single letter
-    written outside braces (its unit list reads the "a b" of ``"3 a b"`` as a unit).
-    """
+    """(SymPy value, normalised LaTeX) of ``core`` by math-verify; None if undefined or a letter dropped."""
     try:
         parsed = parse(f"${core}$", extraction_config=_EXTRACTION, fallback_mode="first_match",
                        extraction_mode="first_match", parsing_timeout=_timeout_s(), raise_on_error=True)

@@ -79,10 +79,9 @@ class AuditItem:
 
 
 def exploit_completions(item: AuditItem, other: AuditItem) -> dict[str, list[str]]:
-    """The fixed exploits (steps; all with the gold answer): question repeated as steps, one
-    reference step repeated to the reference's length, near-duplicate rewordings of one step,
-    option texts as steps (items with options), 15 filler sentences plus one true step, and
-    ``other``'s reference steps."""
+    """The fixed exploits (steps; all with the gold answer): question repeated as steps, one reference step
+    repeated to the reference's length, near-duplicate rewordings of one step, option texts as steps (items
+    with options), 15 filler sentences plus one true step, and ``other``'s reference steps."""
     steps, m = list(item.reference_steps), len(item.reference_steps)
     out = {
         "question repeated": [item.question] * m,
@@ -377,8 +376,7 @@ DEFAULT_DATA = ("mathvision=data/samples/mathvision", "tabmwp=data/samples/tabmw
 
 
 def _reward_set(args: argparse.Namespace) -> tuple[list[Any], list[float], dict[str, Any], Any]:
-    """``(functions, weights, config, cfg)``: the reward set audited, ``cfg`` the loaded ``--config``
-    (``None`` without one)."""
+    """``(functions, weights, config, cfg)``: the reward set audited and the ``--config`` (or ``None``)."""
     from cpr.rewards import get_reward_set
     from cpr.scoring import ScoringSettings
     from cpr.training.config import load_config
@@ -401,9 +399,7 @@ def _reward_set(args: argparse.Namespace) -> tuple[list[Any], list[float], dict[
 
 
 def _items(args: argparse.Namespace, cfg: Any) -> tuple[list[AuditItem], list[str]]:
-    """The audit's items and the data they came from, in words: ``--data`` (``SOURCE=PATH``, or
-    ``SOURCE`` for a generated source), else the training data of ``--config`` (``data.train``, as the
-    rewards see it), else :data:`DEFAULT_DATA`. Raises ``InputError`` (``--data``) for a bad spec."""
+    """The audit's items and their source in words (``--data``, the config's train data or DEFAULT_DATA)."""
     from cpr.data import ADAPTERS, load_records
 
     if not args.data and cfg is not None:

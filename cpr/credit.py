@@ -326,13 +326,9 @@ def batch_token_advantages(
 
     Args:
         credits: one :class:`CompletionCredit` per local row (a step-scoring reward's ``last_credit``).
-        completion_ids, completion_mask: ``(B, T)`` tensors of TRL's output.
-        advantages: ``(B,)`` tensor, GRPO's completion-level advantages of the rows.
-        tokenizer: the policy's tokenizer (:func:`token_char_spans`).
-        group_size: ``num_generations``.
-        weight: ``w`` of the process term.
+        completion_ids, completion_mask: ``(B, T)`` tensors of TRL's output; advantages: ``(B,)``, GRPO's.
+        group_size: ``num_generations``; weight: ``w`` of the process term.
         gather: ``gather_object`` of every process's list, concatenated in process order (``None``: one process).
-        process_index: this process's index (its rows' place in the gathered batch).
 
     Returns:
         ``(token_advantages, metrics)``: ``credit/adv_matched`` and ``credit/adv_unmatched`` (mean advantage of

@@ -1,11 +1,8 @@
-"""The process state of a (possibly distributed) run (the launcher settings that cannot work together are
-refused by :func:`cpr.training.preflight.check_launch`).
+"""The process state of a (possibly distributed) run.
 
-Under ``accelerate launch`` or ``torchrun`` the first ``PartialState`` of a process fixes the distributed
-set-up for everything after it (the trainer's ``Accelerator`` included). :func:`process_state` creates it on
-CPU processes, as transformers' ``use_cpu`` does, when ``ACCELERATE_USE_CPU`` is set, or when DeepSpeed is
-launched (``ACCELERATE_USE_DEEPSPEED``) without CUDA: a gloo group across CPU processes instead of
-independent runs that each believe they are the main one. On GPUs nothing changes (NCCL).
+The first ``PartialState`` of a process fixes the distributed set-up (the trainer's ``Accelerator``
+included); :func:`process_state` creates it on CPU (a gloo group, as transformers' ``use_cpu``) when
+``ACCELERATE_USE_CPU`` is set or DeepSpeed is launched without CUDA. On GPUs nothing changes (NCCL).
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """``cpr eval``: generate completions with a model on a benchmark and score them.
 
-Writes into ``--output DIR``: ``completions.jsonl`` (batch by batch; a rerun resumes), ``references.jsonl``
-(CRYSTAL / M3CoT: ``cpr score``'s REFS records, so ``cpr score`` on it and ``completions.jsonl``
-reproduces ``overall``; VLRMBench: the shown steps and their labels), ``samples.jsonl``, ``metrics.json``
-and ``metrics.md`` (paper column order; for CRYSTAL's test set the paper's base-model rows beside ours),
-and ``eval_config.json``: a rerun into DIR must use the same model, adapter, benchmark, data, prompts,
-image size and decoding settings, so completions of two setups never mix. ``--decoding sampled`` adds
-``sampled_completions.jsonl`` (``--samples`` rows per item, each with its ``sample`` index; ``cpr score``
-re-scores it) and ``sampled_samples.jsonl``, and reports mean@k and pass@k beside the greedy numbers.
-
-The adapter must have been trained on ``--model`` (unless ``--allow-base-mismatch``). An adapter that
-belongs to a run (``<run>/<phase>/adapter`` or ``<run>/<phase>/checkpoint-N``, ``<run>/config.yaml``
-beside) is evaluated as the run's own evaluations score it unless a flag says otherwise: the run's
-model (``--model`` may be left out), ``model.dtype`` / ``attn_implementation`` / ``min_pixels`` /
-``max_pixels``, prompts (``data.prompts``), decoding (``evaluation.prompt_mode`` / ``max_new_tokens`` /
-``batch_size``, the transformers backend) and scoring (``rewards.encoder`` / ``threshold`` / ``alpha`` /
-``matching`` / ``batch_size``, ``evaluation.answer_mode``); one line on standard error says which were
-taken from the run. A ``--model`` that ``cpr export`` wrote from a run is evaluated alike, from the settings
-it recorded beside the model (``cpr_eval_settings.json``). ``--run-split test`` (or ``validation``) scores the run's own records of that split,
-as its final evaluation did: the numbers of ``final_eval/<benchmark>/`` (``summary.json``'s
-``final_eval``) again.
+Writes into ``--output DIR`` the files docs/evaluation.md lists ("Evaluate and score") and ``eval_config.json``:
+a rerun into DIR must use the same model, adapter, benchmark, data, prompts, image size and decoding settings,
+so completions of two setups never mix. The adapter must have been trained on ``--model`` (unless
+``--allow-base-mismatch``). An adapter of a run, or a ``--model`` that ``cpr export`` wrote, is evaluated with
+the run's recorded settings unless a flag says otherwise (:func:`resolve_settings`; one line on standard error
+names them). ``--run-split test`` (or ``validation``) scores the run's own records of that split, as its final
+evaluation did.
 """
 
 from __future__ import annotations
@@ -102,12 +89,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The evaluation's settings: each flag where given, else the value recorded for the model, else the
-    built-in default. Recorded values are those of the adapter's run (:func:`cpr.training.evaluate.run_of_adapter`,
-    :func:`cpr.training.config.read_run_config`, :func:`cpr.training.evaluate.eval_settings`: what the run's
-    evaluations use) or, for a ``--model`` that ``cpr export`` wrote, its
-    :data:`~cpr.training.evaluate.EVAL_SETTINGS_FILE` (:func:`cpr.training.evaluate.read_eval_settings`). A
-    pixel-limit flag differing from the recorded value warns.
+    """The evaluation's settings: each flag where given, else the value recorded for the model (the adapter's
+    run's :func:`cpr.training.evaluate.eval_settings`, or an exported model's
+    :data:`~cpr.training.evaluate.EVAL_SETTINGS_FILE`), else the default.
 
     Returns:
         ``{"model", "adapter", "run_config" (path or None), "cfg" (the run's ExperimentConfig or None),
@@ -182,9 +166,7 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _decoding(args: argparse.Namespace, recorded: dict[str, Any] | None, taken: dict[str, Any]) -> Any:
-    """The :class:`~cpr.evaluation.generation.DecodingSettings` of ``--decoding`` and the sampling flags, over
-    the ``recorded`` decoding (the run's ``evaluation.decoding``; noted in ``taken``) where ``--decoding`` is
-    not given."""
+    """The ``--decoding`` flags' DecodingSettings over the ``recorded`` ones (noted in ``taken``)."""
     from cpr.evaluation.generation import DecodingSettings
     from cpr.scoring import flag_errors
 
@@ -269,8 +251,7 @@ def _load(args: argparse.Namespace, settings: dict[str, Any], max_images: int) -
 
 
 def _taken_line(settings: dict[str, Any]) -> str:
-    """The line naming the settings taken from the adapter's run or the exported model's settings file
-    (prompt templates written out in full are named, not printed)."""
+    """The line naming the settings taken from the adapter's run or the exported model's settings file."""
     shown = ", ".join(f"{k} {v}" if not (k == "prompts" and settings["cfg"] is None) else "prompts (the run's templates)"
                       for k, v in settings["taken"].items())
     source = "the adapter's run" if settings["cfg"] is not None else "the exported model's settings"

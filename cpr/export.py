@@ -1,11 +1,8 @@
 """``cpr export``: merge a run's LoRA adapter into the base model it records and write a folder to serve.
 
-The folder is a plain checkpoint of the base architecture (PEFT's ``merge_and_unload``: ``W + (alpha /
-r) B A`` in every adapted linear) with the processor the run trained with and a model card (the run's
-config and final evaluation table); it loads with transformers' auto classes and ``vllm serve``. An
-adapter of a run also leaves ``cpr_eval_settings.json`` beside the model: how the run's evaluations
-prompt, decode and score (:func:`cpr.training.evaluate.eval_settings`), which ``cpr eval --model <folder>``
-takes as it takes a run's for an adapter.
+The folder is a plain checkpoint of the base architecture (PEFT's ``merge_and_unload``: ``W + (alpha / r) B A``
+in every adapted linear) with the run's processor, a model card and ``cpr_eval_settings.json``
+(docs/evaluation.md, "Export a trained model").
 """
 
 from __future__ import annotations
@@ -21,9 +18,7 @@ from cpr.errors import InputError
 
 
 def _run_files(run_dir: Path, adapter: str | None) -> tuple[Path, str | None, str | None, str]:
-    """(adapter, config.yaml text, final table, run name) of a run folder: ``adapter`` when given, else the
-    run's final adapter. Raises ``InputError``: no or malformed ``summary.json``; no final adapter and no
-    ``adapter``."""
+    """(adapter, config.yaml text, final table, run name) of a run folder; InputError without adapter."""
     from cpr.training.evaluate import final_eval_dir
 
     summary_file = run_dir / "summary.json"
@@ -120,8 +115,7 @@ def export_merged(adapter: str | Path, output: str | Path, *, base: str | None =
 
 
 def _run_eval_settings(run_config: Path | None) -> dict[str, Any] | None:
-    """:func:`cpr.training.evaluate.eval_settings` (templates written out) of the run whose ``config.yaml`` is
-    ``run_config``; ``None`` without one."""
+    """:func:`cpr.training.evaluate.eval_settings` of the run of ``run_config``; ``None`` without one."""
     from cpr.training.config import read_run_config
     from cpr.training.evaluate import eval_settings
 

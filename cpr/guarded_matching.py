@@ -144,12 +144,9 @@ def guarded_scores(
     matching: str = "greedy",
     step_credit: list[tuple[float, ...]] | None = None,
 ) -> tuple[list[StepScores], dict[str, float]]:
-    """Step scores of a batch under ``guard`` with one encoder call, as :func:`cpr.matching.score_batch`
-    (non-empty references checked by the caller); ``prompts``: per sample the :func:`prompt_pieces`
-    (empty: no restatement rule or monitor for it). ``step_credit``: a list that receives, per sample, the
-    credit of each predicted step in completion order (:func:`pair_credit` of its pair; 0.0 for a step
-    left unmatched, a collapsed duplicate or a restatement discounted below tau); their sum is the
-    sample's matched credit (precision x ``n_pred``).
+    """Step scores of a batch under ``guard`` with one encoder call, as :func:`cpr.matching.score_batch`;
+    ``prompts``: per sample the :func:`prompt_pieces`. ``step_credit`` receives, per sample, each predicted
+    step's credit (:func:`pair_credit`, 0.0 unmatched), summing to precision x ``n_pred``.
 
     Returns:
         ``(scores, monitors)``: one :class:`~cpr.matching.StepScores` per sample, and the shares of the

@@ -302,9 +302,7 @@ def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT) -> bool:
 
 
 def _load_sentence_transformer(name: str, source: str, device: str) -> Any:
-    """Load ``source`` whole (outside ZeRO-3), turning 'cannot get it' into one clear error. A hub name
-    is read from the local cache alone when the hub is unreachable (:func:`hub_reachable`), so the error
-    comes in seconds, not after a minute of retries."""
+    """Load ``source`` whole (outside ZeRO-3), from the cache when the hub is unreachable; one clear error."""
     from huggingface_hub.errors import (
         GatedRepoError,
         LocalEntryNotFoundError,

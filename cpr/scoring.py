@@ -1,23 +1,14 @@
 """``cpr score``: score completions against reference steps and answers.
 
-Per sample the completion is parsed into steps and an answer (:mod:`cpr.steps`), the answer is
-judged (:mod:`cpr.answers`) and the steps are matched to the reference steps (:mod:`cpr.matching`).
-The summary has the columns of the CRYSTAL paper's Table 2, each a mean over samples (accuracy in
-percent, Steps the mean number of predicted steps, the rest in [0, 1]; docs/method.md sections 2-3).
-A reference without a prediction (``format "missing"``) or with no parsable steps gets
-crystal-metrics' empty-prediction scores (P = R = F1 = Ordered F1 = 0, LIS 1) and a wrong answer.
-Default answer mode ``crystal`` is the paper's protocol; ``strict`` is the reward checker.
+Per sample the completion is parsed (:mod:`cpr.steps`), the answer judged (:mod:`cpr.answers`) and the steps
+matched (:mod:`cpr.matching`). The summary has the CRYSTAL paper's Table 2 columns, each a mean over samples
+(accuracy in percent, Steps a count, the rest in [0, 1]; docs/method.md sections 2-3). A missing or unparsable
+prediction gets crystal-metrics' empty-prediction scores (P = R = F1 = Ordered F1 = 0, LIS 1) and a wrong answer.
 
-Inputs (JSON lines): REFS ``id``, ``question`` (optional), ``answer`` (string or number),
-``reference_steps`` (non-empty list of non-blank strings), ``options`` (optional, lettered A, B, ...);
-PREDS ``id``, ``completion``. Ids are compared as strings. Completions an evaluation wrote (``metrics.json``
-beside them: ``cpr eval``, a run's ``final_eval/<benchmark>/``) are scored with the settings it recorded
-unless a flag says otherwise (:func:`resolve_scoring`), so ``cpr score`` recomputes that evaluation's numbers.
-
-Sampled completions (``sampled_completions.jsonl``, rows with ``sample`` 0..k-1) give mean@k of every column and
-``pass_at_k`` (:func:`score_sampled_records`; docs/evaluation.md). The lucky-guess rate
-(:func:`lucky_guess_rate`): the percent of completions with a correct answer and Match F1 below
-:data:`LUCKY_GUESS_F1`.
+Inputs (JSON lines): REFS ``id``, ``question`` (optional), ``answer`` (string or number), ``reference_steps``
+(non-empty list of non-blank strings), ``options`` (optional, lettered A, B, ...); PREDS ``id``, ``completion``.
+Ids are compared as strings. An evaluation's completions are scored with its recorded settings
+(:func:`resolve_scoring`); sampled ones give mean@k and ``pass_at_k`` (:func:`score_sampled_records`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Parse a policy completion into reasoning steps and a final answer (docs/method.md section 1).
 
 Parsers, in order; the first that succeeds names :attr:`ParsedCompletion.format`: ``"json"`` (the whole
-completion, one Markdown code fence removed), ``"json_span"`` (first ``{`` to last ``}``, control
-characters and trailing commas removed; failing that, the object at the first ``"reasoning_steps"``
-key), ``"tags"`` (``<think>..</think>`` optional, ``<answer>..</answer>``; **choice**), ``"numbered"``
-(``1.`` / ``Step N:`` lines and an ``Answer:`` line; **choice**), ``"none"`` (no steps, answer
-``"insufficient information"``). A JSON value counts only if it is an object with ``"reasoning_steps"``
-or ``"answer"``; non-string values become text (numbers ``str(n)``, ``null`` steps dropped, lists and
-objects ``json.dumps``). Never raises for a ``str``, and no regular expression here can backtrack
-catastrophically.
+completion, one Markdown code fence removed), ``"json_span"`` (first ``{`` to last ``}``, control characters
+and trailing commas removed; failing that, the object at the first ``"reasoning_steps"`` key), ``"tags"``
+(``<think>..</think>`` optional, ``<answer>..</answer>``; **choice**), ``"numbered"`` (``1.`` / ``Step N:``
+lines and an ``Answer:`` line; **choice**), ``"none"`` (no steps, answer ``"insufficient information"``). A
+JSON value counts only if it is an object with ``"reasoning_steps"`` or ``"answer"``; non-string values become
+text (numbers ``str(n)``, ``null`` steps dropped, lists and objects ``json.dumps``). Never raises for a
+``str``, and no regular expression here can backtrack catastrophically.
 """
 
 from __future__ import annotations
@@ -149,8 +148,7 @@ def _strip_fence(text: str) -> str:
 
 
 def _loads(text: str, *, strict: bool = True) -> Any:
-    """``json.loads``, ``None`` for "did not decode" (ValueError: JSONDecodeError, the int-digit limit;
-    RecursionError: deep nesting)."""
+    """``json.loads``, ``None`` when it did not decode (ValueError, RecursionError)."""
     if not text:
         return None
     try:

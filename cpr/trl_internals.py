@@ -1,34 +1,24 @@
 """Every read or write of TRL's private ``GRPOTrainer`` state, in one place, checked against TRL
 :data:`TRL_CHECKED` (tests/test_trl_internals.py has one test per access that fails when TRL changes it).
 
-* ``_metrics[mode]``: the per-step lists of logged values (``kl``, ``frac_reward_zero_std``, the reward
-  functions' ``log_metric`` values) that ``GRPOTrainer.log`` averages; the divergence guards read them.
-* ``_step`` and ``_buffered_inputs``: the micro-step counter and the generation batch that
-  ``_prepare_inputs`` trains the micro-steps of a generation batch on; a checkpoint keeps both.
-* ``_get_train_sampler(dataset)``: the hook that gives the trainer its ``RepeatSampler``; the curriculum
-  returns its own sampler with the same batch arithmetic (:func:`repeat_sampler_shape`, :func:`train_sampler_hook`).
-* ``Trainer.log``: the base class's ``log``, which the eval hook calls so that TRL's ``GRPOTrainer.log``
-  neither merges the training metrics into an evaluation row nor clears them.
-* ``_generate_and_score_completions(inputs)``: one generation round (generate, score, advantages) of a
-  generation batch, routed to the trainer's ``generation_batch`` (:func:`generation_batch_hook`); TRL's round
-  (:func:`generate_and_score`) returns the batch dict whose ``completion_ids``, ``completion_mask`` (``(B, T)``)
-  and ``advantages`` (``(B,)``, this process's rows) step-level credit reads; a ``(B, T)`` ``advantages`` put
-  there is shuffled and split by ``_prepare_inputs`` row by row and taken token by token by ``_compute_loss``.
-* ``_calculate_rewards(...)``: a round's reward matrix, gathered over the processes, which
-  :func:`generate_and_score` returns with the batch (:func:`reward_matrix_hook`); dynamic sampling
-  (:mod:`cpr.training.dynamic_sampling`) and the greedy baseline read it.
-* ``_generate_single_turn(prompt_ids, images, multimodal_fields, num_generations)``: the completions' token ids
-  (and vLLM's log-probabilities) of one round, routed to the trainer's ``generate_completions``
-  (:func:`single_turn_hook`), where guidance (:mod:`cpr.training.guidance`) puts in references or hints.
-* ``_get_per_token_logps_and_entropies(model, ...)``: the policy's ``(B, T)`` token log-probabilities, which
-  :func:`captured_logps` keeps from the forward pass of TRL's loss (:func:`logps_hook`), and the aggregation of
-  ``_compute_loss``'s per-token loss by ``loss_type`` (:func:`aggregate_token_loss`).
-* ``_tokenize_prompts(prompts)``: the token ids and images TRL's generation hands vLLM for conversational
-  prompts (the greedy baseline decodes through the same engine, :func:`tokenize_prompts`).
-* ``trl.trainer.utils.split_pixel_values_by_grid`` / ``unsplit_pixel_values_by_grid``: the per-row split of a
-  generation batch's images that ``_prepare_inputs`` also uses (:func:`rows_of`, :func:`batch_of`).
-* The text of TRL's model card (``create_model_card``, public, written into ``args.output_dir`` with every
-  checkpoint) for a base model it leaves unnamed, :data:`UNNAMED_BASE_MODEL` (:func:`name_base_model`).
+* ``_metrics[mode]``: the per-step logged values ``GRPOTrainer.log`` averages; the divergence guards read them.
+* ``_step`` and ``_buffered_inputs``: the micro-step counter and buffered generation batch; checkpoints keep both.
+* ``_get_train_sampler(dataset)``: the sampler hook (:func:`repeat_sampler_shape`, :func:`train_sampler_hook`).
+* ``Trainer.log``: the base class's, so the eval hook's rows neither merge nor clear TRL's training metrics.
+* ``_generate_and_score_completions(inputs)``: one generation round, routed to the trainer's
+  ``generation_batch`` (:func:`generation_batch_hook`); its batch dict has ``completion_ids``,
+  ``completion_mask`` (``(B, T)``) and ``advantages`` (``(B,)``; a ``(B, T)`` one is taken token by token by
+  ``_compute_loss``).
+* ``_calculate_rewards(...)``: a round's gathered reward matrix (:func:`reward_matrix_hook`).
+* ``_generate_single_turn(...)``: a round's completion ids (and vLLM's log-probabilities), routed to the trainer's
+  ``generate_completions`` (:func:`single_turn_hook`), where :mod:`cpr.training.guidance` puts in references or hints.
+* ``_get_per_token_logps_and_entropies(model, ...)``: the policy's ``(B, T)`` log-probabilities, kept from TRL's
+  loss forward pass by :func:`captured_logps` (:func:`logps_hook`); ``_compute_loss``'s aggregation by
+  ``loss_type`` (:func:`aggregate_token_loss`).
+* ``_tokenize_prompts(prompts)``: the token ids and images TRL hands vLLM (:func:`tokenize_prompts`).
+* ``trl.trainer.utils.split_pixel_values_by_grid`` / ``unsplit_pixel_values_by_grid`` (:func:`rows_of`,
+  :func:`batch_of`).
+* TRL's model card text for an unnamed base model, :data:`UNNAMED_BASE_MODEL` (:func:`name_base_model`).
 
 :class:`cpr.training.trainer.CprGRPOTrainer` binds the ``*_hook`` functions as its overrides of the private hooks;
 they call TRL's own as ``GRPOTrainer.<hook>(trainer, ...)``.

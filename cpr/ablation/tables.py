@@ -1,14 +1,10 @@
 """The ablation tables (JSON, markdown), read from the run folders; nothing is re-estimated.
 
-Acc (percent), Match F1, P, R, ...: the final evaluation on ``table.split`` (``metrics.json``);
-Discrimination and r(F1): every completion ``table.reward_function`` scored during training in
-``table.phases``; KL max and stability: those phases' training logs (:mod:`cpr.ablation.metrics`).
-``kind: weights`` has paper Table 6's columns (the paper's row beside each run with its cpr weights),
-``strategies`` the benchmark's (Table 5; the paper's Table 4 rows beside them), then the lucky-guess
-rate and, when the runs' config asks for sampled decoding (``evaluation.decoding``), the mean@k columns
-and pass@k accuracy. With ``seeds`` a row is
-the mean and sample standard deviation over its seeds' runs, listed below it. An unfinished run shows
-its status and what it logged; an undefined statistic ``-`` (its reason in the JSON).
+Acc (percent), Match F1, P, R, ...: the final evaluation on ``table.split``; Discrimination, r(F1), KL max and
+stability: the training logs of ``table.phases`` (:mod:`cpr.ablation.metrics`). ``kind: weights`` has paper
+Table 6's columns, ``strategies`` Table 5's (the paper's rows beside them), then the lucky-guess rate and any
+mean@k / pass@k. With ``seeds`` a row is the mean and sample standard deviation over its seeds' runs. An
+undefined statistic is ``-`` (its reason in the JSON).
 """
 
 from __future__ import annotations
@@ -119,9 +115,7 @@ def _row(ab: Any, planned: Any, keys: list[str]) -> dict[str, Any]:
 
 
 def _seed_means(rows: list[dict[str, Any]], keys: list[str]) -> list[dict[str, Any]]:
-    """One row per group (a run's seeds): each key's mean over the seeds with a value and ``<key>_std``,
-    their sample standard deviation (``None`` under two); ``status`` finished when every seed finished
-    (else the first other); ``n_seeds`` (seeds with a value of the first key); the first seed's other fields."""
+    """One row per group of seeds: means, ``<key>_std`` (sample std; under two None), status, ``n_seeds``."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault(row["group"], []).append(row)

@@ -56,14 +56,10 @@ def load_records_with_report(
 ) -> tuple[Records, LoadReport]:
     """Load a dataset in its published layout as validated, bucketed records, with a :class:`LoadReport`.
 
-    ``source`` names the adapter (``crystal``, ``mathvision``, ``tabmwp``, ``scienceqa``, ``m3cot``,
-    ``vlrmbench``, ``jsonl``, or one added with ``register_adapter``) and ``options`` its options
-    (e.g. ``{"text_only": "keep"}`` for ScienceQA); ``path`` is a file, folder, saved dataset or hub
-    name, and ``split`` the split where the layout has one. ``on_invalid="skip"`` drops invalid
-    records (malformed JSON lines included) and logs (logger ``cpr.data``) how many and why;
-    ``"error"`` raises the first. ``buckets`` (default ``BucketConfig()``) buckets records that carry
-    no difficulty; ``limit`` stops after that many valid records; ``validate_images`` opens and
-    verifies every image (:func:`cpr.data.validation.check_image`).
+    ``source`` names a registered adapter, ``options`` its options; ``path`` is a file, folder, saved dataset
+    or hub name. ``on_invalid="skip"`` drops and logs invalid records, ``"error"`` raises the first.
+    ``buckets`` buckets records without a difficulty; ``limit`` caps the valid records; ``validate_images``
+    opens and verifies every image.
 
     Returns:
         The records in file order (:class:`Records`, memory-mapped) and the report.

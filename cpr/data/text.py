@@ -100,8 +100,7 @@ def _protect(text: str) -> tuple[str, list[str], list[bool]]:
 
 
 def _merge_lines(lines: list[str]) -> list[str]:
-    """Join continuation lines: a line made only of math, or one starting with a lowercase letter,
-    continues the previous line (a display formula between "we have" and "where ...")."""
+    """Join a line made only of math, or starting with a lowercase letter, to the previous line."""
     merged: list[str] = []
     for line in map(str.strip, lines):
         if not line:

@@ -1,17 +1,12 @@
 """The eval hook: score the policy on benchmark subsets while a trainer (e.g. TRL's ``GRPOTrainer``) runs.
 
-It runs every ``eval_steps`` optimizer steps and at the last one. All ranks enter TRL's
-``unwrap_model_for_generation`` (ZeRO-3 parameters gathered, gradient checkpointing off) and
-``DistributedBackend.summon_full_params`` (FSDP v1; v2 is refused); every rank generates its share of the
-records (``evaluate_model(..., shard=...)``; under ZeRO-3 with ``synced_gpus``, as TRL generates), the main
-process scores them, then the metrics and any rank's error are gathered so every rank logs or raises.
-Metrics go through the base ``Trainer.log`` as ``eval_<benchmark>/<metric>`` (TRL's ``GRPOTrainer.log``
-would flush the training metrics it accumulates; ``control.should_log`` is restored). The main process
-writes ``eval_history.jsonl`` (one line per evaluation and benchmark), ``eval/step-<step>/<benchmark>/``
-and ``best_checkpoint.json`` (``{"metric", "value", "greater_is_better", "step", "checkpoint",
-"metrics"}``; ties keep the earlier step; ``checkpoint`` is filled in by ``on_save`` of that step, and
-``state.best_metric`` / ``best_global_step`` are set unless ``args.metric_for_best_model`` is, so
-checkpoint rotation keeps it; read back on resume).
+It runs every ``eval_steps`` optimizer steps and at the last one, every rank inside TRL's
+``unwrap_model_for_generation`` generating its share (FSDP v2 is refused); the main process scores, and the
+metrics and any rank's error are gathered so every rank logs or raises. Metrics go through the base
+``Trainer.log`` as ``eval_<benchmark>/<metric>`` (TRL's ``GRPOTrainer.log`` would flush its training metrics).
+The main process writes ``eval_history.jsonl``, ``eval/step-<step>/<benchmark>/`` and ``best_checkpoint.json``
+(``{"metric", "value", "greater_is_better", "step", "checkpoint", "metrics"}``; ties keep the earlier step;
+``state.best_metric`` is set unless ``args.metric_for_best_model`` is, so checkpoint rotation keeps it).
 """
 
 from __future__ import annotations
@@ -205,8 +200,7 @@ class EvalCallback(TrainerCallback):
 
     def _run_benchmarks(self, model: Any, processor: Any, args: Any, step: int, accelerator: Any,
                         synced: bool) -> dict[str, dict[str, Any]]:
-        """Every rank generates its share; the main process scores, writes and returns the metrics
-        (``{}`` elsewhere)."""
+        """Every rank generates its share; the main process scores, writes and returns the metrics."""
         from cpr.distributed import process_state
 
         out = self._out(args)

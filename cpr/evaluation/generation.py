@@ -1,27 +1,18 @@
 """Batched generation of completions, resumable through a JSON-lines file.
 
-Protocol (CRYSTAL paper evaluation): greedy decoding, at most ``max_new_tokens`` new tokens (default
-256, the paper's completion budget, docs/method.md section 6). :class:`DecodingSettings` ``sampled``
-adds ``samples`` seeded sampled completions per prompt (temperature, nucleus ``top_p``; written and
-resumed by :func:`cpr.evaluation.sampled_metrics.generate_samples`). Prompts are rendered as TRL's
-``GRPOTrainer`` renders them: the processor's ``apply_chat_template`` on conversational messages whose
-image blocks hold the images, with the image token suppressed during generation.
+Protocol (CRYSTAL paper evaluation): greedy decoding of at most ``max_new_tokens`` (default 256, the paper's
+budget, docs/method.md section 6); :class:`DecodingSettings` ``sampled`` adds seeded sampled completions.
+Prompts are rendered as TRL's ``GRPOTrainer`` renders them (the processor's ``apply_chat_template``).
+Backends: :class:`TransformersGenerator` and :class:`VLLMGenerator` (vLLM's offline engine, LoRA through
+``LoRARequest``; needs a CUDA GPU, so the CPU test suite cannot exercise it).
 
-Backends: ``transformers`` (:class:`TransformersGenerator`: ``model.generate`` on left-padded batches of
-a plain, PEFT or trainer-unwrapped model) and ``vllm`` (:class:`VLLMGenerator`: vLLM's offline engine,
-LoRA adapters through ``LoRARequest``; ``cpr eval --backend auto`` uses it when vLLM and a CUDA GPU are
-present; the CPU test suite cannot exercise it).
+Resumability (:func:`generate_completions`): each finished batch is appended (fsync'ed), one ``{"id",
+"completion", "num_tokens", "finished"}`` line per prompt; a rerun skips the ids there, and a cut line is dropped.
 
-Resumability (:func:`generate_completions`): each finished batch is appended (fsync'ed) to the output
-file, one ``{"id", "completion", "num_tokens", "finished"}`` line per prompt; a rerun skips the ids
-already there, and a line cut by a kill is dropped.
-
-Sharding (``generate_completions(..., shard=process_state())``): the prompts are cut into the batches one
-process would make, and in each round every process generates one of them (process ``k`` batch
-``round * N + k``; a process past the last batch generates a padding batch and drops it), so all processes
-call ``generate`` equally often (what ZeRO-3's lock-step ``synced_gpus`` needs) and each batch holds the
-prompts it holds on one process (the same greedy completions). After each round the completions are
-gathered on every process; the main process appends them to the file.
+Sharding (``shard=process_state()``): in round ``r`` process ``k`` of ``N`` generates batch ``r * N + k`` of the
+batches one process would make (past the last, a padding batch it drops), so all processes call ``generate``
+equally often (ZeRO-3's lock-step ``synced_gpus``) and get the single-process completions; each round is
+gathered on every process and the main process appends it.
 """
 
 from __future__ import annotations
@@ -51,9 +42,8 @@ Batch = Sequence[list[dict[str, Any]]]
 @dataclass(frozen=True)
 class DecodingSettings:
     """Evaluation decoding: ``greedy`` (the paper's protocol) or ``sampled``, which also draws ``samples``
-    completions per prompt at ``temperature`` with nucleus ``top_p`` (no top-k cut, as TRL's GRPO
-    generation), torch's generator seeded per batch from ``seed`` (:func:`batch_seed`). Greedy ignores
-    the sampling fields.
+    completions per prompt at ``temperature`` with nucleus ``top_p`` (no top-k cut, as TRL's GRPO generation),
+    torch's generator seeded per batch from ``seed`` (:func:`batch_seed`). Greedy ignores the sampling fields.
 
     Raises:
         ConfigError: an unknown mode, a temperature that is not a positive finite number, ``top_p``
@@ -135,17 +125,13 @@ class TransformersGenerator:
     """Batched generation with ``model.generate``: greedy (``generator(batch)``) or sampled (:meth:`sample`).
 
     Runs in eval mode under ``torch.no_grad()`` with ``use_cache=True`` and restores the model's mode.
-    ``synced_gpus`` (transformers' lock-step decoding: every process runs forward passes until all have
-    finished) is off unless asked for: the eval hook asks for it under ZeRO-3 with several processes,
-    as TRL's generation does, and then every process must call it equally often (the rounds of
-    :func:`generate_completions` with ``shard``).
 
     Args:
-        model: a transformers vision-language model, a ``PeftModel`` around one, or a trainer's
-            unwrapped model.
+        model: a transformers vision-language model, a ``PeftModel`` around one, or a trainer's unwrapped model.
         processor: its processor (tokenizer padding side ``"left"``, a pad token).
         max_new_tokens: new-token budget.
-        synced_gpus: ``generate``'s ``synced_gpus``.
+        synced_gpus: ``generate``'s lock-step decoding (ZeRO-3 with several processes, as TRL's generation);
+            every process must then call it equally often.
         repetition_penalty: ``generate``'s ``repetition_penalty``; ``None``: the model's ``generation_config``
             decides (a model folder's may set one, e.g. 1.05).
 
@@ -191,8 +177,7 @@ class TransformersGenerator:
         return [flat[i * k: (i + 1) * k] for i in range(len(batch))]
 
     def _generate(self, batch: Batch, **decoding: Any) -> list[Generated]:
-        """``model.generate`` on ``batch`` with the ``decoding`` keyword arguments; the completions in
-        output order."""
+        """``model.generate`` on ``batch`` with the ``decoding`` kwargs; completions in output order."""
         import torch
 
         if not batch:
@@ -375,10 +360,8 @@ def generate_completions(
         records: the records (unique ids), in the order batches are formed.
         messages_fn: record -> conversational prompt with its images.
         output_path: JSON-lines file to resume from and append to; ``None`` keeps nothing.
-        shard: the process state (``process_index``, ``num_processes``, ``is_main_process``;
-            :func:`cpr.distributed.process_state`) when every process of a group calls this with the same
-            arguments: each generates its share (module docstring), the main process alone writes
-            ``output_path`` (on a folder every process sees); ``None``: this process generates all.
+        shard: :func:`cpr.distributed.process_state` when every process of a group calls this alike: each
+            generates its share (module docstring), the main process writes ``output_path``.
 
     Returns:
         id -> completion for every record, those read back from the file included (on every process).
@@ -386,8 +369,7 @@ def generate_completions(
     Raises:
         ValueError: duplicate record ids, or a generator returning the wrong number of completions.
         InputError: a malformed completions file (:func:`cpr.scoring.load_predictions`).
-        RuntimeError: with ``shard``, generation failed on another process (its error named; the failing
-            process raises its own), so that no process waits for the others' next round.
+        RuntimeError: with ``shard``, generation failed on another process (its error named).
     """
     from tqdm.auto import tqdm
 

@@ -53,22 +53,14 @@ def evaluate_model(
 ) -> dict[str, Any] | None:
     """Generate completions for ``records`` with ``model`` (plain, PEFT or a trainer's unwrapped model) or a
     ready ``generator`` (e.g. a :class:`~cpr.evaluation.generation.VLLMGenerator`), and score them on
-    ``benchmark``. Defaults: greedy decoding of 256 new tokens with the evaluation prompt, the paper's
-    scoring, the packaged templates. ``generation.decoding`` ``sampled`` also draws ``samples`` seeded
-    completions per record (:mod:`cpr.evaluation.sampled_metrics`) and adds their mean@k and pass@k beside the
-    greedy numbers, which stay those of greedy decoding.
+    ``benchmark``. Defaults: greedy decoding of 256 new tokens, the paper's scoring, the packaged templates;
+    ``sampled`` decoding adds mean@k and pass@k (:mod:`cpr.evaluation.sampled_metrics`).
 
-    With ``out_dir`` it writes ``references.jsonl`` (the benchmark's reference rows of ``records``: for
-    CRYSTAL and M3CoT ``cpr score``'s REFS file, so ``cpr score`` on it and ``completions.jsonl``
-    recomputes ``overall``), ``completions.jsonl`` (resumed from when there), ``metrics.json`` (without
-    the rows), ``samples.jsonl`` and ``metrics.md`` (:func:`~cpr.evaluation.report.render_markdown`
-    with ``label`` and ``title``; ``paper_rows`` for records of CRYSTAL's test set only): the files of
-    ``cpr eval``, in every folder an evaluation writes. Sampled decoding adds ``sampled_completions.jsonl``
-    (resumed) and ``sampled_samples.jsonl``.
-
-    With ``shard`` (the process state, every process of the group calling this alike) each process
-    generates its share of the records (:func:`~cpr.evaluation.generation.generate_completions`); the
-    main process scores them and writes the files, on a folder every process sees.
+    With ``out_dir`` it writes the files of ``cpr eval`` (docs/evaluation.md, "Evaluate and score";
+    ``metrics.md`` by :func:`~cpr.evaluation.report.render_markdown` with ``label``, ``title`` and
+    ``paper_rows``, for CRYSTAL's test set only), resuming ``completions.jsonl``. With ``shard`` every process
+    of the group calls this alike and generates its share
+    (:func:`~cpr.evaluation.generation.generate_completions`); the main process scores and writes.
 
     Returns:
         The benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`; step-scoring benchmarks

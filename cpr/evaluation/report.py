@@ -24,11 +24,10 @@ def is_crystal_test(sources: Sequence[tuple[str, str | None]]) -> bool:
 
 def render_markdown(metrics: Mapping[str, Any], *, model_label: str = "this model", title: str | None = None,
                     paper_rows: bool = False) -> str:
-    """The markdown report of one benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`):
-    the overall table (with ``paper_rows``, for CRYSTAL, the paper's base-model rows: pass it only for
-    records of CRYSTAL's test set, :func:`is_crystal_test`), then one table per group kind (a kind with
-    ``group_labels`` is listed under its parent kind, e.g. M3CoT topics under their domain). Ends with a
-    newline."""
+    """The markdown report of one benchmark's metrics dict (:mod:`cpr.evaluation.benchmarks.base`): the
+    overall table (with ``paper_rows``, for CRYSTAL, the paper's base-model rows: pass it only for records of
+    CRYSTAL's test set, :func:`is_crystal_test`), then one table per group kind (a kind with ``group_labels``
+    is listed under its parent kind, e.g. M3CoT topics under their domain). Ends with a newline."""
     from cpr.evaluation.benchmarks import get_benchmark
     from cpr.paper import paper_rows as paper_table
 

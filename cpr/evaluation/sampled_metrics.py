@@ -3,10 +3,8 @@
 ``evaluation.decoding: {mode: sampled, ...}`` / ``cpr eval --decoding sampled``
 (:class:`cpr.evaluation.generation.DecodingSettings`); the files and numbers: docs/evaluation.md.
 
-Seeding: batches are cut from the record list at fixed places, and batch ``b``'s torch seed is
-:func:`~cpr.evaluation.generation.batch_seed` of the seed and its first record's id; a resumed run
-regenerates a batch it had not finished whole and keeps the rows it lacks, so it ends with the
-completions an uninterrupted run writes.
+Seeding: batch ``b``'s torch seed is :func:`~cpr.evaluation.generation.batch_seed` of the seed and its first
+record's id, so a resumed run ends with the completions an uninterrupted run writes.
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ from typing import Any
 from cpr.data.records import Record
 from cpr.evaluation.generation import DecodingSettings, batch_seed, sharded_rounds
 
-__all__ = ["SAMPLED_COMPLETIONS", "SAMPLED_SAMPLES", "add_sampled_metrics", "generate_samples",
-           "sampled_key"]
+__all__ = ["SAMPLED_COMPLETIONS", "SAMPLED_SAMPLES", "add_sampled_metrics", "generate_samples", "sampled_key"]
 
 SAMPLED_COMPLETIONS, SAMPLED_SAMPLES = "sampled_completions.jsonl", "sampled_samples.jsonl"
 

@@ -62,25 +62,16 @@ def trl_default(key: str) -> Any:
 
 @dataclass
 class PhaseSpec:
-    """One GRPO phase, built once by :func:`build_phases`.
-
-    What reads the model's files is built on first use and kept: :attr:`args` (``trl.GRPOConfig`` also sets
-    up accelerate's process state, so the runner first reads it once that exists) and :attr:`lora`; the rest
-    is built with the spec (the launch check reads it before anything loads).
+    """One GRPO phase, built once by :func:`build_phases`; :attr:`args` (``trl.GRPOConfig``, which sets up
+    accelerate's process state) and :attr:`lora` are built on first use.
 
     Attributes:
-        cfg: the run's config.
-        phase: the phase's validated settings.
-        kwargs: the keyword arguments of its ``trl.GRPOConfig`` (:func:`grpo_kwargs`; with ``use_vllm``,
-            ``generation_kwargs`` bans the vision placeholders once :attr:`args` is built).
+        kwargs: the keyword arguments of its ``trl.GRPOConfig`` (:func:`grpo_kwargs`).
         reward_funcs / reward_weights: TRL's ``reward_funcs`` / ``reward_weights`` (one weight a function).
-        curriculum: the phase's :class:`cpr.training.curriculum.CurriculumConfig` (the config's own object,
-            :attr:`cpr.training.config_sections.PhaseConfig.curriculum_config`).
-        init_adapter: the phase's configured ``init_adapter`` folder, or ``None`` (the runner hands on the
-            previous phase's, else the warm start's, else a new adapter trains).
+        curriculum: the phase's :class:`cpr.training.curriculum.CurriculumConfig`.
+        init_adapter: the phase's configured ``init_adapter`` folder, or ``None``.
         model_path: the model whose family gives the LoRA targets and whose processor the vision placeholders.
-        ban_placeholders: whether ``use_vllm`` bans the vision placeholders (a caller that sets its own passes
-            ``False``).
+        ban_placeholders: whether ``use_vllm`` bans the vision placeholders.
     """
 
     cfg: ExperimentConfig = field(repr=False)
@@ -181,12 +172,7 @@ def grpo_kwargs(cfg: ExperimentConfig, phase: PhaseConfig, reward_weights: list[
 
 
 def _placeholder_ban(cfg: ExperimentConfig, model_path: str, generation_kwargs: Any) -> dict[str, Any]:
-    """``generation_kwargs`` with the model's vision placeholders banned in vLLM (its config and tokenizer,
-    read from ``model_path``; :func:`cpr.training.vllm.vllm_generation_kwargs`).
-
-    Raises:
-        ModelNotAvailableError: the model's config or processor is neither local nor downloadable.
-    """
+    """``generation_kwargs`` with the model's vision placeholders banned in vLLM; may raise ModelNotAvailable."""
     from transformers import AutoConfig, AutoProcessor
 
     from cpr.models import _not_available, resolve_model_path

@@ -393,8 +393,7 @@ def _image_sizes(arch: Architecture, config: Any, folder: Path, cfg: Any) -> tup
 
 def _phase_shapes(cfg: Any, phases: Mapping[str, Any], processes: int, image: tuple[int, int],
                   text_tokens: int) -> list[PhaseShape]:
-    """Each phase's shapes from the settings its trainer is given (:meth:`cpr.training.build.PhaseSpec.setting`),
-    with its greedy baseline's and its eval hook's generations (``evaluation.eval_steps``)."""
+    """Each phase's shapes from its trainer's settings, greedy baseline's and eval hook's generations."""
     shapes = []
     for name, spec in phases.items():
         b = spec.setting("per_device_train_batch_size")
@@ -420,14 +419,7 @@ def _fmt_params(n: int) -> str:
 
 
 def _load_data(cfg: Any) -> tuple[Any, list[str]]:
-    """The run's data splits (:func:`cpr.training.splits.load_run_data`) and the check's data line; without
-    the hub (``HF_HUB_OFFLINE`` or no network) a hub dataset cannot be loaded here: no splits and a line
-    saying the data was left out as ``--skip-data`` leaves it out.
-
-    Raises:
-        DatasetNotAvailableError: a hub dataset that is gated, private or missing (the message names
-            ``--skip-data``); what :func:`~cpr.training.splits.load_run_data` raises otherwise.
-    """
+    """The run's data splits and the check's data line (none without the hub, as ``--skip-data``)."""
     from cpr.training.splits import load_run_data
 
     try:

@@ -1,12 +1,9 @@
 """Experiment configuration: one YAML file describes a whole run (both phases).
 
-This module reads it: OmegaConf reads the YAML (so ``5e-4`` is a number) and applies ``--set key=value``
-overrides (its dotlist), a ``--phases`` override drops the other phases' settings, and :func:`load_config`
-checks everything before any model, dataset or encoder loads, an invalid value raising
-:class:`cpr.errors.ConfigError` that names its dotted key, the file and the override that gave it. The sections
-are the fields of :class:`cpr.training.config_sections.ExperimentConfig` (strict pydantic models; examples in
-recipes/configs/, a table in docs/training.md); what needs more than a type is checked in
-:mod:`cpr.training.config_checks` (``phase_settings`` merged over the built-in :data:`~cpr.training.config_sections.PHASE_PRESETS`).
+OmegaConf reads the YAML (so ``5e-4`` is a number) and applies ``--set key=value`` overrides; :func:`load_config`
+checks everything before any model loads, raising :class:`cpr.errors.ConfigError` with the dotted key. Sections:
+:class:`cpr.training.config_sections.ExperimentConfig` (docs/training.md); cross-field checks:
+:mod:`cpr.training.config_checks`.
 """
 
 from __future__ import annotations

@@ -74,14 +74,12 @@ def phase_reward_weights(phase: PhaseConfig, args: Mapping[str, Any]) -> tuple[l
 
 
 def _reward_shared(r: ScoringSettings) -> dict[str, Any]:
-    """The ``rewards`` settings offered to every reward function (:func:`cpr.rewards.get_reward_set`; each
-    takes those it has parameters for)."""
+    """The ``rewards`` settings offered to every reward function (each takes those it has parameters for)."""
     return {k: v for k, v in dataclasses.asdict(r).items() if k != "max_cached_completions"}
 
 
 def _reward_key(field_: str | None, key: str, phase: PhaseConfig) -> str:
-    """The config key of an error of :func:`cpr.rewards.get_reward_set` (naming ``rewards``,
-    ``reward_weights``, ``reward_params`` or ``rewards.<function>[.<parameter>]``) in phase ``key``."""
+    """The config key in phase ``key`` of an error of :func:`cpr.rewards.get_reward_set`."""
     parts = (field_ or "rewards").split(".")
     if len(parts) != 2:  # rewards / reward_weights / reward_params, or rewards.<function>.<parameter>
         return f"{key}.{parts[0]}" if len(parts) == 1 else f"{key}.reward_params.{parts[1]}.{parts[2]}"
@@ -200,8 +198,7 @@ def warm_start_settings(cfg: ExperimentConfig) -> Any:
 
 
 def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
-    """Check every value that needs more than its type, in the owning module's check where there is
-    one; resolve the phases and relative paths."""
+    """Check every value that needs more than its type; resolve the phases and relative paths."""
     from cpr.answers import check_answer_mode
     from cpr.evaluation.benchmarks import get_benchmark
     from cpr.evaluation.generation import DecodingSettings

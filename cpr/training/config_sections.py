@@ -322,8 +322,7 @@ class ExperimentConfig(_Section):
     @field_validator("rewards", mode="before")
     @classmethod
     def _scoring_settings(cls, value: Any) -> Any:
-        """The ``rewards`` mapping as :class:`cpr.scoring.ScoringSettings` (its keys and types checked
-        here, its values by the class; ``answer_mode`` defaults to ``strict``, the reward checker)."""
+        """The ``rewards`` mapping as :class:`cpr.scoring.ScoringSettings` (default ``strict`` answers)."""
         if not isinstance(value, Mapping):
             return value
         given = _parse(_fields_schema(ScoringSettings), value).model_dump(exclude_unset=True)
@@ -362,8 +361,7 @@ _UNION_MEMBER = re.compile(r"str|int|float|bool|[\w-]+\[.*\]")  # pydantic's loc
 
 
 def _parse(cls: type[BaseModel], data: Any, prefix: str = "", unknown: str | None = None) -> Any:
-    """``cls.model_validate(data)``, its first error raised as a ConfigError naming ``<prefix>.<key>``
-    (``unknown``: the message of an unknown key, ``{!r}`` standing for the key)."""
+    """``cls.model_validate(data)``, its first error raised as a ConfigError naming ``<prefix>.<key>``."""
     try:
         return cls.model_validate(data)
     except ValidationError as e:
@@ -410,9 +408,7 @@ _GRPO_BOUNDS = (
 
 @functools.cache
 def _fields_schema(cls: type, bounds: tuple[tuple[str, Any], ...] = ()) -> type[BaseModel]:
-    """A strict pydantic model of dataclass ``cls``'s init fields and their types, each with its ``bounds``
-    entry (``(field, annotated_types constraint)`` pairs) if any; every field defaults to ``None``, so a value
-    is checked only where given (the dataclass itself fills in its defaults)."""
+    """A strict pydantic model of dataclass ``cls``'s init fields and ``bounds``, each default None."""
     hints, limits = typing.get_type_hints(cls), dict(bounds)
     fields = {f.name: (typing.Annotated[hints[f.name], limits[f.name]] if f.name in limits else hints[f.name], None)
               for f in dataclasses.fields(cls) if f.init}
@@ -420,8 +416,7 @@ def _fields_schema(cls: type, bounds: tuple[tuple[str, Any], ...] = ()) -> type[
 
 
 def _check_training(section: Mapping[str, Any], prefix: str) -> None:
-    """A ``training`` section's keys and value types against ``trl.GRPOConfig``'s fields (and
-    :data:`_GRPO_BOUNDS`); raises ConfigError naming ``<prefix>.<key>``."""
+    """Check a ``training`` section against ``trl.GRPOConfig``'s fields and :data:`_GRPO_BOUNDS`."""
     from trl import GRPOConfig
 
     for k in ("gradient_checkpointing", "activation_checkpointing"):

@@ -1,17 +1,11 @@
 """CPR-Curriculum: a seeded, resumable easy-to-hard prompt order for TRL's GRPOTrainer (docs/method.md section 6).
 
-:class:`CurriculumSampler` replaces TRL's ``RepeatSampler`` (same GRPO structure and length), picking each
-generation batch's prompts from the difficulty buckets the schedule (:class:`CurriculumConfig`) allows at that
-point of training. :class:`cpr.training.trainer.CprGRPOTrainer` returns it from ``_get_train_sampler``
-(:func:`cpr.trl_internals.train_sampler_hook`), the hook TRL's own trainers override and its maintainers point
-to for custom sampling (huggingface/trl#2801; the public ``get_train_dataloader`` would mean copying TRL's). Epoch ``e`` yields generation batches ``[e * B, (e + 1) * B)``
-(``B = num_rows // batch_size``) of one global sequence, so a run longer than an epoch continues the curriculum;
-on resume the Trainer skips the epoch's consumed micro-batches with accelerate's ``skip_first_batches``, whose
-multi-process wrapper does not forward ``set_epoch``, so :class:`CurriculumStateCallback` sets it.
-
-The ``mastery`` schedule is driven by the rewards (:meth:`CurriculumSampler.observe`), and with dynamic
-sampling the sampler also hands out the fresh prompts of extra generation rounds
-(:meth:`CurriculumSampler.fresh_prompts`); docs/method.md section 6 describes both.
+:class:`CurriculumSampler` replaces TRL's ``RepeatSampler``; :class:`cpr.training.trainer.CprGRPOTrainer` returns
+it from ``_get_train_sampler`` (:func:`cpr.trl_internals.train_sampler_hook`, the hook TRL's maintainers point to
+for custom sampling, huggingface/trl#2801). Epoch ``e`` yields generation batches ``[e * B, (e + 1) * B)``
+(``B = num_rows // batch_size``) of one global sequence, so a run longer than an epoch continues the curriculum.
+accelerate's ``skip_first_batches`` wrapper does not forward ``set_epoch``, so :class:`CurriculumStateCallback`
+sets it.
 """
 
 from __future__ import annotations
@@ -42,8 +36,7 @@ STATE_FORMAT = "cpr.curriculum/1"
 
 @dataclass
 class CurriculumConfig:
-    """Schedule of the CPR-Curriculum (docs/method.md section 6, a **choice** of the project); each field's
-    ``metadata["help"]`` says what it does. Validated on construction (:meth:`validate`)."""
+    """Schedule of the CPR-Curriculum (docs/method.md section 6); fields documented in ``metadata["help"]``."""
 
     schedule: str = field(default="staged", metadata={"help": (
         "How the prompt mix moves from easy to hard: 'staged' (bucket sets unlocked at fixed fractions of "
@@ -155,8 +148,7 @@ class CurriculumConfig:
                 fail("mastery_reward", f"must be a reward function name or null, got {self.mastery_reward!r}")
 
     def identity(self) -> dict[str, Any]:
-        """:meth:`to_dict` without the ``mastery_*`` fields unless the schedule is ``mastery`` (what the prompt
-        order depends on, compared on resume)."""
+        """:meth:`to_dict` without ``mastery_*`` unless ``mastery``: what the order depends on (checked on resume)."""
         out = self.to_dict()
         return out if self.schedule == "mastery" else {k: v for k, v in out.items() if not k.startswith("mastery_")}
 
@@ -166,8 +158,7 @@ def _is_number(x: Any) -> bool:
 
 
 def derived_seed(*parts: Any) -> int:
-    """A 63-bit seed from ``parts`` (JSON-serialisable): the first 8 bytes of their sha256, the same on every
-    process and platform."""
+    """A 63-bit seed from JSON-serialisable ``parts`` (sha256), the same on every process and platform."""
     return int.from_bytes(hashlib.sha256(json.dumps(parts).encode()).digest()[:8], "big") >> 1
 
 
@@ -204,10 +195,8 @@ def total_generation_batches(
 
 
 def empty_buckets_message(config: CurriculumConfig, difficulties: Sequence[str | None], phase: str) -> str | None:
-    """One line naming ``phase`` and each bucket of ``config`` that none of the training records'
-    ``difficulties`` falls in (with every bucket's count), or ``None``: every bucket has records, or the
-    schedule is ``none`` (which ignores buckets). An ``easy -> hard`` schedule over such data never leaves the
-    buckets it has (e.g. 28 TabMWP records of grades 3-4: all easy, bucket mix 100/0/0 throughout)."""
+    """A warning naming each bucket of ``config`` that no value of ``difficulties`` falls in, with every
+    bucket's count; ``None`` when all have records or the schedule is ``none``."""
     if config.schedule == "none":
         return None
     counts = {b: 0 for b in config.buckets}
@@ -237,26 +226,11 @@ class CurriculumSampler(Sampler[int]):
         fresh_rounds: extra generation rounds a batch may take (dynamic sampling's ``max_resample``; 0: none).
         observation_lag: ``mastery``: batch ``b`` uses the observations of batches ``<= b - observation_lag``.
 
-    The order is a pure function of the arguments, the same on every rank:
-
-    - ``none``: epoch ``e`` is the ``(e+1)``-th ``torch.randperm(num_rows)`` of a generator seeded with
-      ``seed``, cut into ``batch_size`` chunks (the tail dropped): what ``RepeatSampler(shuffle=True,
-      seed=seed)`` yields on its ``(e+1)``-th iteration.
-    - ``staged`` / ``linear``: batch ``b`` gets per-bucket weights (:meth:`bucket_mix`); its slots are split
-      among buckets by smooth weighted round-robin (each bucket within about one prompt of its scheduled
-      cumulative share); each bucket hands out its prompts in a seeded permutation, refilled when exhausted
-      (prompts already in the batch last, so a prompt repeats within a batch only when its pool is smaller
-      than the batch); the batch is shuffled. ``staged`` weights are the data's proportions restricted to the
-      unlocked buckets. An empty bucket set falls back to the next non-empty one (staged), or an empty
-      bucket's weight moves to the next harder non-empty bucket (linear), with a warning.
-    - ``mastery``: buckets open one at a time as their online pass rates reach ``mastery_threshold``
-      (:meth:`observe`; docs/method.md section 6); batch ``b`` holds ``batch_size`` distinct prompts of the open
-      buckets drawn with weight ``max(p (1 - p), mastery_floor)`` from the observations of batches
-      ``<= b - observation_lag`` only (:func:`weighted_draw`, seeded by ``seed`` and ``b``).
-
-    Fresh prompts (:meth:`fresh_prompts`, dynamic sampling): round ``k`` of batch ``b`` draws ``batch_size``
-    prompts with batch ``b``'s per-row weights, leaving out the batch's prompts and earlier rounds', seeded by
-    ``seed``, ``b`` and ``k``.
+    The order is a pure function of the arguments, the same on every rank. ``none`` yields what
+    ``RepeatSampler(shuffle=True, seed=seed)`` does. ``staged`` / ``linear`` split each batch's slots among
+    buckets by smooth weighted round-robin on :meth:`bucket_mix`, each bucket handing out a seeded permutation
+    of its prompts; empty buckets fall back to non-empty ones with a warning. ``mastery`` and the fresh prompts
+    of dynamic sampling: docs/method.md section 6.
 
     Raises:
         InputError: a difficulty that is not a bucket name (names the value, row and id).
@@ -340,8 +314,7 @@ class CurriculumSampler(Sampler[int]):
         return min(k + 1, len(self._sizes))
 
     def online_pass_rates(self) -> dict[str, float | None]:
-        """``mastery``: each bucket's online pass rate, the mean of its last ``mastery_window`` groups' pass rates
-        folded into the schedule so far (``None``: no group yet)."""
+        """``mastery``: each bucket's mean pass rate over its last ``mastery_window`` groups (``None``: none yet)."""
         return {b: (sum(w) / len(w) if w else None) for b, w in zip(self.config.buckets, self._windows, strict=True)}
 
     @property
@@ -350,9 +323,7 @@ class CurriculumSampler(Sampler[int]):
         return list(self.config.buckets[: self._open])
 
     def _fold_through(self, batch_index: int, drawing: int) -> None:
-        """Fold the observations of batches ``<= batch_index`` into the pass rates, batch after batch, opening
-        the next bucket (from batch ``drawing`` on) after a batch that brings the hardest open bucket's online
-        pass rate to the threshold."""
+        """Fold the observations of batches ``<= batch_index`` in, opening buckets from batch ``drawing`` on."""
         cfg = self.config
         for b in sorted(k for k in self._pending if k <= batch_index):
             for row, rate in self._pending.pop(b):
@@ -396,11 +367,9 @@ class CurriculumSampler(Sampler[int]):
         self._mix[batch_index] = self._mix_of(weights)
 
     def observe(self, batch_index: int, rows: Sequence[int], pass_rates: Sequence[float]) -> None:
-        """Record the pass rate (in [0, 1]) of each group of generation batch ``batch_index`` (the prompt row
-        of each group, its share of passing completions); a no-op unless ``mastery``. Call it for a batch's
-        groups and its fresh rounds' in order, batch after batch. Raises ``RuntimeError`` for a batch older
-        than the last observed one or one already folded into the schedule; ``ValueError`` for lengths that
-        differ or a rate outside [0, 1]."""
+        """Record each group's prompt row and pass rate (in [0, 1]) for batch ``batch_index``, batches in order
+        (a no-op unless ``mastery``). Raises ``RuntimeError`` for a batch older than the last observed or
+        already folded in; ``ValueError`` for lengths that differ or a rate outside [0, 1]."""
         if not self.observes:
             return
         if batch_index < self._observed_through or batch_index <= self._folded_through:
@@ -415,8 +384,7 @@ class CurriculumSampler(Sampler[int]):
         self._observed_through = batch_index
 
     def fresh_prompts(self, batch_index: int, round_: int) -> list[int]:
-        """The ``batch_size`` fresh prompt indices of extra generation round ``round_`` (1 to ``fresh_rounds``)
-        of generation batch ``batch_index``. Raises ``ValueError`` for a round outside that range."""
+        """Prompt indices of extra round ``round_`` of batch ``batch_index``; ``ValueError`` outside 1..fresh_rounds."""
         if not 1 <= round_ <= self.fresh_rounds:
             raise ValueError(f"round {round_} is outside 1..{self.fresh_rounds} (max_resample)")
         if self.observes:
@@ -515,9 +483,8 @@ class CurriculumSampler(Sampler[int]):
         return [(1.0 - f) * s + f * e for s, e in zip(start, end, strict=True)]
 
     def bucket_mix(self, batch_index: int) -> dict[str, float]:
-        """Scheduled sampling weight of each bucket for global generation batch ``batch_index`` (sums to 1;
-        ``none``: the data's bucket proportions, the expected mix of a random permutation; ``mastery``: the
-        drawn batch's share of the sampling weight, for a batch not drawn yet the current weights')."""
+        """Scheduled sampling weight of each bucket for generation batch ``batch_index`` (sums to 1; ``none``:
+        the data's proportions; ``mastery``: the drawn batch's, else the current weights' share)."""
         if self.observes:
             return dict(self._mix[batch_index]) if batch_index in self._mix else self._mix_of(self._mastery_weights())
         return dict(zip(self.config.buckets, self._weights(batch_index), strict=True))
@@ -551,8 +518,7 @@ class CurriculumSampler(Sampler[int]):
         return [picks[i] for i in torch.randperm(self.batch_size, generator=self._rng).tolist()]
 
     def generation_batch(self, batch_index: int) -> list[int]:
-        """Unique prompt indices of global generation batch ``batch_index`` (``batch_size`` of them; ``mastery``
-        after a resume: before the resumed position, which the Trainer skips, the first ``batch_size`` rows)."""
+        """The ``batch_size`` prompt indices of batch ``batch_index`` (placeholders before a resumed position)."""
         if self.observes:
             while self._next_draw <= batch_index:
                 self._draw_mastery(self._next_draw)
@@ -562,8 +528,7 @@ class CurriculumSampler(Sampler[int]):
         return list(self._batches[batch_index])
 
     def order_for_epoch(self, epoch: int) -> list[int]:
-        """Unique prompt indices of epoch ``epoch``, batch after batch (the sampler repeats them; ``mastery``:
-        draws the epoch's batches, so only once the earlier ones were observed)."""
+        """Unique prompt indices of epoch ``epoch``, batch after batch."""
         first = epoch * self.batches_per_epoch
         return [i for b in range(first, first + self.batches_per_epoch) for i in self.generation_batch(b)]
 
@@ -591,8 +556,7 @@ class CurriculumSampler(Sampler[int]):
         return {"config": self.config.identity(), **{k: getattr(self, k) for k in keys}, **extra}
 
     def fingerprint(self) -> str:
-        """``sha256:`` hash of the identity, the per-row buckets and the run's batches (``none``: the first epoch;
-        ``mastery``: no batches, they depend on the rewards)."""
+        """``sha256:`` hash of the identity, per-row buckets and the run's batches (``mastery``: none)."""
         if self._fingerprint is None:
             h = hashlib.sha256()
             h.update(json.dumps(self._identity(), sort_keys=True).encode())
@@ -607,9 +571,7 @@ class CurriculumSampler(Sampler[int]):
 
     def state_dict(self, micro_batches_in_epoch: int = 0, epoch: int | None = None) -> dict[str, Any]:
         """JSON-serialisable state: identity, fingerprint and the position after ``micro_batches_in_epoch``
-        per-rank dataloader batches of ``epoch`` (default: the current one), what the Trainer skips on resume;
-        ``mastery`` adds ``mastery``: the pass rates, the bucket windows and the open buckets, the observations
-        not folded in yet and the batches drawn from the position on (with their fresh prompts)."""
+        per-rank batches of ``epoch`` (default: current); ``mastery`` adds what its draws depend on."""
         epoch = self.epoch if epoch is None else epoch
         batch = epoch * self.batches_per_epoch + micro_batches_in_epoch // self.repeat_count
         position = {"epoch": epoch, "micro_batches_in_epoch": micro_batches_in_epoch, "generation_batch": batch,
@@ -623,9 +585,8 @@ class CurriculumSampler(Sampler[int]):
         return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Check that ``state`` describes this sampler's order, then restore its epoch; the saved position is
-        kept in ``resumed_position``. Raises :class:`ConfigError` (``curriculum_state.<key>``, both values) for
-        another format, config, seed, dataset, batch size, run length or fingerprint."""
+        """Restore ``state`` (position kept in ``resumed_position``). Raises :class:`ConfigError`
+        (``curriculum_state.<key>``) when it describes another order."""
         if state.get("format") != STATE_FORMAT:
             raise ConfigError(f"unsupported curriculum state format {state.get('format')!r}; expected {STATE_FORMAT!r}",
                               field="curriculum_state.format")
@@ -645,10 +606,8 @@ class CurriculumSampler(Sampler[int]):
 
 
 class CurriculumStateCallback(CheckpointState):
-    """Keeps ``trainer.curriculum_sampler`` in step with the Trainer: ``on_epoch_begin`` sets its epoch,
-    ``on_step_end`` records its state at the position the Trainer would resume from (kept in each checkpoint's
-    ``trainer_state.json``, :class:`~cpr.training.checkpoints.CheckpointState`), ``on_train_begin`` of a resumed
-    run loads it. Raises :class:`ConfigError` for a checkpoint without the state, or another order."""
+    """Sets ``trainer.curriculum_sampler``'s epoch, saves its state in each checkpoint and loads it on resume.
+    Raises :class:`ConfigError` for a checkpoint without the state, or another order."""
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
@@ -684,10 +643,7 @@ class CurriculumStateCallback(CheckpointState):
 
 
 def observation_lag(gradient_accumulation_steps: int, repeat_count: int) -> int:
-    """Generation batches between a batch's rewards and the first batch the ``mastery`` schedule may draw from
-    them: ``max(1, ceil(2 * gradient_accumulation_steps / repeat_count))``. transformers' Trainer fetches an
-    optimizer step's ``gradient_accumulation_steps`` micro-batches when the step starts and accelerate's
-    dataloader one more, so generation batch ``b`` (micro-batches ``[b R, (b + 1) R)``, ``R = repeat_count``)
-    is drawn at the start of the step before the one that holds micro-batch ``b R - 1`` at the earliest, after
-    every batch whose first micro-batch was trained ``2 x gradient_accumulation_steps`` micro-batches earlier."""
+    """Generation batches between a batch's rewards and the first ``mastery`` draw that may use them:
+    ``max(1, ceil(2 * gradient_accumulation_steps / repeat_count))``, since transformers' Trainer prefetches an
+    optimizer step's micro-batches and accelerate's dataloader one more."""
     return max(1, math.ceil(2 * gradient_accumulation_steps / repeat_count))

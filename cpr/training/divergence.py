@@ -1,13 +1,11 @@
 """Divergence guards of the GRPO phases (``guards:``, :class:`cpr.training.config_sections.GuardsConfig`; docs/training.md,
 "Divergence guards"; the paper's Composite and Answer-Only runs diverge to NaN gradients, docs/method.md section 4).
 
-:class:`DivergenceGuard` checks each optimizer step once its gradients are accumulated and clipped, before
-``optimizer.step()`` (``on_pre_optimizer_step``), and warns, drops the update (``skip_step``: every parameter gets
-``grad = None``, which torch's optimizers skip, moments and step count included; not under DeepSpeed, whose engine
-steps inside ``backward``, nor with fp16 loss scaling) or stops (the update is not applied either, except under
-DeepSpeed; the checkpoint is saved with ``diverged.json``, the runner raises :class:`TrainingDivergedError`).
-TRL computes KL, ``frac_reward_zero_std`` and the hack monitors inside its step and hands them to callbacks only
-at the next logging step, after the update, so the guard reads them from ``GRPOTrainer._metrics["train"]`` (:func:`cpr.trl_internals.logged_metrics`).
+:class:`DivergenceGuard` checks each optimizer step before ``optimizer.step()`` (``on_pre_optimizer_step``) and
+warns, drops the update (``skip_step``: every ``grad = None``, which torch's optimizers skip; not under DeepSpeed
+nor fp16 loss scaling) or stops (checkpoint saved with ``diverged.json``, :class:`TrainingDivergedError`). It
+reads TRL's KL and monitors from ``GRPOTrainer._metrics["train"]`` (:func:`cpr.trl_internals.logged_metrics`),
+which TRL hands to callbacks only after the update.
 """
 
 from __future__ import annotations
@@ -91,19 +89,14 @@ class _WatchedReward:
 
 class DivergenceGuard(CheckpointState):
     """Checks each optimizer step for ``nan`` (a NaN / Inf reward, micro-step loss or gradient norm on any
-    process; a reward function's ``None`` is no reward), ``kl``, ``zero_std`` and ``reward_hacking`` (TRL's
-    metrics past their limits for consecutive steps; a step that reuses buffered completions keeps its generation
-    batch's values) and acts. A run of steps warns when it reaches its length and every further length. Events go
-    to ``guard_events.jsonl``; the counters to the trainer logs, the checkpoints and ``summary.json``.
+    process), ``kl``, ``zero_std`` and ``reward_hacking`` (TRL's metrics past their limits for consecutive
+    steps) and acts (docs/training.md, "Divergence guards").
 
     Args:
         config: the ``guards`` section.
         events_path: JSON lines file receiving every event (main process); ``None``: not written.
         baseline: the phase's ``baseline``: ``zero_std`` reads TRL's ``frac_reward_zero_std`` with ``group``, and
-            ``baseline/frac_zero_signal`` with ``greedy`` (the groups whose samples all tie their greedy
-            completion: the share without a learning signal; :func:`cpr.advantages.zero_signal_groups`).
-
-    :meth:`bind` gives it the trainer, :meth:`watch` the reward functions, :meth:`observe_loss` each loss.
+            ``baseline/frac_zero_signal`` (:func:`cpr.advantages.zero_signal_groups`) with ``greedy``.
 
     Attributes:
         counts: per condition, ``{"steps": steps where it held, "skipped": updates it dropped}``.

@@ -23,13 +23,7 @@ import torch
 
 from cpr.errors import CprError
 from cpr.training.checkpoints import CheckpointState
-from cpr.trl_internals import (
-    batch_of,
-    logged_metrics,
-    micro_step,
-    repeat_sampler_shape,
-    rows_of,
-)
+from cpr.trl_internals import batch_of, logged_metrics, micro_step, repeat_sampler_shape, rows_of
 
 logger = logging.getLogger("cpr.training")
 
@@ -178,8 +172,7 @@ class DynamicSampling(CheckpointState):
         t.curriculum_sampler.observe(batch_index, list(prompts), rates)
 
     def _same_on_every_process(self, batch_index: int, what: str, prompts: Sequence[int]) -> None:
-        """Raises :class:`CprError` when another process's sampler drew other prompts (its groups would not be
-        the same prompts': the rewards of a group would mix prompts)."""
+        """Raises :class:`CprError` when another process's sampler drew other prompts."""
         if self.trainer.accelerator.num_processes <= 1:
             return
         from accelerate.utils import gather_object

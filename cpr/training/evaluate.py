@@ -1,14 +1,9 @@
 """Scoring a run's model or LoRA adapter on a split of its data, as every evaluation of a run does.
 
-Every number of a run and of the ablations is scored alike: the same model (:mod:`cpr.training.policy`),
-decoding (``evaluation``: ``max_new_tokens``, ``batch_size``, ``prompt_mode``, ``decoding``: greedy, or
-greedy plus k samples per item reported as mean@k and pass@k) and scoring (``rewards``:
-encoder, tau, matching, alpha; ``evaluation.answer_mode``), through :func:`cpr.evaluation.evaluate_model`.
-The eval hook (:func:`eval_hook`), its ``best_checkpoint.json`` and checkpoint selection score the
-**validation** split only; the test split is scored once, by :func:`final_evaluation`, so no choice is
-ever made on it. The final evaluation writes ``final_eval/<benchmark>/`` (test) and
-``final_eval/validation/<benchmark>/`` in the run folder, and ``summary.json`` holds the overall numbers
-under ``final_eval`` / ``final_eval_validation``.
+Every number of a run and of the ablations is scored alike (model, ``evaluation`` decoding, ``rewards``
+scoring) through :func:`cpr.evaluation.evaluate_model`. The eval hook (:func:`eval_hook`) and checkpoint
+selection score the **validation** split only; the test split is scored once, by :func:`final_evaluation`,
+so no choice is ever made on it.
 """
 
 from __future__ import annotations
@@ -253,14 +248,9 @@ def final_evaluation(
     ``evaluation.final_splits``), every record (:func:`benchmark_records`), loading the model once.
 
     Each split goes to :func:`final_eval_dir` ``(run_dir, split)``: ``<benchmark>/`` (the files of
-    :func:`cpr.evaluation.evaluate_model`; a ``completions.jsonl`` there is resumed; ``metrics.json`` also
-    records ``adapter`` and ``split``) and ``metrics.md`` (all tables; with ``echo`` also printed).
-
-    ``splits`` default to those of ``cfg.data``, ``templates`` to ``cfg.data.prompts``, ``model_path`` to
-    ``model.name_or_path``; ``skip_empty`` leaves out a split without records.
-
-    Every process generates its share of each benchmark (:func:`score_adapters`); the main process
-    scores and writes the files.
+    :func:`cpr.evaluation.evaluate_model`, resumed) and ``metrics.md`` (printed with ``echo``). ``splits``,
+    ``templates`` and ``model_path`` default to ``cfg``'s; ``skip_empty`` leaves out a split without records.
+    Every process generates its share (:func:`score_adapters`); the main process scores and writes.
 
     Returns:
         ``{split: {benchmark: overall summary}}`` (``{}`` for a skipped split, and on every process but

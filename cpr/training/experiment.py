@@ -3,11 +3,8 @@
 :func:`finished_phase`), :func:`final_evaluation` and :func:`close`. :func:`run_experiment` (``cpr train``, the
 ablation sweep) and ``recipes/cpr_curriculum.py`` call them in that order.
 
-A phase starts from its ``init_adapter``, else the adapter the previous phase handed on (its best checkpoint on
-the validation split with ``select_best``, else its final adapter), else the warm start's, else a new one. The
-run folder's files, its lock (:func:`lock_run_folder`), ``--resume`` and Ctrl-C (:func:`interrupted_line`):
-docs/training.md, "The run folder". A resumed run ends with the uninterrupted run's adapter and prompt order on
-CPU with a fixed ``torch_threads`` (tests/test_reliability_resume.py), on GPU only with ``training.full_determinism``.
+A phase starts from its ``init_adapter``, else the adapter the previous phase handed on, else the warm start's,
+else a new one. The run folder, its lock, ``--resume`` and Ctrl-C: docs/training.md, "The run folder".
 """
 
 from __future__ import annotations
@@ -149,16 +146,7 @@ def open_run(cfg: ExperimentConfig, phases: Mapping[str, Any], *, resume: bool =
 
 def _launch(cfg: ExperimentConfig, phases: Mapping[str, Any], *, resume: bool, overwrite: bool
             ) -> tuple[Any, Any, Any]:
-    """Check the launch (:func:`cpr.training.preflight.check_launch`, before the process group forms: every
-    process refuses alike), set the torch threads, form the process group (ranks wait at most ``ddp_timeout`` for
-    each other), lock ``output_dir`` (:func:`lock_run_folder`, main process) and claim it; a previous run is
-    deleted only once :func:`check_before_training` passed.
-
-    Returns:
-        ``(state, checked, lock)``: accelerate's process state, what :func:`check_before_training` returned (or
-        ``None`` when it has not run yet) and the lock (``None`` on other processes; released by
-        :func:`cpr.io.unlock_file`).
-    """
+    """Check the launch, form the process group, lock and claim ``output_dir``: ``(state, checked, lock)``."""
     import torch
 
     from cpr.distributed import check_shared_output_dir, process_state
@@ -230,8 +218,7 @@ def lock_run_folder(out: Path) -> Any:
 
 
 def _write_config(run: Run) -> None:
-    """A resumed run's config checked against its ``config.yaml`` (:func:`check_resumed_config`), then
-    ``config.yaml`` written (:func:`cpr.training.phase.resolved_config`)."""
+    """Check a resumed run's config against its ``config.yaml``, then write ``config.yaml``."""
     import torch
 
     from cpr.training.phase import resolved_config
@@ -379,12 +366,7 @@ def close(run: Run) -> dict[str, Any]:
 
 
 def _record_failure(run: Run, e: BaseException) -> None:
-    """Write ``summary.json`` with status ``failed`` (or ``interrupted``) and the error; on Ctrl-C log one line
-    (:func:`interrupted_line`).
-
-    Raises:
-        RunInterrupted: for a ``KeyboardInterrupt``.
-    """
+    """Write ``summary.json`` with status ``failed`` / ``interrupted``; raises RunInterrupted on Ctrl-C."""
     run.summary["status"] = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
     run.summary["error"] = f"{type(e).__name__}: {' '.join(str(e).split()) or type(e).__name__}"[:2000]
     with contextlib.suppress(OSError):

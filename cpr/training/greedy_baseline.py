@@ -1,14 +1,7 @@
 """``baseline: greedy`` in training: each generation round also decodes every prompt greedily with the current
-policy, scores that completion with the phase's reward functions and weights, and gives the round's sampled
-completions the advantages of :func:`cpr.advantages.greedy_advantages` instead of TRL's group-mean ones
-(ReMax, arXiv 2310.10505, section 4). The greedy completions are not trained on and not recorded.
-
-Costs one greedy generation of each prompt a round (``1 / num_generations`` more generated completions, without
-sampling; through the phase's vLLM engine when it has one) and one reward call on them. Logged per step: ``baseline/greedy_reward`` (mean total reward of the
-greedy completions), ``baseline/above_greedy`` (share of the sampled completions whose reward is above their
-greedy completion's) and ``baseline/frac_zero_signal`` (share of the groups whose every advantage is 0: all
-samples tie their baseline; TRL's ``frac_reward_zero_std`` measures the samples' spread, which says nothing
-about the greedy baseline's signal).
+policy, scores that completion with the phase's reward functions and weights, and gives the sampled
+completions the advantages of :func:`cpr.advantages.greedy_advantages` (ReMax, arXiv 2310.10505, section 4).
+Cost and logged metrics: docs/method.md section 4, "The greedy baseline".
 """
 
 from __future__ import annotations

@@ -40,8 +40,7 @@ def _raised_in(exc: BaseException, *parts: str) -> bool:
 
 
 def _advice(cfg: ExperimentConfig, stage: str, phase: Any, oom: BaseException) -> str:
-    """``"out of memory <where> (<phase or stage>): <error type>: <first line>; lower <settings>"``; an error
-    raised in ``cpr/matching.py`` is the step encoder's, one in ``cpr/evaluation`` an evaluation's."""
+    """``"out of memory <where> (<phase or stage>): <error type>: <first line>; lower <settings>"``."""
     pixels = f"model.max_pixels (now {cfg.model.max_pixels}; fewer image tokens)"
     encoder = f"rewards.batch_size (now {cfg.rewards.batch_size}; the step encoder's batch)"
     if _raised_in(oom, "cpr", "matching.py"):

@@ -1,12 +1,8 @@
 """The closing report of a run: its adapters side by side on the test split, and the bucket mix of training.
 
-``evaluation.compare`` lists earlier stages of the run to score beside the final adapter on the same
-test records (:func:`compare_stages`): ``untrained`` (the model as loaded, no adapter), ``warm_start``
-(the supervised warm-start adapter) and any phase name (the adapter that phase handed on: for a
-phase with ``select_best``, its best checkpoint on the validation split). Each stage is scored like the
-final evaluation (:func:`cpr.training.evaluate.final_evaluation`) into
-``final_eval/stages/<stage>/<benchmark>/``. :func:`bucket_mix` reads which difficulty buckets a
-phase's GRPO steps trained on, from its ``scored_completions.jsonl``.
+:func:`compare_stages` scores the ``evaluation.compare`` stages (``untrained``, ``warm_start``, a phase's
+handed-on adapter) like the final evaluation into ``final_eval/stages/<stage>/<benchmark>/``;
+:func:`bucket_mix` reads the buckets a phase trained on from its ``scored_completions.jsonl``.
 """
 
 from __future__ import annotations

@@ -28,19 +28,14 @@ LAST_STEP_ADAPTER = "last_step_adapter"
 def select_best(
     cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, templates: Any, model_path: str
 ) -> dict[str, Any]:
-    """Score every complete checkpoint of the phase and its final adapter with ``crystal`` on the
-    validation split (greedy decoding whatever ``evaluation.decoding`` says, training prompt,
-    ``rewards.answer_mode``; the base model loaded once) and pick
-    the highest ``phase.select_metric`` (``accuracy`` or ``match_f1``), ties to the later step.
+    """Score every complete checkpoint of the phase and its final adapter with ``crystal`` on the validation
+    split (greedy, training prompt, ``rewards.answer_mode``) and pick the highest ``phase.select_metric``,
+    ties to the later step. Every process generates its share; the main process scores and writes.
 
     Returns:
         The contents of ``<phase>/selection.json``: ``{"metric", "answer_mode", "n_validation", "picked",
-        "scores": [{"checkpoint", "step" (None: the final adapter, the last step, which stays in its
-        checkpoint once the runner puts another pick in ``adapter/``: :func:`install_selected`), "accuracy"
-        (percent), "match_f1"}]}``;
-        without validation records ``{"picked": <final adapter>, "reason", "scores": []}``. Every
-        process generates its share of the records (:func:`cpr.training.evaluate.score_adapters`); the
-        main process scores and writes the file, which the others read.
+        "scores": [{"checkpoint", "step" (None: the final adapter), "accuracy" (percent), "match_f1"}]}``;
+        without validation records ``{"picked": <final adapter>, "reason", "scores": []}``.
 
     Raises:
         ConfigError: a checkpoint trained on another base model.

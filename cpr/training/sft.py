@@ -219,8 +219,7 @@ def sft_precision(dtype: Any, extra: Mapping[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def _sft_trainer_class() -> type:
-    """``trl.SFTTrainer`` whose model card names the base model (:func:`cpr.trl_internals.name_base_model`);
-    built on first use, as TRL is imported only when a model trains."""
+    """``trl.SFTTrainer`` whose model card names the base model, built on first use (TRL imported lazily)."""
     from trl import SFTTrainer
 
     from cpr.trl_internals import name_base_model
@@ -242,13 +241,9 @@ def run_sft(
 ) -> Path:
     """Train a LoRA adapter on ``records`` (each with an answer) with ``trl.SFTTrainer`` and save it.
 
-    ``model`` is a vision-language model with ``peft_config`` (:func:`cpr.models.build_lora_config`;
-    PEFT injects the LoRA layers in place) or a ``peft.PeftModel`` with a trainable adapter.
-    ``output_dir`` receives checkpoints (``save_strategy``; each marked complete,
-    :class:`cpr.training.checkpoints.CompleteMarkerCallback`), ``trainer_state.json`` (the log history)
-    and the adapter; ``resume_from_checkpoint`` (one of those checkpoints) continues a run where it stopped
-    (transformers restores the adapter, optimizer, scheduler, RNG states and data position; one saved at the
-    last step is the trained adapter: no step is trained).
+    ``model`` is a vision-language model with ``peft_config`` (:func:`cpr.models.build_lora_config`) or a
+    ``peft.PeftModel`` with a trainable adapter. ``output_dir`` receives checkpoints (each marked complete),
+    ``trainer_state.json`` and the adapter; ``resume_from_checkpoint`` continues from one of those checkpoints.
     ``prefix``: the config section its settings come from, in error fields.
 
     Returns:

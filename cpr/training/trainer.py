@@ -31,23 +31,16 @@ class CprGRPOTrainer(GRPOTrainer):
     :mod:`cpr.trl_internals`. A generation batch reads top to bottom in :meth:`generation_batch`.
 
     * ``curriculum``: its train sampler is a :class:`~cpr.training.curriculum.CurriculumSampler`
-      (``self.curriculum_sampler``, seeded with ``args.seed``), kept in step by a
-      :class:`~cpr.training.curriculum.CurriculumStateCallback`; ``None``: TRL's ``RepeatSampler``.
-    * ``dynamic_sampling`` (:class:`cpr.training.config_sections.DynamicSamplingConfig`; ``dynamic_sampling_field`` names the
-      setting in errors): zero-variance groups replaced by fresh ones (``self.sampling``,
-      :class:`~cpr.training.dynamic_sampling.DynamicSampling`).
+      (``self.curriculum_sampler``, seeded with ``args.seed``); ``None``: TRL's ``RepeatSampler``.
+    * ``dynamic_sampling`` (:class:`cpr.training.config_sections.DynamicSamplingConfig`, named in errors by
+      ``dynamic_sampling_field``): :class:`~cpr.training.dynamic_sampling.DynamicSampling` (``self.sampling``).
     * ``baseline``: ``"group"`` (TRL's group mean) or ``"greedy"`` (:mod:`cpr.training.greedy_baseline`).
-    * ``credit``: ``"completion"`` (TRL's advantages) or ``"step"``, step-level credit with weight
-      ``credit_weight`` (:mod:`cpr.credit`; its metrics ``credit/...`` go to the logs).
-    * ``guidance`` (:class:`cpr.training.config_sections.GuidanceConfig`; ``guidance_field`` names the setting in
-      errors): reference-guided GRPO (``self.guidance``, :class:`~cpr.training.guidance.Guidance`), which puts the
-      records' references or hints into training rounds; the reference completions' loss is added in
+    * ``credit``: ``"completion"`` (TRL's advantages) or ``"step"`` with weight ``credit_weight`` (:mod:`cpr.credit`).
+    * ``guidance`` (:class:`cpr.training.config_sections.GuidanceConfig`, named in errors by ``guidance_field``):
+      :class:`~cpr.training.guidance.Guidance` (``self.guidance``); the reference completions' loss is added in
       :meth:`compute_loss`.
-    * ``guards``: ``self.guard``, the :class:`~cpr.training.divergence.DivergenceGuard` of the section (``None``
-      when absent or disabled; events to ``guard_events_path``): it watches the reward functions,
-      ``training_step`` hands it each loss and ``log`` adds its counters (transformers' subclass hooks).
-
-    Its model card names the base model (:func:`cpr.trl_internals.name_base_model`).
+    * ``guards``: ``self.guard``, a :class:`~cpr.training.divergence.DivergenceGuard` (``None`` when disabled;
+      events to ``guard_events_path``).
 
     Raises:
         ConfigError: ``skip_step`` under DeepSpeed or fp16 loss scaling; what :func:`cpr.credit.check_credit` and

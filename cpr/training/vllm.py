@@ -1,16 +1,9 @@
 """vLLM generation settings in training (``training.use_vllm``).
 
-TRL's transformers generation suppresses the image placeholder token (``suppress_tokens``); its vLLM path
-does not (TRL issue 3847), and a placeholder sampled inside a completion breaks the next forward pass's
-image features. TRL passes ``GRPOConfig.generation_kwargs`` to vLLM's ``SamplingParams``, so the
-placeholders go into its ``bad_words`` there (banned outright).
-
-Image-size limits: the trainer's processor expands each image into the placeholder count of
-``model.min_pixels`` / ``model.max_pixels``, and vLLM processes the raw image again with the processor of
-the model it loads. TRL 1.16 builds its colocate engine from ``model.name_or_path`` alone (no
-``mm_processor_kwargs``, no GRPOConfig field for it), and a server loads what it was started with; so an
-image outside the model folder's own limits gives vLLM another placeholder count than the prompt's
-(:func:`check_vllm_pixels` refuses such a launch).
+TRL's vLLM path does not suppress the image placeholder tokens (TRL issue 3847), so they go into vLLM's
+``bad_words`` through ``GRPOConfig.generation_kwargs``. vLLM re-processes images with the loaded model's own
+processor (TRL 1.16 gives it no ``mm_processor_kwargs``), so :func:`check_vllm_pixels` refuses other pixel
+limits. docs/training.md, "vLLM generation".
 """
 
 from __future__ import annotations
@@ -50,9 +43,8 @@ def _limits(image_processor: Any, family: str) -> dict[str, Any]:
 def vllm_image_limits(model_path: str, min_pixels: int | None, max_pixels: int | None,
                       trust_remote_code: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(what vLLM uses, what the trainer uses)``: the image-size limits of the image processor saved with
-    ``model_path`` (vLLM loads it) and those of the same processor under
-    :func:`cpr.models.apply_pixel_limits` (Qwen2.5-VL: ``min_pixels`` / ``max_pixels``; InternVL:
-    ``min_patches`` / ``max_patches``).
+    ``model_path`` (vLLM loads it) and those of the same processor under :func:`cpr.models.apply_pixel_limits`
+    (Qwen2.5-VL: ``min_pixels`` / ``max_pixels``; InternVL: ``min_patches`` / ``max_patches``).
 
     Raises:
         ModelNotAvailableError: the model's processor is neither local nor downloadable.

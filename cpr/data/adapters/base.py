@@ -18,13 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cpr.data.records import OPTION_LETTERS, ImageRef, Record
-from cpr.data.validation import (
-    BAD_VALUE,
-    MALFORMED_JSON,
-    MISSING_FIELD,
-    MISSING_IMAGE,
-    RecordError,
-)
+from cpr.data.validation import BAD_VALUE, MALFORMED_JSON, MISSING_FIELD, MISSING_IMAGE, RecordError
 from cpr.errors import ConfigError, InputError
 from cpr.io import parse_jsonl_line
 

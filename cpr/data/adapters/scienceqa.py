@@ -1,9 +1,8 @@
 """ScienceQA (lupantech/ScienceQA): ``data/scienceqa/problems.json``, an object ``pid -> problem``.
 
-The answer index becomes its letter, ``hint`` the context, the sentences of ``solution`` the
-reference steps (fields: docs/data.md). Questions without an image are left out by default
-(CRYSTAL uses the image subset, ScienceQA-IMG); ``options={"text_only": "keep"}`` keeps them with
-``images=[]``.
+The answer index becomes its letter, ``hint`` the context, the sentences of ``solution`` the reference steps
+(fields: docs/data.md). Questions without an image are left out by default (CRYSTAL uses the image subset,
+ScienceQA-IMG); ``options={"text_only": "keep"}`` keeps them with ``images=[]``.
 """
 
 from __future__ import annotations

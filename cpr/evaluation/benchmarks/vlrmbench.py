@@ -172,8 +172,7 @@ def _numbers_from_value(value: Any) -> frozenset[int] | None:
 
 
 def _from_json(text: str) -> frozenset[int] | None:
-    """The numbers of the first JSON object with ``erroneous_steps`` or JSON list: the whole text, then the
-    span from the first ``{`` to the last ``}`` with trailing commas removed."""
+    """Step numbers of the first JSON object with ``erroneous_steps`` (or JSON list) in the text or its ``{..}``."""
     first, last = text.find("{"), text.rfind("}")
     spans = [text, _TRAILING_COMMA_RE.sub(lambda m: m.group(1) or "", text[first: last + 1])] if 0 <= first < last else [text]
     for span in spans:
