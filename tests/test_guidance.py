@@ -303,3 +303,44 @@ def test_a_training_round_scores_the_reference_with_the_reward_functions_and_tra
     assert trainer._metrics["train"]["guidance/ratio"] == [pytest.approx(float((p * mask).sum() / mask.sum()), rel=1e-4)]
     loss.backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.model.parameters())
+
+
+def test_under_vllm_trls_batch_leaves_the_reference_out_of_the_importance_sampling_correction(tmp_path, one_thread):
+    """TRL's round with a stand-in vLLM engine (token-level truncated correction): the sampled rows' ratio is TRL's
+    clamp(exp(old - sampling), max 2) of the engine's log-probabilities; the reference rows' sampling
+    log-probabilities are NaN and their ratio exactly 1."""
+    from conftest import tiny_model
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from cpr.models import load_model_and_processor
+    from cpr.training.trainer import CprGRPOTrainer
+
+    model, processor = load_model_and_processor(tiny_model("qwen2_5_vl"), device="cpu")
+    tok = processor.tokenizer
+    prompt = [{"role": "user", "content": [{"type": "text", "text": "Add 3 and 4."}]}]
+    data = Dataset.from_dict({"prompt": [prompt] * 4, "answer": ["7"] * 4, "reference_steps": [["3 + 4 = 7"]] * 4})
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_steps=1,
+                      max_completion_length=40, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
+                      beta=0.0, seed=0)
+    trainer = CprGRPOTrainer(model=model, reward_funcs=[lambda completions, **kw: [float(len(c[0]["content"]))
+                                                                                 for c in completions]],
+                             args=args, train_dataset=data, processing_class=processor,
+                             guidance=GuidanceConfig(mode="reference"))
+    sampled = tok("The answer is 7.", add_special_tokens=False).input_ids + [tok.eos_token_id]
+
+    class Engine:  # TRL's VLLMGeneration.generate: (prompt ids, completion ids, top-k log-probabilities, extra)
+        def generate(self, prompts, images, num_generations, profiler=None):
+            return prompts, [sampled] * len(prompts), [[[-0.5]] * len(sampled)] * len(prompts), None
+
+    trainer.use_vllm, trainer.vllm_generation, trainer._last_loaded_step = True, Engine(), trainer.state.global_step
+    trainer.vllm_importance_sampling_correction, trainer.vllm_importance_sampling_mode = True, "token_truncate"
+    trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max = None, 2.0
+    trainer.model.train()
+    batch, _ = trainer.generation_round([data[0]] * 4)
+    ratio, mask = batch["importance_sampling_ratio"], batch["completion_mask"].bool()
+    assert batch["guided"].tolist() == [False, False, False, True]
+    assert ratio[3][mask[3]].eq(1.0).all() and batch["sampling_per_token_logps"][3][mask[3]].isnan().all()
+    expected = torch.exp(batch["old_per_token_logps"][:3] + 0.5).clamp(max=2.0)
+    assert torch.allclose(ratio[:3][mask[:3]], expected[mask[:3]])
+    assert not torch.allclose(ratio[:3][mask[:3]], torch.ones_like(expected[mask[:3]]))
