@@ -344,3 +344,16 @@ def test_under_vllm_trls_batch_leaves_the_reference_out_of_the_importance_sampli
     expected = torch.exp(batch["old_per_token_logps"][:3] + 0.5).clamp(max=2.0)
     assert torch.allclose(ratio[:3][mask[:3]], expected[mask[:3]])
     assert not torch.allclose(ratio[:3][mask[:3]], torch.ones_like(expected[mask[:3]]))
+
+
+def test_reference_guidance_the_phase_cannot_run_is_refused_at_load():
+    from cpr.training.config import load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config("recipes/configs/demo.yaml", ["phase_settings.cpr.guidance.mode=reference",
+                                                  "phase_settings.cpr.guidance.members=8"])
+    assert e.value.field == "phase_settings.cpr.guidance.members"
+    with pytest.raises(ConfigError) as e:
+        load_config("recipes/configs/demo.yaml", ["phase_settings.cpr.guidance.mode=reference",
+                                                  "training.loss_type=sapo"])
+    assert e.value.field == "phase_settings.cpr.guidance.mode"

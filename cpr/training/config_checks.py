@@ -118,6 +118,7 @@ def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> Phase
     from cpr.advantages import check_baseline
     from cpr.credit import check_credit
     from cpr.rewards import get_reward_set
+    from cpr.training.guidance import check_guidance
 
     key, given = f"phase_settings.{name}", cfg.phase_settings.get(name)
     if given is not None and not isinstance(given, Mapping):
@@ -143,6 +144,9 @@ def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> Phase
                  dynamic_sampling=phase.dynamic_sampling.enabled, field=f"{key}.credit")
     check_baseline(phase.baseline, dynamic_sampling=phase.dynamic_sampling.enabled,
                    aggregation=args.get("multi_objective_aggregation", "sum_then_normalize"), field=f"{key}.baseline")
+    check_guidance(phase.guidance, num_generations=args.get("num_generations", 8),
+                   loss_type=args.get("loss_type", "dapo"), liger=bool(args.get("use_liger_kernel")),
+                   off_policy_mask_threshold=args.get("off_policy_mask_threshold"), field=f"{key}.guidance")
     schedule = phase.curriculum_config.schedule  # built once, here
     if schedule != "none" and not (args.get("max_steps") or 0) > 0:
         raise ConfigError(f"a {schedule!r} curriculum needs max_steps > 0 (the schedule is a fraction of training)",
