@@ -215,6 +215,7 @@ def _logged_steps(phase: Path) -> set[int]:
 
 DYNAMIC = {"dynamic_sampling": {"enabled": True, "max_resample": 2}}
 MASTERY = {**DYNAMIC, "curriculum": {"mastery_window": 2, "mastery_threshold": 0.3, "mastery_pass": 0.3}}
+REFERENCE = {"guidance": {"mode": "reference", "members": 1}}
 
 
 @pytest.mark.slow
@@ -230,9 +231,12 @@ MASTERY = {**DYNAMIC, "curriculum": {"mastery_window": 2, "mastery_threshold": 0
         # dynamic sampling: extra generation rounds of fresh prompts, then the same with the mastery curriculum
         ("staged", 16, 4, 2, 3, {}, None, DYNAMIC),
         ("mastery", 16, 4, 2, 3, {}, None, MASTERY),
+        # reference-guided GRPO, generation batches of 2 steps (1-2, 3-4, 5): checkpoint-3 falls inside the second,
+        # whose buffer holds the rows' `guided` marks, and step 5 generates after the resume
+        ("staged", 16, 5, 3, 4, {"steps_per_generation": 2, "save_steps": 3}, 3, REFERENCE),
     ],
     ids=["staged", "none_epoch_boundary", "inside_steps_per_generation", "inside_num_iterations",
-         "dynamic_sampling", "mastery"],
+         "dynamic_sampling", "mastery", "guidance_reference"],
 )
 @pytest.mark.slow
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path, schedule, limit, steps, ckpt, kill_at, training, generations,
@@ -281,8 +285,11 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, schedule, limit, ste
     assert resumed_rows == full_rows
     after = [r[1] for r in full_rows if r[0] >= ckpt]
     assert (after or training) and after == [r[1] for r in resumed_rows if r[0] >= ckpt]
-    # the trainer logs: same reward and loss at every step
-    by_step = lambda p: {r["step"]: (r.get("reward"), r["loss"]) for r in _rows(p / "log.jsonl") if "loss" in r}  # noqa: E731
+    # the trainer logs: same reward, loss and guidance metrics at every step
+    def by_step(root: Path) -> dict[int, tuple]:
+        return {r["step"]: (r.get("reward"), r["loss"], sorted((k, v) for k, v in r.items() if k.startswith("guidance/")))
+                for r in _rows(root / "log.jsonl") if "loss" in r}
+
     assert by_step(phase) == by_step(full / "cpr")
     assert sorted(by_step(phase)) == list(range(1, steps + 1))
     # the curriculum's own record of the order agrees
@@ -291,7 +298,13 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, schedule, limit, ste
         return saved["CurriculumStateCallback"]["attributes"]["curriculum_state"]["fingerprint"]
 
     assert fingerprint(phase) == fingerprint(full / "cpr")
-    if settings:
+    if settings and "guidance" in settings:
+        key = "guidance/reward" if settings["guidance"]["mode"] == "reference" else "guidance/hint_steps"
+        guided = {r["step"]: r[key] for r in _rows(full / "cpr" / "log.jsonl") if key in r}
+        # the references scored / the hints given in every generation round, the resumed ones too
+        assert sorted(guided) == list(range(1, steps + 1, training.get("steps_per_generation", 1)))
+        assert all(v > 0 for v in guided.values()), guided
+    elif settings:
         # the groups replaced and the extra rounds, counted over the resume too
         totals = json.loads((full / "summary.json").read_text())["phases"][0]["dynamic_sampling"]
         assert json.loads((killed / "summary.json").read_text())["phases"][0]["dynamic_sampling"] == totals
