@@ -130,6 +130,7 @@ def test_each_groups_reference_is_its_own_records_and_vllm_does_not_correct_it(t
     with t.guidance.guiding(ROWS):
         t.guidance.single_turn([[1]] * 8, None, {}, 4)
         out = t.guidance.mark(batch, rewards)
+        t.guidance.log_advantage(out)
     assert out["guided"].tolist() == [i in refs for i in range(8)]
     assert out["importance_sampling_ratio"][[3, 7]].eq(1.0).all() and out["importance_sampling_ratio"][[0, 1, 2, 4, 5, 6]].eq(0.7).all()
     assert ratio.eq(0.7).all()  # the round's own tensor is not written in place
@@ -157,7 +158,9 @@ def test_two_processes_mark_the_rows_and_log_what_one_process_does(trl_single_tu
             batch = {"completion_ids": torch.zeros(hi - lo, 3, dtype=torch.long), "advantages": advantages[lo:hi]}
             with t.guidance.guiding(ROWS[lo:hi]):
                 t.guidance.single_turn([[1]] * (hi - lo), None, {}, 4)
-                guided += t.guidance.mark(batch, rewards)["guided"].tolist()
+                marked = t.guidance.mark(batch, rewards)
+                t.guidance.log_advantage(marked)
+                guided += marked["guided"].tolist()
         return guided
 
     one = _Trainer()

@@ -106,6 +106,7 @@ def _processes(size: int, rows: dict, rewards: torch.Tensor, logps: torch.Tensor
                 guidance._hints = rows["hints"][part].tolist()
                 del batch["hints"]
             batch = guidance.mark(batch, rewards)
+            guidance.log_advantage(batch)
             term = rest = None
             if mode == "reference":
                 rest, guided, trained = split_guided(batch)

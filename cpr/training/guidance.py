@@ -10,9 +10,12 @@ the records' reference steps as off-policy guidance, for the steps the policy ne
   (TRL's mark of a token vLLM did not score) and its importance-sampling ratio 1 (:func:`exclude_from_correction`).
 * ``prefix`` (QuestA, arXiv 2507.13266; UFT, arXiv 2505.16984): every completion of a group starts from the first k
   reference steps (:func:`cpr.data.prompts.target_prefix`), k from :func:`hint_steps`; the hint is part of the
-  completion the reward functions score and is left out of the loss (TRL's ``tool_mask``).
+  completion the reward functions score and is left out of the loss (TRL's ``tool_mask``); the policy writes up to
+  ``max_completion_length`` tokens after it.
 
-Logged per step: ``guidance/reward`` and ``guidance/advantage`` (mean total reward and TRL advantage of the
+With ``beta`` above 0, TRL's KL term applies to the reference completions' tokens as to the others'.
+
+Logged per step: ``guidance/reward`` and ``guidance/advantage`` (mean total reward and trained advantage of the
 reference completions), ``guidance/reference_best`` (share of groups whose reference reward is at least every
 sampled completion's), ``guidance/ratio`` (the reference tokens' mean pi_theta(o_t)); with ``prefix``,
 ``guidance/hint_steps`` (mean k of a round's rows).
@@ -184,7 +187,7 @@ class Guidance:
     def mark(self, batch: dict[str, Any], rewards: torch.Tensor) -> dict[str, Any]:
         """A guided training round's ``batch`` (TRL's dict, this process's rows) and gathered ``rewards``
         ``(processes x rows, functions)``: ``reference`` adds ``guided`` ``(B,)`` (read by the trainer's
-        ``compute_loss``), sets their importance-sampling ratio to 1 and logs the ``guidance/`` metrics; ``prefix``
+        ``compute_loss``), sets their importance-sampling ratio to 1 and logs their reward metrics; ``prefix``
         masks the hints out of the loss (``tool_mask``) and recounts ``num_items_in_batch``."""
         t = self.trainer
         if self.config is None or not t.model.training:
@@ -203,17 +206,25 @@ class Guidance:
         batch["guided"] = guided
         exclude_from_correction(batch, guided)
         g = t.num_generations
-        totals = (rewards * t.reward_weights.to(rewards.device).unsqueeze(0)).nansum(dim=1).view(-1, g)
+        totals = (rewards * t.reward_weights.to(rewards.device).unsqueeze(0)).nansum(dim=1)
+        totals[rewards.isnan().all(dim=1)] = math.nan  # unscorable, as TRL counts it
+        totals = totals.view(-1, g)
         ref = torch.arange(g, device=totals.device) >= g - self.config.members
-        best = totals[:, ref].min(dim=1).values >= totals[:, ~ref].max(dim=1).values
-        advantages = batch["advantages"]
-        local = torch.stack([(advantages * guided).sum(), guided.sum()]).float()
-        adv_sum, count = t.accelerator.gather(local).view(-1, 2).sum(dim=0).tolist()
+        best = totals[:, ref].nan_to_num(-math.inf).min(dim=1).values >= totals[:, ~ref].nan_to_num(-math.inf).max(dim=1).values
         metrics = logged_metrics(t)
-        metrics["guidance/reward"].append(totals[:, ref].mean().item())
-        metrics["guidance/advantage"].append(adv_sum / max(count, 1.0))
+        metrics["guidance/reward"].append(totals[:, ref].nanmean().item())
         metrics["guidance/reference_best"].append(best.float().mean().item())
         return batch
+
+    def log_advantage(self, batch: dict[str, Any]) -> None:
+        """Log ``guidance/advantage``, the mean advantage of the ``guided`` rows of a training batch as trained (after
+        the greedy baseline, before step credit), over the processes."""
+        if "guided" not in batch:
+            return
+        guided, advantages = batch["guided"], batch["advantages"]
+        local = torch.stack([(advantages * guided).sum(), guided.sum()]).float()
+        adv_sum, count = self.trainer.accelerator.gather(local).view(-1, 2).sum(dim=0).tolist()
+        logged_metrics(self.trainer)["guidance/advantage"].append(adv_sum / max(count, 1.0))
 
     def loss_term(self, logps: torch.Tensor, inputs: dict[str, Any], advantages: torch.Tensor,
                   guided: torch.Tensor) -> torch.Tensor:

@@ -122,6 +122,7 @@ class CprGRPOTrainer(GRPOTrainer):
             if self.baseline == "greedy":  # no dynamic sampling with it: the batch is the first round's
                 advantages = greedy_baseline_advantages(self, inputs, rewards, self.baseline_reward_funcs)
                 batch["advantages"] = advantages.to(batch["advantages"])
+        self.guidance.log_advantage(batch)
         if self.credit == "step":
             batch["advantages"] = self.token_advantages(batch)
         return batch
