@@ -81,8 +81,7 @@ class PhaseSpec:
 
     @property
     def args(self) -> Any:
-        """The phase's ``trl.GRPOConfig`` (with ``use_vllm``, the placeholder ban in ``generation_kwargs``), built
-        once; wandb logs offline without a ``WANDB_API_KEY``.
+        """The phase's ``trl.GRPOConfig`` (``use_vllm``: placeholders banned; wandb offline without a key), built once.
 
         Raises:
             ConfigError: TRL's own consistency checks fail (field ``phase_settings.<phase>.training``).

@@ -242,9 +242,8 @@ def saved_activation_bytes(arch: Architecture, *, batch: int, tokens: int, score
 
 def generation_rows(arch: Architecture, *, sequences: int, prompt_tokens: int, completion_tokens: int, patches: int,
                     wb: int, gathered: bool) -> dict[str, int]:
-    """The ``gen:`` rows (bytes) of one ``generate`` call of ``sequences`` prompts (one image of ``patches`` vision
-    positions each): the gathered weights (``gathered``: ZeRO-3), the KV cache, the prefill's working set and the
-    logits (module docstring)."""
+    """The ``gen:`` rows (bytes, module docstring) of one ``generate`` call of ``sequences`` prompts, one image of
+    ``patches`` vision positions each (``gathered``: ZeRO-3's gathered weights)."""
     h, i, kv, q, g = arch.hidden, arch.intermediate, arch.kv_heads * arch.head_dim, arch.heads * arch.head_dim, sequences
     rows = {"gen: gathered weights": arch.total_params * wb if gathered else 0,
             "gen: KV cache": 2 * arch.layers * kv * wb * g * (prompt_tokens + completion_tokens)}
@@ -298,9 +297,8 @@ def estimate_memory(arch: Architecture, shape: PhaseShape, *, launcher: str, pro
 
 def estimate_evaluation_memory(arch: Architecture, *, sequences: int, prompt_tokens: int, completion_tokens: int,
                                patches: int, wb: int = 2) -> dict[str, int]:
-    """Peak bytes on one GPU of the final evaluation and checkpoint selection: every process loads the whole model
-    (ZeRO-3 off) with one fp32 LoRA adapter, no optimizer state, and generates ``sequences`` at once;
-    ``generation`` is the total."""
+    """Peak bytes on one GPU of the final evaluation and checkpoint selection (the whole model, one fp32 adapter,
+    ``sequences`` at once); ``generation`` is the total."""
     rows = {"weights (whole model)": arch.total_params * wb, "LoRA weights": 4 * arch.lora_params}
     gen = generation_rows(arch, sequences=sequences, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                           patches=patches, wb=wb, gathered=False)
@@ -421,9 +419,11 @@ def run_check(args: argparse.Namespace) -> int:
     Returns 0, or 1 when ``--gpu-memory`` is given and no shown launcher fits in it. Raises ``ConfigError`` (an invalid config for N processes, bad LoRA targets or option, a source refusing
     its options), ``InputError`` (an invalid record: missing image, bad field) and ``ModelNotAvailableError``
     (no ``config.json`` for the model)."""
+    from cpr.models import resolve_dtype
     from cpr.training import policy
     from cpr.training.build import build_phases
     from cpr.training.config import config_from_args
+    from cpr.training.curriculum import empty_buckets_message
 
     launchers, n = list(LAUNCHERS), args.num_processes
     if n is not None and n < 1:
@@ -440,14 +440,10 @@ def run_check(args: argparse.Namespace) -> int:
     folder = config_folder(cfg.model.name_or_path)
     phases = build_phases(cfg, str(folder))  # their GRPOConfigs are not built: no process state, no processor
     if splits is not None:
-        from cpr.training.curriculum import empty_buckets_message
-
         for name, spec in phases.items():
             if empty := empty_buckets_message(spec.curriculum, splits.train.column("difficulty"), name):
                 data_lines.append(f"warning: {empty}")
     arch, config = load_architecture(folder, policy.lora_config(cfg, str(folder)), include_vision=cfg.lora.include_vision)
-    from cpr.models import resolve_dtype
-
     wb = 2 if cfg.model.dtype == "auto" else resolve_dtype(cfg.model.dtype, "cuda").itemsize  # auto: bf16 on GPUs
     image = _image_sizes(arch, config, folder, cfg)
     shapes = _phase_shapes(cfg, phases, n, image, args.prompt_tokens)

@@ -152,9 +152,8 @@ def adapter_folder(path: Path, *, field: str = "init_adapter") -> Path:
 
 
 def prepare_resume(phase_dir: Path, resume: bool, state: Any) -> Path | None:
-    """The checkpoint a resumed phase continues from (:func:`last_checkpoint`; ``None`` without ``resume`` or one).
-    The main process cuts the phase's logs back to its step and renames later checkpoints
-    ``abandoned-checkpoint-N-<time>``, so the resumed run never mixes with the lost interval."""
+    """The checkpoint a resumed phase continues from (:func:`last_checkpoint`; ``None`` without ``resume`` or one),
+    the phase's logs cut back to its step and later checkpoints renamed ``abandoned-checkpoint-N-<time>``."""
     if not resume:
         return None
     from cpr.training.logs import rollback_logs

@@ -165,8 +165,7 @@ def _rekey(key: str, check: Any, *args: Any) -> None:
 
 
 def warm_start_settings(cfg: ExperimentConfig) -> Any:
-    """The :class:`~cpr.training.sft.SFTSettings` of an experiment's warm start (a log line every 1/20 of the steps,
-    a checkpoint every ``save_steps``, default a quarter of ``max_steps``), built and checked once (by
+    """The :class:`~cpr.training.sft.SFTSettings` of an experiment's warm start, built and checked once (by
     :func:`~cpr.training.config.load_config`). Raises ``ConfigError`` (field ``warm_start.<key>``)."""
     from cpr.training.sft import SFTSettings
 

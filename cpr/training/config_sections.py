@@ -105,8 +105,7 @@ class WarmStartConfig(_Section):
 
 class DynamicSamplingConfig(_Section):
     """Dynamic sampling of a GRPO phase (DAPO, arXiv 2503.14476, section 3.2; :mod:`cpr.training.dynamic_sampling`):
-    groups whose rewards are all equal are replaced by groups of fresh prompts, from up to ``max_resample``
-    extra generation rounds of a whole generation batch each."""
+    zero-variance groups replaced from up to ``max_resample`` extra generation rounds."""
 
     enabled: bool = False
     max_resample: int = Field(default=1, ge=0)
@@ -148,9 +147,8 @@ class PhaseConfig(_Section):
 
     @property
     def curriculum_config(self) -> Any:
-        """``curriculum`` as a :class:`cpr.training.curriculum.CurriculumConfig`, built once (by
-        :func:`~cpr.training.config.load_config`, which so checks it: ``ConfigError`` naming
-        ``phase_settings.<name>.curriculum.<key>``)."""
+        """``curriculum`` as a :class:`cpr.training.curriculum.CurriculumConfig`, built once (by ``load_config``,
+        which so checks it: ``ConfigError`` naming ``phase_settings.<name>.curriculum.<key>``)."""
         if self._curriculum is None:
             from cpr.training.curriculum import CurriculumConfig
 

@@ -4,8 +4,7 @@
 it from ``_get_train_sampler`` (:func:`cpr.trl_internals.train_sampler_hook`, the hook TRL's maintainers point to
 for custom sampling, huggingface/trl#2801). Epoch ``e`` yields generation batches ``[e * B, (e + 1) * B)``
 (``B = num_rows // batch_size``) of one global sequence, so a run longer than an epoch continues the curriculum.
-accelerate's ``skip_first_batches`` wrapper does not forward ``set_epoch``, so :class:`CurriculumStateCallback`
-sets it.
+:class:`CurriculumStateCallback` sets the epoch (accelerate's ``skip_first_batches`` does not forward it).
 """
 
 from __future__ import annotations
@@ -39,16 +38,14 @@ class CurriculumConfig:
     """Schedule of the CPR-Curriculum (docs/method.md section 6); fields documented in ``metadata["help"]``."""
 
     schedule: str = field(default="staged", metadata={"help": (
-        "How the prompt mix moves from easy to hard: 'staged' (bucket sets unlocked at fixed fractions of "
-        "training), 'linear' (per-bucket sampling weights interpolated from linear_start to linear_end over "
-        "training), 'mastery' (the next bucket opens when the online pass rate of the hardest open one reaches "
-        "mastery_threshold; prompts weighted by p (1 - p)) or 'none' (TRL's seeded permutation, no curriculum).")})
+        "How the prompt mix moves from easy to hard: 'staged' (bucket sets unlocked at stage_fractions of "
+        "training), 'linear' (per-bucket weights from linear_start to linear_end), 'mastery' (buckets opened by "
+        "the online pass rate; prompts weighted by p (1 - p)) or 'none' (TRL's seeded permutation).")})
     buckets: tuple[str, ...] = field(default=("easy", "medium", "hard"), metadata={"help": (
         "Difficulty bucket names, easiest first; every value of the dataset's 'difficulty' column must be one.")})
     stage_fractions: tuple[float, ...] = field(default=(0.3, 0.6), metadata={"help": (
-        "staged: fractions of training at which the next bucket is added (strictly increasing, each in (0, 1], "
-        "one fewer than buckets). The default trains on easy only for the first 30% of generation batches, "
-        "easy+medium until 60%, then on all prompts, each stage in the data's own proportions.")})
+        "staged: fractions of training (generation batches) at which the next bucket is added (strictly "
+        "increasing, each in (0, 1], one fewer than buckets), each stage in the data's own proportions.")})
     linear_start: tuple[float, ...] = field(default=(1.0, 0.0, 0.0), metadata={"help": (
         "linear: per-bucket sampling weights at the start (one per bucket, non-negative, normalised to sum 1).")})
     linear_end: str | tuple[float, ...] = field(default="data", metadata={"help": (
@@ -62,8 +59,7 @@ class CurriculumConfig:
         "a bucket needs this many before the next one can open.")})
     mastery_floor: float = field(default=0.05, metadata={"help": (
         "mastery: a prompt's sampling weight within the open buckets is max(p (1 - p), floor), p its last "
-        "group's pass rate (0.5 before it was seen), so that mastered and hopeless prompts still come back; "
-        "in (0, 0.25].")})
+        "group's pass rate (0.5 unseen), so that mastered and hopeless prompts still come back; in (0, 0.25].")})
     mastery_reward: str | None = field(default=None, metadata={"help": (
         "mastery: the reward function whose value decides whether a completion passes (null: the phase's last "
         "reward function, accuracy in answer_only and cpr in cpr).")})
@@ -214,11 +210,9 @@ class CurriculumSampler(Sampler[int]):
     ``fresh_rounds``: dynamic sampling's ``max_resample``; ``mastery`` batch ``b`` uses the observations of
     batches ``<= b - observation_lag``.
 
-    The order is a pure function of the arguments, the same on every rank. ``none`` yields what
-    ``RepeatSampler(shuffle=True, seed=seed)`` does. ``staged`` / ``linear`` split each batch's slots among
-    buckets by smooth weighted round-robin on :meth:`bucket_mix`, each bucket handing out a seeded permutation
-    of its prompts; empty buckets fall back to non-empty ones with a warning. ``mastery`` and the fresh prompts
-    of dynamic sampling: docs/method.md section 6.
+    The order is a pure function of the arguments, the same on every rank (``none``: as
+    ``RepeatSampler(shuffle=True, seed=seed)``). ``staged`` / ``linear`` split each batch's slots among buckets by
+    smooth weighted round-robin on :meth:`bucket_mix`; ``mastery``: docs/method.md section 6.
 
     Raises:
         InputError: a difficulty that is not a bucket name (names the value, row and id).

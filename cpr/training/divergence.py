@@ -29,9 +29,8 @@ _SEVERITY = {"warn": 0, "skip_step": 1, "stop": 2}
 
 
 class TrainingDivergedError(CprError):
-    """A guard with action ``stop`` ended a phase: ``event`` (a :class:`GuardEvent` dict), ``checkpoint`` (the
-    folder marked ``diverged.json``, or ``None``), ``summary`` (status ``"diverged"``); ``exit_code`` 3 (other
-    :class:`~cpr.errors.CprError`: 2), so a scheduler tells a diverged run (a result) from a failed one."""
+    """A guard with action ``stop`` ended a phase (``event`` a :class:`GuardEvent` dict, ``checkpoint`` the folder
+    marked ``diverged.json`` or ``None``); ``exit_code`` 3, so a scheduler tells a diverged run from a failed one."""
 
     exit_code = 3
 
@@ -84,11 +83,9 @@ class _WatchedReward:
 
 class DivergenceGuard(CheckpointState):
     """Checks each optimizer step for ``nan`` (a NaN / Inf reward, micro-step loss or gradient norm on any
-    process), ``kl``, ``zero_std`` and ``reward_hacking`` (TRL's metrics past their limits for consecutive
-    steps) and acts. With ``baseline`` ``greedy``, ``zero_std`` reads :data:`ZERO_SIGNAL_METRIC`, not TRL's
-    ``frac_reward_zero_std``. ``counts``: per condition, ``{"steps": steps where it held, "skipped": updates it
-    dropped}``; ``stopped``: the :class:`GuardEvent` that stopped training, or ``None``.
-    """
+    process), ``kl``, ``zero_std`` (with ``baseline`` ``greedy``: :data:`ZERO_SIGNAL_METRIC`) and
+    ``reward_hacking`` and acts. ``counts``: per condition, ``{"steps": steps where it held, "skipped": updates
+    it dropped}``; ``stopped``: the :class:`GuardEvent` that stopped training, or ``None``."""
 
     def __init__(self, config: GuardsConfig, *, events_path: str | Path | None = None, baseline: str = "group") -> None:
         self.config = config

@@ -87,9 +87,8 @@ def _pad(t: torch.Tensor, width: int, value: float | int, left: bool) -> torch.T
 
 
 def assemble(rounds: Sequence[dict[str, Any]], picks: Sequence[tuple[int, int]], pad_token_id: int) -> dict[str, Any]:
-    """The generation batch of ``picks`` (per local row: ``(round, local row)``) from the rounds' outputs of
-    ``_generate_and_score_completions``, row tensors padded to the widest round, without ``num_items_in_batch``.
-    Raises :class:`CprError` for a value it cannot split by row."""
+    """The generation batch of ``picks`` (per local row: ``(round, local row)``) from the rounds' outputs, padded to
+    the widest round, without ``num_items_in_batch``; :class:`CprError` for a value it cannot split by row."""
     split = [rows_of(r) for r in rounds]
     n = len(picks)
     out: dict[str, Any] = {}
@@ -185,9 +184,8 @@ class DynamicSampling(CheckpointState):
         pass rate; with dynamic sampling, replaces zero-variance groups by those of extra rounds (:func:`refill`).
 
         Raises:
-            CprError: the generation batch's prompts are not the sampler's (ids differ), the processes' samplers
-                drew different prompts (checked each generation round), or a fresh prompt's dataset row has
-                other columns than the batch's.
+            CprError: the batch's prompts are not the sampler's, the processes' samplers drew different prompts,
+                or a fresh prompt's dataset row has other columns than the batch's.
         """
         t, ds = self.trainer, self.config
         sampler = t.curriculum_sampler

@@ -47,9 +47,8 @@ def summary_entries(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
 
 
 def benchmark_records(cfg: ExperimentConfig, splits: DataSplits, split: str) -> list[tuple[str, list, int | None]]:
-    """``(benchmark, records, limit)`` the final evaluation scores on ``split``: on ``test`` each benchmark
-    of ``evaluation.benchmarks`` on its own ``data`` or the test split (``crystal`` when none is listed),
-    on ``validation`` ``crystal``. Benchmarks without records are left out. ``limit`` caps only the hook.
+    """``(benchmark, records, limit)`` the final evaluation scores on ``split`` (``test``: each benchmark on its own
+    ``data`` or the test split; ``validation``: ``crystal``), without records-less ones; ``limit`` caps only the hook.
 
     Raises:
         ConfigError: an unknown split.
@@ -82,9 +81,8 @@ def on_crystal_test(cfg: ExperimentConfig, benchmark: str, split: str) -> bool:
 
 
 def hook_benchmarks(cfg: ExperimentConfig, splits: DataSplits) -> list[tuple[str, list, int | None]]:
-    """``(benchmark, records, limit)`` the eval hook scores: each benchmark of ``evaluation.benchmarks``
-    without its own ``data`` (a test set, left to the final evaluation; ``crystal`` when none is listed)
-    on the validation split, capped at its ``limit``; ``[]`` without validation records."""
+    """``(benchmark, records, limit)`` the eval hook scores: each benchmark without its own ``data`` (a test set) on
+    the validation split (``crystal`` when none is listed); ``[]`` without validation records."""
     from cpr.training.config_sections import EvalBenchmarkConfig
 
     listed = [b for b in cfg.evaluation.benchmarks if not b.data] if cfg.evaluation.benchmarks else [EvalBenchmarkConfig()]
@@ -138,8 +136,7 @@ def eval_settings(cfg: ExperimentConfig, *, self_contained: bool = False) -> dic
 
 
 def read_eval_settings(model_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
-    """``(file, settings)`` of the :data:`EVAL_SETTINGS_FILE` in a model folder (``cpr export``'s; its
-    ``settings``, :func:`eval_settings`), or ``None`` when the folder holds none.
+    """``(file, settings)`` of the :data:`EVAL_SETTINGS_FILE` in a model folder, or ``None`` when it holds none.
 
     Raises:
         InputError: the file is not valid JSON or its ``settings`` is not an object (file and field named).
@@ -197,9 +194,8 @@ def score_adapters(
     whole model (ZeRO-3 off), so that ``score`` can shard the generation.
 
     Raises:
-        ConfigError: an adapter trained on another base model (:func:`cpr.training.policy.check_base`,
-            ``field`` named), checked before the model loads.
-        TrainingOutOfMemoryError: out of memory (:mod:`cpr.training.oom`).
+        ConfigError: an adapter trained on another base model (``field`` named), before the model loads.
+        TrainingOutOfMemoryError: out of memory.
     """
     from peft import PeftModel
 
@@ -233,10 +229,8 @@ def final_evaluation(
     echo: bool = False,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Score ``cfg``'s model with the LoRA adapter ``adapter`` (or none) on each split of ``on`` (default
-    ``evaluation.final_splits``), every record (:func:`benchmark_records`), loading the model once, into
-    :func:`final_eval_dir` ``(run_dir, split)``: ``<benchmark>/`` (resumed) and ``metrics.md`` (printed with
-    ``echo``). ``skip_empty`` leaves out a split without records. Every process generates its share; the main
-    process scores, writes and returns ``{split: {benchmark: overall summary}}`` (the others ``{}`` a split).
+    ``evaluation.final_splits``) into :func:`final_eval_dir` (``<benchmark>/``, resumed, and ``metrics.md``). Every
+    process generates its share; the main one returns ``{split: {benchmark: overall summary}}`` (others ``{}``).
 
     Raises:
         ConfigError: an unknown split, a split without records, an adapter folder without

@@ -1,10 +1,7 @@
-"""Run an experiment, step by step: :func:`open_run`, :func:`load_data`, :func:`warm_start`, per phase
-:func:`train_phase`, :func:`select_best` and :func:`hand_over` (a resumed run skips the phases it finished:
-:func:`finished_phase`), :func:`final_evaluation` and :func:`close`. :func:`run_experiment` (``cpr train``, the
-ablation sweep) and ``recipes/cpr_curriculum.py`` call them in that order.
-
-A phase starts from its ``init_adapter``, else the adapter the previous phase handed on, else the warm start's,
-else a new one. The run folder, its lock, ``--resume`` and Ctrl-C: docs/training.md, "The run folder".
+"""Run an experiment, step by step, as :func:`run_experiment` (``cpr train``, the ablation sweep) and
+``recipes/cpr_curriculum.py`` do. A phase starts from its ``init_adapter``, else the adapter the previous phase
+handed on, else the warm start's, else a new one. The run folder, ``--resume`` and Ctrl-C: docs/training.md, "The
+run folder" and "Divergence guards, resume and failures".
 """
 
 from __future__ import annotations
@@ -44,7 +41,7 @@ def run_experiment(
         ConfigError / InputError: invalid config or data (before any model loads), or a refused ``output_dir``.
         ModelNotAvailableError: the model or encoder is neither local nor downloadable.
         TrainingDivergedError / TrainingOutOfMemoryError: a guard stopped a phase / out of memory.
-        DiskFullError: no space left in ``output_dir`` (:mod:`cpr.training.diskspace`).
+        DiskFullError: no space left in ``output_dir``.
     """
     from cpr.training.build import build_phases
 
@@ -103,7 +100,7 @@ def open_run(cfg: ExperimentConfig, phases: Mapping[str, Any], *, resume: bool =
     Raises:
         ConfigError: a refused ``output_dir`` or resumed config (before anything of a previous run is touched).
         RunInterrupted: Ctrl-C inside.
-        DiskFullError: a failure inside that a full disk caused (:func:`cpr.training.diskspace.disk_full_error`).
+        DiskFullError: a failure inside that a full disk caused.
     """
     from cpr.io import unlock_file
     from cpr.training.diskspace import disk_full_error
@@ -172,8 +169,7 @@ def lock_run_folder(out: Path) -> Any:
     (:func:`cpr.io.lock_file`, held until :func:`cpr.io.unlock_file`) naming the holder.
 
     Raises:
-        ConfigError: another run holds ``out`` (two ``--resume`` of one run at once, say); ``out`` is a file; or
-            it cannot be created or written (a read-only filesystem).
+        ConfigError: another run holds ``out``; ``out`` is a file; or it cannot be created or written.
     """
     import os
     import socket
@@ -255,9 +251,8 @@ def finished_phase(run: Run, spec: Any) -> Path | None:
 
 
 def train_phase(run: Run, spec: Any, handover: Path | None, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
-    """Train phase ``spec`` (:func:`cpr.training.phase.train_phase`) from its ``init_adapter``, else the adapter
-    ``handover`` (``None``: a new one); its result goes into the summary and is returned. Raises
-    ``TrainingDivergedError`` when a guard stopped it (``summary.json``: status ``diverged``)."""
+    """Train phase ``spec`` from its ``init_adapter``, else ``handover`` (``None``: a new one); its result goes into
+    the summary and is returned. Raises ``TrainingDivergedError`` (status ``diverged``) when a guard stopped it."""
     from cpr.training import phase
     from cpr.training.divergence import TrainingDivergedError
 
@@ -354,9 +349,8 @@ def _record_failure(run: Run, e: BaseException) -> None:
 
 
 def resume_command(num_processes: int = 1, argv: Sequence[str] | None = None) -> str:
-    """The command line that continues this process's run: ``argv`` (default ``sys.argv``; a ``.py`` script as
-    ``python <script>``, a console script by its name) without ``--overwrite``, with ``--resume``; a distributed
-    run (``num_processes`` > 1) is started again by its launcher."""
+    """The command line that continues this process's run: ``argv`` (default ``sys.argv``) without ``--overwrite``,
+    with ``--resume``; a distributed run (``num_processes`` > 1) is started again by its launcher."""
     import shlex
 
     argv = list(sys.argv if argv is None else argv)
@@ -425,8 +419,7 @@ def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) ->
 
     Raises:
         ConfigError: ``out`` holds a run and ``overwrite`` is not set; ``overwrite`` would delete the working
-            directory or a folder above it; or ``resume`` and ``out`` holds no run (a mistyped folder would
-            otherwise train from scratch).
+            directory or a folder above it; or ``resume`` and ``out`` holds no run.
     """
     from accelerate.utils import broadcast_object_list
 
@@ -476,10 +469,8 @@ def delete_previous_run(out: Path, state: Any) -> None:
 
 def check_before_training(cfg: ExperimentConfig, state: Any, phases: Mapping[str, Any] | None = None
                           ) -> tuple[Any, Any, str]:
-    """``(splits, templates, model_path)``, once everything that can be checked before training passed: the model
-    and step encoder can be had (:func:`cpr.training.preflight.preflight`, which loads the encoder), the data and
-    templates load, each ``init_adapter`` was trained on the model and each phase of ``phases`` (none for the SFT
-    baseline) builds its ``GRPOConfig``.
+    """``(splits, templates, model_path)``, once everything that can be checked before training passed (the
+    encoder is loaded; ``phases``: none for the SFT baseline).
 
     Raises:
         ConfigError: a phase's ``GRPOConfig`` or an ``init_adapter`` of another base.

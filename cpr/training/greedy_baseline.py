@@ -68,9 +68,8 @@ GREEDY_SAMPLING: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "top_k": 0,
 
 
 def greedy_completions(trainer: Any, rows: list[dict[str, Any]]) -> list[str]:
-    """The current policy's greedy completion of each row's prompt, with ``trainer``'s length and repetition
-    penalty (every process calls this once a round): in the phase's vLLM engine with ``use_vllm``, else
-    transformers' ``generate`` with the ZeRO-3 parameters gathered (``synced_gpus`` over processes)."""
+    """The current policy's greedy completion of each row's prompt (every process calls this once a round): in the
+    phase's vLLM engine with ``use_vllm``, else transformers' ``generate`` with the ZeRO-3 parameters gathered."""
     from trl.models.utils import unwrap_model_for_generation
 
     from cpr.evaluation.generation import TransformersGenerator

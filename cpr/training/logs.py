@@ -29,8 +29,7 @@ class _StderrHandler(logging.StreamHandler):
 
 def open_run_log(folder: str | Path, name: str = "run.log", *, write: bool = True) -> logging.Handler | None:
     """Send the ``cpr`` loggers' INFO records to standard error and, with ``write``, to ``<folder>/<name>`` with
-    :data:`FILE_ONLY_LOGGERS`; return the file handler. Without ``write`` (the other processes of a distributed
-    run) only warnings and errors are logged, as transformers does."""
+    :data:`FILE_ONLY_LOGGERS`; return the file handler. Without ``write`` only warnings and errors are logged."""
     root = logging.getLogger("cpr")
     root.setLevel(logging.INFO if write else logging.WARNING)
     if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in root.handlers):
@@ -143,9 +142,8 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
 
 
 def rollback_logs(phase_dir: str | Path, step: int) -> dict[str, tuple[int, int]]:
-    """Drop the rows a killed run wrote to a phase's JSON lines logs after the checkpoint at optimizer step ``step``
-    (rows without a numeric ``step`` stay), so they equal an uninterrupted run's. Returns ``{file: (kept,
-    dropped)}``; raises ``InputError`` for a malformed line other than the last."""
+    """Drop the rows a killed run wrote to a phase's JSON lines logs after optimizer step ``step``; returns
+    ``{file: (kept, dropped)}``, raises ``InputError`` for a malformed line other than the last."""
 
     def keep(row: Any) -> bool:
         s = row.get("step") if isinstance(row, dict) else None

@@ -80,9 +80,8 @@ def device_memory(device: Any) -> str:
 
 
 def free_vllm_engine(trainer: Any) -> bool:
-    """Release what a finished phase's TRL trainer holds in vLLM, so that the next phase's trainer can start its
-    own: colocate, the engine (shut down, dropped, its GPU memory freed); server, the weight-sync communicator
-    (which TRL closes only at exit). ``False`` when it holds nothing."""
+    """Release the vLLM engine (colocate) or weight-sync communicator (server, which TRL closes only at exit) of a
+    finished phase's trainer, so that the next phase's can start its own; ``False`` when it holds nothing."""
     generation = getattr(trainer, "vllm_generation", None)
     released = False
     client = getattr(generation, "vllm_client", None)

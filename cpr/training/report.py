@@ -62,15 +62,12 @@ def compare_stages(cfg: ExperimentConfig, splits: Any, summary: Mapping[str, Any
 
 def chance_accuracy(records: Sequence[Record]) -> float:
     """Expected accuracy (percent) of a uniform guess among the options; a free-form record counts 0."""
-    if not records:
-        return 0.0
-    return 100.0 * sum(1 / len(r.options) for r in records if r.options) / len(records)
+    return 100.0 * sum(1 / len(r.options) for r in records if r.options) / len(records) if records else 0.0
 
 
 def bucket_mix(phase_dir: str | Path, difficulty: Mapping[str, str], steps: int, parts: int = 3) -> list[dict[str, float]]:
-    """Share (percent) of each difficulty bucket among the prompts a phase trained on (the first reward function's
-    rows of ``scored_completions.jsonl``), in ``parts`` equal spans of its ``steps`` (empty spans left out).
-    Raises ``ConfigError`` for a scored completion of a record not in ``difficulty``."""
+    """Share (percent) of each difficulty bucket among the prompts a phase trained on, in ``parts`` equal spans of
+    its ``steps``; ``ConfigError`` for a scored completion of a record not in ``difficulty``."""
     rows = read_log(Path(phase_dir) / "scored_completions.jsonl")
     if not rows or steps < 1:
         return []

@@ -28,9 +28,8 @@ LAST_STEP_ADAPTER = "last_step_adapter"
 def select_best(
     cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, templates: Any, model_path: str
 ) -> dict[str, Any]:
-    """Score every complete checkpoint of the phase and its final adapter with ``crystal`` on the validation
-    split (greedy, training prompt, ``rewards.answer_mode``) and pick the highest ``phase.select_metric``,
-    ties to the later step. Every process generates its share; the main process scores and writes.
+    """Score every complete checkpoint of the phase and its final adapter with ``crystal`` on the validation split
+    (greedy, training prompt) and pick the highest ``phase.select_metric``, ties to the later step.
 
     Returns:
         The contents of ``<phase>/selection.json``: ``{"metric", "answer_mode", "n_validation", "picked",

@@ -63,9 +63,8 @@ class SFTSettings:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self, prefix: str = "sft") -> None:
-        """Check every value; ``ConfigError`` with ``field=f"{prefix}.<key>"`` otherwise. ``extra`` must
-        name ``trl.SFTConfig`` fields other than this class's, ``output_dir``, ``warmup_steps`` and
-        ``activation_checkpointing``."""
+        """Check every value (``extra``: other ``trl.SFTConfig`` fields than those run_sft sets); ``ConfigError``
+        with ``field=f"{prefix}.<key>"`` otherwise."""
         from transformers.trainer_utils import SchedulerType
         from trl import SFTConfig
 
@@ -115,8 +114,7 @@ def _is_number(value: Any) -> bool:
 
 
 def to_sft_dataset(records: Sequence[Record], templates: PromptTemplates) -> datasets.Dataset:
-    """Records -> TRL's conversational prompt-completion dataset (memory-mapped): ``prompt`` (the GRPO training
-    prompt), ``completion`` (one assistant message, :func:`cpr.data.render_target`), ``images`` and ``id``.
+    """Records -> TRL's conversational prompt-completion dataset (``prompt``, ``completion``, ``images``, ``id``).
     Raises ``InputError`` (``field="answer"``, the id named) for a record without an answer."""
     from datasets import Json, List, Value
 
@@ -223,10 +221,8 @@ def run_sft(
     settings: SFTSettings, output_dir: str | Path, *, peft_config: peft.PeftConfig | None = None,
     callbacks: Sequence[TrainerCallback] = (), prefix: str = "sft", resume_from_checkpoint: str | Path | None = None,
 ) -> Path:
-    """Train a LoRA adapter on ``records`` with ``trl.SFTTrainer`` and return ``output_dir / "adapter"`` (the model
-    left in eval mode). ``model`` is a vision-language model with ``peft_config`` or a ``peft.PeftModel`` with a
-    trainable adapter; ``output_dir`` also receives checkpoints (each marked complete) and ``trainer_state.json``;
-    ``prefix``: the config section of the settings, in error fields.
+    """Train a LoRA adapter on ``records`` with ``trl.SFTTrainer`` (``model`` with ``peft_config``, or a
+    ``peft.PeftModel`` with a trainable adapter) and return ``output_dir / "adapter"`` (the model left in eval mode).
 
     Raises:
         ConfigError: invalid settings (fields ``<prefix>.<key>``); neither ``peft_config`` nor a

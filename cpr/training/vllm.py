@@ -55,8 +55,8 @@ def vllm_image_limits(model_path: str, min_pixels: int | None, max_pixels: int |
 
 
 def check_vllm_pixels(cfg: Any, modes: set[str]) -> None:
-    """Refuse ``training.use_vllm`` when vLLM would process images with other limits than the trainer (TRL 1.16
-    gives it no ``mm_processor_kwargs``); ``modes``: the ``vllm_mode`` of each phase with ``use_vllm``.
+    """Refuse ``training.use_vllm`` (``modes``: each phase's ``vllm_mode``) when vLLM would process images with
+    other limits than the trainer (TRL 1.16 gives it no ``mm_processor_kwargs``).
 
     Raises:
         ConfigError: one line saying what vLLM would use, what the config asks for, and how to give vLLM the same.

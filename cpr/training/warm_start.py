@@ -71,8 +71,7 @@ def teacher_records(records: Sequence[Record], step_keep: float, seed: int) -> l
     (``warm_start.step_keep``): a model trained on them states some of the facts and leaves the others out, as
     the CRYSTAL paper's base models do (arXiv 2603.13099, Table 4: Qwen2.5-VL-3B step precision 0.898, recall
     0.347; CPR-Curriculum raises the recall to 0.493), and only a reward on the steps (Match F1, CPR) pays for
-    the ones it leaves out. Each record keeps at least one step, in order, the answer unchanged; the draw is fixed
-    by ``(seed, record id)``. Rewards and evaluation always use the full reference."""
+    the ones it leaves out. Each record keeps at least one step, in order, drawn by ``(seed, record id)``."""
     if step_keep >= 1.0:
         return list(records)
     out = []
@@ -91,9 +90,8 @@ def teacher_records(records: Sequence[Record], step_keep: float, seed: int) -> l
 
 def run_warm_start(cfg: ExperimentConfig, splits: DataSplits | None, out_dir: str | Path, *, templates: Any = None,
                    model_path: str | None = None, resume: bool = False) -> Path:
-    """Run ``cfg``'s warm start (on a seeded subset of ``warm_start.max_records`` training records) into
-    ``out_dir`` and return ``<out_dir>/adapter``; with ``resume``, a finished adapter is reused, else training
-    continues from the last complete checkpoint. Raises ``ConfigError`` or ``TrainingOutOfMemoryError``."""
+    """Run ``cfg``'s warm start into ``out_dir`` and return ``<out_dir>/adapter`` (``resume``: a finished adapter
+    reused, else from the last complete checkpoint). Raises ``ConfigError`` or ``TrainingOutOfMemoryError``."""
     from cpr.data import load_templates
     from cpr.distributed import process_state
     from cpr.evaluation import subset
