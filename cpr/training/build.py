@@ -81,7 +81,7 @@ class PhaseSpec:
 
     @property
     def args(self) -> Any:
-        """The phase's ``trl.GRPOConfig`` (``use_vllm``: placeholders banned; wandb offline without a key), built once.
+        """The phase's ``trl.GRPOConfig``, built once (``use_vllm``: placeholders banned; no wandb key: offline).
 
         Raises:
             ConfigError: TRL's own consistency checks fail (field ``phase_settings.<phase>.training``).

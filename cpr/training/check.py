@@ -174,7 +174,7 @@ class PhaseShape:
     patches: int  # vision-encoder positions per image
     completion_tokens: int
     checkpointing: bool
-    #: other generations than TRL's training rounds (the greedy baseline's, the eval hook's), as in :attr:`generations`
+    #: the greedy baseline's and the eval hook's generations, as in :attr:`generations`
     extra_generations: tuple[tuple[str, int, int], ...] = ()
 
     @property
@@ -244,7 +244,8 @@ def generation_rows(arch: Architecture, *, sequences: int, prompt_tokens: int, c
                     wb: int, gathered: bool) -> dict[str, int]:
     """The ``gen:`` rows (bytes, module docstring) of one ``generate`` call of ``sequences`` prompts, one image of
     ``patches`` vision positions each (``gathered``: ZeRO-3's gathered weights)."""
-    h, i, kv, q, g = arch.hidden, arch.intermediate, arch.kv_heads * arch.head_dim, arch.heads * arch.head_dim, sequences
+    h, i, kv, q = arch.hidden, arch.intermediate, arch.kv_heads * arch.head_dim, arch.heads * arch.head_dim
+    g = sequences
     rows = {"gen: gathered weights": arch.total_params * wb if gathered else 0,
             "gen: KV cache": 2 * arch.layers * kv * wb * g * (prompt_tokens + completion_tokens)}
     hv, iv, mlp_v = arch.vision_hidden, arch.vision_intermediate, 3 if arch.vision_gated else 2

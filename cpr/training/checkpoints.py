@@ -220,10 +220,9 @@ class CheckpointState(TrainerCallback, ExportableState):
 
 
 class CheckpointCallback(CheckpointState):
-    """Completes each checkpoint of a ``GRPOTrainer`` (add it after every other callback that writes into them):
-    TRL's micro-step counter ``_step`` and, inside a generation batch, each process's buffered batch
-    (:data:`GENERATION_BUFFER_FILE`), which TRL's checkpoints lack (a resumed run would generate again, from other
-    weights), then :data:`COMPLETE_MARKER`; both are put back on resume.
+    """Completes each checkpoint of a ``GRPOTrainer`` (add it last): TRL's micro-step counter and, inside a
+    generation batch, each process's buffered batch (:data:`GENERATION_BUFFER_FILE`), both restored on resume (a
+    resumed run would generate again, from other weights), then :data:`COMPLETE_MARKER`.
 
     Raises:
         FileNotFoundError: the checkpoint folder is missing when saving; on resume, a checkpoint inside a

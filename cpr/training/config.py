@@ -22,7 +22,7 @@ from cpr.training.config_sections import ExperimentConfig, _parse
 
 def config_from_dict(data: Mapping[str, Any], *, config_path: str | None = None) -> ExperimentConfig:
     """Build and validate an :class:`ExperimentConfig` from a mapping (a run's ``training_effective`` ignored).
-    Raises ``ConfigError`` for an unknown key or an invalid value (dotted key named; ``config_path`` as the file)."""
+    Raises ``ConfigError`` for an unknown key or an invalid value (dotted key and ``config_path`` named)."""
     if isinstance(data, Mapping):
         data = {k: v for k, v in data.items() if k != "training_effective"}
     try:

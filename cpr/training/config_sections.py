@@ -248,7 +248,7 @@ class ZeroStdGuardConfig(_Guard):
 
 
 class RewardHackingGuardConfig(_Guard):
-    """A hack monitor above its bound for consecutive optimizer steps; ``bounds`` replace the defaults one by one."""
+    """A hack monitor over its bound for consecutive steps; ``bounds`` replace the defaults one by one."""
 
     bounds: dict[str, float] = DEFAULT_HACKING_BOUNDS
     consecutive_steps: int = Field(20, ge=1)

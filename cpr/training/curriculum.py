@@ -101,7 +101,8 @@ class CurriculumConfig:
         b = self.buckets
         check("buckets", isinstance(b, tuple), f"must be a list of bucket names, got {b!r}")
         check("buckets", bool(b), "needs at least one bucket name")
-        check("buckets", all(isinstance(x, str) and x for x in b), f"bucket names must be non-empty strings, got {list(b)}")
+        check("buckets", all(isinstance(x, str) and x for x in b),
+              f"bucket names must be non-empty strings, got {list(b)}")
         check("buckets", len(set(b)) == len(b), f"bucket names must be unique, got {list(b)}")
         fr = self.stage_fractions
         if self.schedule == "staged":
@@ -119,7 +120,8 @@ class CurriculumConfig:
                     check(key, w in ("data", "uniform"),
                           f"unknown value {w!r}; expected 'data', 'uniform' or one weight per bucket")
                     continue
-                check(key, isinstance(w, tuple) and len(w) == len(b), f"needs one weight per bucket ({len(b)}), got {w!r}")
+                check(key, isinstance(w, tuple) and len(w) == len(b),
+                      f"needs one weight per bucket ({len(b)}), got {w!r}")
                 for x in w:
                     check(key, _is_number(x) and math.isfinite(x) and x >= 0,
                           f"weights must be finite and non-negative, got {x!r}")

@@ -30,7 +30,7 @@ _SEVERITY = {"warn": 0, "skip_step": 1, "stop": 2}
 
 class TrainingDivergedError(CprError):
     """A guard with action ``stop`` ended a phase (``event`` a :class:`GuardEvent` dict, ``checkpoint`` the folder
-    marked ``diverged.json`` or ``None``); ``exit_code`` 3, so a scheduler tells a diverged run from a failed one."""
+    marked ``diverged.json`` or ``None``); ``exit_code`` 3 tells a scheduler a diverged run from a failed one."""
 
     exit_code = 3
 

@@ -48,7 +48,7 @@ def summary_entries(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
 
 def benchmark_records(cfg: ExperimentConfig, splits: DataSplits, split: str) -> list[tuple[str, list, int | None]]:
     """``(benchmark, records, limit)`` the final evaluation scores on ``split`` (``test``: each benchmark on its own
-    ``data`` or the test split; ``validation``: ``crystal``), without records-less ones; ``limit`` caps only the hook.
+    ``data`` or the test split; ``validation``: ``crystal``), those with records; ``limit`` caps only the hook.
 
     Raises:
         ConfigError: an unknown split.
@@ -189,9 +189,8 @@ def score_adapters(
     cfg: ExperimentConfig, model_path: str, adapters: Sequence[str | Path | None], score: Callable[[Any, Any], Any],
     *, field: str = "adapter", phase: Any = None,
 ) -> list[Any]:
-    """Load the policy once, on this process's accelerator, and return ``score(model, processor)`` with each LoRA
-    adapter of ``adapters`` put on it in turn (``None``: the model as loaded). Every process calls it, each with a
-    whole model (ZeRO-3 off), so that ``score`` can shard the generation.
+    """Load the policy once (a whole model on every process, ZeRO-3 off) and return ``score(model, processor)``
+    with each LoRA adapter of ``adapters`` put on it in turn (``None``: the model as loaded).
 
     Raises:
         ConfigError: an adapter trained on another base model (``field`` named), before the model loads.

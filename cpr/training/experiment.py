@@ -35,7 +35,7 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Run every phase of ``cfg`` and return the summary (also ``summary.json``, rewritten after each phase; with
     ``evaluation.final``, ``final_eval`` / ``final_eval_validation``: ``{benchmark: overall}``). ``overwrite``
-    deletes a previous run once :func:`check_before_training` passed; ``callbacks`` go to every GRPO phase's trainer.
+    deletes a previous run once :func:`check_before_training` passed; ``callbacks`` go to every phase's trainer.
 
     Raises:
         ConfigError / InputError: invalid config or data (before any model loads), or a refused ``output_dir``.
@@ -92,10 +92,9 @@ class Run:
 @contextlib.contextmanager
 def open_run(cfg: ExperimentConfig, phases: Mapping[str, Any], *, resume: bool = False, overwrite: bool = False
              ) -> Iterator[Run]:
-    """Open the run in ``cfg.output_dir`` for the steps inside the ``with``: the launch checked and the folder
-    locked and claimed (:func:`_launch`), ``run.log`` opened and ``config.yaml`` written. On leaving, the log is
-    closed and the lock released; a failure inside is written into ``summary.json`` (status ``failed``, or
-    ``interrupted`` for Ctrl-C), a diverged phase has already written its own.
+    """Open the run in ``cfg.output_dir`` for the steps inside the ``with`` (launch checked, folder locked and
+    claimed, ``run.log`` opened, ``config.yaml`` written); a failure inside is written into ``summary.json``
+    (status ``failed``, or ``interrupted`` for Ctrl-C; a diverged phase wrote its own).
 
     Raises:
         ConfigError: a refused ``output_dir`` or resumed config (before anything of a previous run is touched).
@@ -217,7 +216,7 @@ def _write_config(run: Run) -> None:
 
 def load_data(run: Run) -> Any:
     """Load the run's data: ``run.splits`` (returned; their counts go into the summary), ``run.templates`` and
-    ``run.model_path``, from :func:`check_before_training` (unless the launch already ran it), raising as it does."""
+    ``run.model_path``, from :func:`check_before_training` (unless the launch ran it), raising as it does."""
     run.splits, run.templates, run.model_path = run.checked or check_before_training(run.cfg, run.state, run.phases)
     logger.info("data: %s", run.splits.counts())
     logger.info("model: %s", run.model_path)
@@ -343,8 +342,8 @@ def _record_failure(run: Run, e: BaseException) -> None:
                 print(file=sys.stderr, flush=True)
             ckpt = last_checkpoint(run.out / run.stage) if run.stage not in ("setup", "final evaluation") else None
             where = f"{run.stage} (last complete checkpoint {ckpt})" if ckpt else run.stage
-            logger.warning("interrupted (Ctrl-C) during %s; everything written so far is kept in %s; continue with: %s",
-                           where, run.out, resume_command(run.state.num_processes))
+            logger.warning("interrupted (Ctrl-C) during %s; everything written so far is kept in %s; continue "
+                           "with: %s", where, run.out, resume_command(run.state.num_processes))
         raise RunInterrupted(str(e)) from None
 
 

@@ -52,7 +52,7 @@ def open_run_log(folder: str | Path, name: str = "run.log", *, write: bool = Tru
 
 
 def close_run_log(handler: logging.Handler | None) -> None:
-    """Stop writing the file of :func:`open_run_log` (warnings go back to standard error once no run log is open)."""
+    """Stop writing the file of :func:`open_run_log` (warnings back to standard error once no run log is open)."""
     if handler is not None:
         for name in ("cpr", *FILE_ONLY_LOGGERS):
             logging.getLogger(name).removeHandler(handler)

@@ -40,8 +40,7 @@ def with_adapter(model: Any, adapter: Path | None, cfg: ExperimentConfig, *, zer
     """``model`` wrapped with a trainable copy of the LoRA adapter in folder ``adapter`` (``None``: unchanged). Its
     dtype follows TRL 1.16's rule for a new adapter: under ZeRO-3 the base model's (DeepSpeed keeps fp32 master
     weights; a bf16 base with an fp32 adapter fails on DeepSpeed 0.19.2-0.19.7, DeepSpeed #8072), else PEFT's
-    fp32 upcast (no master weights: an update below bf16's resolution would be lost). Raises ``ConfigError``
-    when the adapter was trained on another base model.
+    fp32 upcast (no master weights: an update below bf16's resolution would be lost). ``ConfigError``: another base.
     """
     if adapter is None:
         return model

@@ -76,8 +76,7 @@ def _unavailable(key: str, name: str, why: str) -> ModelNotAvailableError:
 def preflight(cfg: ExperimentConfig, device: str) -> None:
     """Check that the model and the step encoder can be had (a local folder, in the hub cache, or the hub answers
     one probe; all cached but no hub: offline mode), then load the (shared) encoder on ``rewards.device`` or
-    ``device``. Raises ``ModelNotAvailableError`` naming the config key and how to give a local path.
-    """
+    ``device``. Raises ``ModelNotAvailableError`` naming the config key and how to give a local path."""
     from huggingface_hub import constants
 
     from cpr.matching import OFFLINE_ENCODER_ALIAS, get_encoder

@@ -54,8 +54,7 @@ def compare_stages(cfg: ExperimentConfig, splits: Any, summary: Mapping[str, Any
         rows += [{"stage": stage, "adapter": adapter, "benchmark": b, **overall} for b, overall in scored.items()]
     if not rows:
         return []
-    final = summary.get("final_adapter")
-    rows += [{"stage": "final", "adapter": final, "benchmark": b, **overall}
+    rows += [{"stage": "final", "adapter": summary.get("final_adapter"), "benchmark": b, **overall}
              for b, overall in (summary.get("final_eval") or {}).items()]
     return rows
 

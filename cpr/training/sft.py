@@ -40,8 +40,7 @@ class SFTSettings:
     ``warmup_ratio`` (``SFTConfig.warmup_steps``: transformers 5 reads a value below 1 as a ratio),
     ``gradient_checkpointing`` (``SFTConfig.activation_checkpointing``; ``None``: on with CUDA), ``check_lengths``
     (:func:`check_example_lengths` first) and ``extra`` (other ``SFTConfig`` fields). ``max_length`` counts image
-    tokens too (``None``: no truncation). The M3CoT baseline uses batch sizes 2, 4 or 8, learning rates 1e-6 to
-    8e-5 and ``max_length`` 512.
+    tokens too (``None``: no truncation). The M3CoT baseline: batch sizes 2-8, learning rates 1e-6 to 8e-5.
     """
 
     max_steps: int = -1
@@ -155,7 +154,7 @@ def example_lengths(dataset: datasets.Dataset, processor: ProcessorMixin) -> lis
 def check_example_lengths(dataset: datasets.Dataset, processor: ProcessorMixin, max_length: int, *,
                           prefix: str = "sft") -> list[tuple[int, int, int]]:
     """:func:`example_lengths`, with a warning counting the examples that will lose the end of their completion.
-    Raises ``ConfigError`` (``<prefix>.max_length``, naming the first) when a prompt takes ``max_length`` or more."""
+    Raises ``ConfigError`` (``<prefix>.max_length``, naming the first) for a prompt of ``max_length`` or more."""
     lengths = example_lengths(dataset, processor)
     ids = dataset["id"]
     if too_long := [(i, p, n) for i, (p, n, _) in enumerate(lengths) if p >= max_length]:
@@ -222,7 +221,7 @@ def run_sft(
     callbacks: Sequence[TrainerCallback] = (), prefix: str = "sft", resume_from_checkpoint: str | Path | None = None,
 ) -> Path:
     """Train a LoRA adapter on ``records`` with ``trl.SFTTrainer`` (``model`` with ``peft_config``, or a
-    ``peft.PeftModel`` with a trainable adapter) and return ``output_dir / "adapter"`` (the model left in eval mode).
+    ``peft.PeftModel`` with a trainable adapter) and return ``output_dir / "adapter"`` (model left in eval mode).
 
     Raises:
         ConfigError: invalid settings (fields ``<prefix>.<key>``); neither ``peft_config`` nor a

@@ -21,7 +21,7 @@ def placeholder_tokens(model_config: Any, tokenizer: Any) -> list[str]:
 
 def vllm_generation_kwargs(model_config: Any, tokenizer: Any, generation_kwargs: Mapping[str, Any] | None = None
                            ) -> dict[str, Any]:
-    """A copy of ``generation_kwargs`` whose ``bad_words`` (vLLM ``SamplingParams``) adds :func:`placeholder_tokens`."""
+    """A copy of ``generation_kwargs`` with :func:`placeholder_tokens` added to its (vLLM) ``bad_words``."""
     kwargs = dict(generation_kwargs or {})
     words = list(kwargs.get("bad_words") or [])
     kwargs["bad_words"] = words + [t for t in placeholder_tokens(model_config, tokenizer) if t not in words]
@@ -38,7 +38,7 @@ def _limits(image_processor: Any, family: str) -> dict[str, Any]:
 def vllm_image_limits(model_path: str, min_pixels: int | None, max_pixels: int | None,
                       trust_remote_code: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(what vLLM uses, what the trainer uses)``: the image-size limits of the image processor saved with
-    ``model_path`` and of the same under :func:`cpr.models.apply_pixel_limits`. Raises ``ModelNotAvailableError``."""
+    ``model_path`` and under :func:`cpr.models.apply_pixel_limits`. Raises ``ModelNotAvailableError``."""
     from transformers import AutoImageProcessor
 
     from cpr.models import _not_available, apply_pixel_limits, detect_family, resolve_model_path

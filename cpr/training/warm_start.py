@@ -47,9 +47,7 @@ def warm_start_finished(adapter: Path, done: Path) -> bool:
 def train_lora(cfg: ExperimentConfig, settings: Any, out_dir: str | Path, records: Sequence[Any], *, templates: Any,
                model_path: str, resume_from_checkpoint: str | Path | None = None) -> Path:
     """Train a new LoRA adapter (``cfg.lora``) on ``records`` with :func:`cpr.training.sft.run_sft` into ``out_dir``
-    and return ``<out_dir>/adapter``. Raises what ``run_sft`` raises (fields ``warm_start.<key>``), and
-    ``TrainingOutOfMemoryError`` naming the warm start.
-    """
+    and return ``<out_dir>/adapter``. Raises as ``run_sft`` (fields ``warm_start.<key>``), or out of memory."""
     from cpr.training.oom import explain_oom
     from cpr.training.sft import run_sft
 
