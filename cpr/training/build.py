@@ -1,10 +1,6 @@
 """Each GRPO phase of a run built once (:func:`build_phases`) into a :class:`PhaseSpec`: its ``trl.GRPOConfig``,
-reward functions and weights, curriculum, ``peft.LoraConfig`` and init adapter.
-
-The launch check (:func:`cpr.training.preflight.check_launch`), ``--check`` (:mod:`cpr.training.check`), the
-run's ``config.yaml`` (:func:`cpr.training.phase.resolved_config`), the out-of-memory advice
-(:mod:`cpr.training.oom`) and :func:`cpr.training.phase.train_phase` all read these objects, so what
-``config.yaml`` records is what the trainer was given.
+reward functions and weights, curriculum, ``peft.LoraConfig`` and init adapter. The launch checks, ``--check``,
+``config.yaml`` and the trainer all read these objects, so what ``config.yaml`` records is what the trainer got.
 """
 
 from __future__ import annotations
@@ -35,9 +31,8 @@ _PLUMBING_PREFIXES = ("vllm_", "log_", "num_completions_to_print", "ds3_", "use_
 
 
 def effective_training_args(args: Any) -> dict[str, Any]:
-    """The values of a ``trl.GRPOConfig`` that change a phase's result, as the trainer uses them: every
-    GRPO-specific field but logging and vLLM plumbing, and the optimizer / batch fields of :data:`_RESULT_FIELDS`
-    (enums as values, ``TrainingArguments.to_dict``; ``epsilon_high: None`` as ``epsilon``, which GRPOTrainer uses)."""
+    """The values of a ``trl.GRPOConfig`` that change a phase's result, as the trainer uses them: every GRPO field
+    but plumbing, and :data:`_RESULT_FIELDS` (``epsilon_high: None`` as ``epsilon``, which GRPOTrainer uses)."""
     from transformers import TrainingArguments
 
     base = {f.name for f in dataclasses.fields(TrainingArguments)}
@@ -49,11 +44,7 @@ def effective_training_args(args: Any) -> dict[str, Any]:
 
 
 def trl_default(key: str) -> Any:
-    """``trl.GRPOConfig``'s default of field ``key`` (before ``__post_init__`` derives the batch sizes).
-
-    Raises:
-        KeyError: ``key`` is not a GRPOConfig field.
-    """
+    """``trl.GRPOConfig``'s default of field ``key`` (before ``__post_init__``); ``KeyError`` for another key."""
     from trl import GRPOConfig
 
     f = GRPOConfig.__dataclass_fields__[key]
@@ -63,16 +54,9 @@ def trl_default(key: str) -> Any:
 @dataclass
 class PhaseSpec:
     """One GRPO phase, built once by :func:`build_phases`; :attr:`args` (``trl.GRPOConfig``, which sets up
-    accelerate's process state) and :attr:`lora` are built on first use.
-
-    Attributes:
-        kwargs: the keyword arguments of its ``trl.GRPOConfig`` (:func:`grpo_kwargs`).
-        reward_funcs / reward_weights: TRL's ``reward_funcs`` / ``reward_weights`` (one weight a function).
-        curriculum: the phase's :class:`cpr.training.curriculum.CurriculumConfig`.
-        init_adapter: the phase's configured ``init_adapter`` folder, or ``None``.
-        model_path: the model whose family gives the LoRA targets and whose processor the vision placeholders.
-        ban_placeholders: whether ``use_vllm`` bans the vision placeholders.
-    """
+    accelerate's process state) and :attr:`lora` are built on first use. ``model_path``: the model whose family
+    gives the LoRA targets and whose processor the vision placeholders (banned with ``use_vllm`` when
+    ``ban_placeholders``)."""
 
     cfg: ExperimentConfig = field(repr=False)
     phase: PhaseConfig
@@ -91,16 +75,13 @@ class PhaseSpec:
         return self.phase.name
 
     def setting(self, key: str) -> Any:
-        """GRPOConfig field ``key`` as given (:attr:`kwargs`, else TRL's default), without building the
-        GRPOConfig (which sets up accelerate's process state); the batch sizes TRL derives in ``__post_init__``
-        (``generation_batch_size``, ``steps_per_generation``) are ``None`` here unless set."""
+        """GRPOConfig field ``key`` as given, else TRL's default, without building the GRPOConfig (the batch sizes
+        TRL derives in ``__post_init__`` are ``None`` here unless set)."""
         return self.kwargs[key] if key in self.kwargs else trl_default(key)
 
     @property
     def args(self) -> Any:
-        """The phase's ``trl.GRPOConfig`` of :attr:`kwargs` (with ``use_vllm`` first the placeholder ban into
-        ``generation_kwargs``), built on first use and the same object afterwards; wandb logs offline without a
-        ``WANDB_API_KEY``.
+        """The phase's ``trl.GRPOConfig``, built once (``use_vllm``: placeholders banned; no wandb key: offline).
 
         Raises:
             ConfigError: TRL's own consistency checks fail (field ``phase_settings.<phase>.training``).
@@ -124,14 +105,8 @@ class PhaseSpec:
         return self._args
 
     def trainer_args(self) -> Any:
-        """A new ``trl.GRPOConfig`` of the same :attr:`kwargs` as :attr:`args` (equal field by field), for the
-        phase's trainer, built when the phase starts: under DeepSpeed a GRPOConfig carries a
-        ``DeepSpeedPlugin``, and accelerate refuses (``NotImplementedError``) a plugin that was created before
-        an earlier phase's ``Accelerator`` existed, while one created after it is taken.
-
-        Raises:
-            ConfigError: as :attr:`args`.
-        """
+        """A new ``trl.GRPOConfig`` equal to :attr:`args`, for the phase's trainer when the phase starts: accelerate
+        refuses a ``DeepSpeedPlugin`` created before an earlier phase's ``Accelerator``. Raises as :attr:`args`."""
         from trl import GRPOConfig
 
         self.args  # noqa: B018 - TRL's checks, the placeholder ban and the wandb setting, once
@@ -139,24 +114,17 @@ class PhaseSpec:
 
     @property
     def lora(self) -> Any | None:
-        """A new adapter's ``peft.LoraConfig`` (:func:`cpr.training.policy.lora_config` for :attr:`model_path`),
-        built on first use; ``None`` when :attr:`init_adapter` is given (that adapter trains on)."""
+        """A new adapter's ``peft.LoraConfig``, built once; ``None`` when :attr:`init_adapter` is given."""
         if self.init_adapter is not None:
             return None
         if self._lora is None:
             self._lora = policy.lora_config(self.cfg, self.model_path)
         return self._lora
 
-    def effective(self) -> dict[str, Any]:
-        """:func:`effective_training_args` of :attr:`args` (``config.yaml``'s ``training_effective`` entry)."""
-        return effective_training_args(self.args)
-
 
 def grpo_kwargs(cfg: ExperimentConfig, phase: PhaseConfig, reward_weights: list[float]) -> dict[str, Any]:
-    """The keyword arguments of ``phase``'s ``trl.GRPOConfig``: :func:`cpr.training.config_checks.phase_training_args`
-    with cpr's defaults where unset (CPU / bf16 by device, the data columns kept for the reward functions, no
-    reports, a log row every step, a checkpoint every quarter of ``max_steps``), activation checkpointing from
-    ``model.gradient_checkpointing`` (default: on GPU) and the resolved ``reward_weights``."""
+    """The keyword arguments of ``phase``'s ``trl.GRPOConfig``: its ``training`` arguments over cpr's defaults,
+    activation checkpointing from ``model.gradient_checkpointing`` and the resolved ``reward_weights``."""
     import torch
 
     args = phase_training_args(cfg, phase.name)
@@ -189,26 +157,17 @@ def _placeholder_ban(cfg: ExperimentConfig, model_path: str, generation_kwargs: 
 
 def build_phase(cfg: ExperimentConfig, name: str, model_path: str | None = None, *,
                 ban_placeholders: bool = True) -> PhaseSpec:
-    """Phase ``name`` of ``cfg`` as a :class:`PhaseSpec` (its GRPOConfig and LoraConfig are built on first use);
-    ``model_path`` (default ``model.name_or_path``) gives the LoRA targets' model family and, with ``use_vllm``
-    and ``ban_placeholders``, the vision placeholders (read from its processor when :attr:`PhaseSpec.args` is
-    built). Reads no file.
-
-    Raises:
-        ConfigError: an invalid reward set or curriculum (the config's checks, naming the key).
-    """
+    """Phase ``name`` of ``cfg`` as a :class:`PhaseSpec` (``model_path`` default ``model.name_or_path``); reads no
+    file. Raises ``ConfigError`` for an invalid reward set or curriculum."""
     from cpr.rewards import get_reward_set
 
     phase, model_path = cfg.phase(name), model_path or cfg.model.name_or_path
     weights = phase_reward_weights(phase, phase.training_args)[0]
     funcs, weights = get_reward_set(phase.rewards, weights, phase.reward_params, **_reward_shared(cfg.rewards))
-    kwargs = grpo_kwargs(cfg, phase, weights)
     return PhaseSpec(
-        cfg=cfg, phase=phase, kwargs=kwargs, reward_funcs=funcs, reward_weights=weights,
-        curriculum=phase.curriculum_config,
-        init_adapter=Path(phase.init_adapter) if phase.init_adapter else None, model_path=model_path,
-        ban_placeholders=ban_placeholders,
-    )
+        cfg=cfg, phase=phase, kwargs=grpo_kwargs(cfg, phase, weights), reward_funcs=funcs, reward_weights=weights,
+        curriculum=phase.curriculum_config, init_adapter=Path(phase.init_adapter) if phase.init_adapter else None,
+        model_path=model_path, ban_placeholders=ban_placeholders)
 
 
 def build_phases(cfg: ExperimentConfig, model_path: str | None = None, *,

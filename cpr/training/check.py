@@ -7,13 +7,10 @@ Byte counts (``wb`` = bytes of the model dtype): weights ``params x wb`` (/ N un
 :func:`cpr.training.policy.with_adapter`): DDP holds fp32 weights, gradients, buckets and two Adam moments
 (20 B a parameter); DeepSpeed bf16 an fp32 master, moments and gradient partition (16 B / N) plus bf16
 weights and gradients (4 B, / N under ZeRO-3 only) (Rajbhandari et al. 2020, ZeRO, section 3).
-Generation (transformers' ``generate``): ZeRO-3 gathers every parameter; the KV cache holds ``2 x layers
-x kv_heads x head_dim x wb`` a token of every sequence at full length; the prefill's working set is
-one decoder layer for all prompts or one vision block for all images; fp32 logits. Every generation a
-phase makes is a peak of its own (:attr:`PhaseShape.generations`): TRL's training rounds, the greedy
-baseline's completions, the eval hook's (greedy, or ``batch_size x samples`` sampled rows); the final
-evaluation and checkpoint selection load the whole model without optimizer state (:func:`estimate_evaluation_memory`). Training: what
-autograd saves for one micro-batch (:func:`saved_activation_bytes`) plus one layer's again while it
+Generation (transformers' ``generate``; each of :attr:`PhaseShape.generations` a peak of its own): ZeRO-3
+gathers every parameter; the KV cache holds ``2 x layers x kv_heads x head_dim x wb`` a token of every sequence
+at full length; the prefill's working set is one decoder layer for all prompts or one vision block for all
+images; fp32 logits. Training: what autograd saves for one micro-batch (:func:`saved_activation_bytes`) plus one layer's again while it
 is recomputed; TRL 1.16's fused LM head scores tiles of at most 4096 tokens x 32768 vocabulary
 entries; ZeRO-3 holds the gathered embedding and two layers. Plus 1 GiB for the CUDA context, NCCL
 and the step encoder. Attention is a flash / memory-efficient kernel (no ``tokens x tokens`` matrix).
@@ -66,11 +63,9 @@ def config_folder(name_or_path: str) -> Path:
 
 @dataclasses.dataclass
 class Architecture:
-    """What the estimate needs from a model, read off its meta-device build with the LoRA adapter.
-
-    Counts are parameters; ``lm_lora_in`` / ``lm_lora_rank`` are the summed input widths and ranks
-    of the adapted linears of one decoder layer (``vision_lora_*`` of one vision block).
-    """
+    """What the estimate needs from a model, read off its meta-device build with the LoRA adapter. Counts are
+    parameters; ``lm_lora_in`` / ``lm_lora_rank``: the summed input widths and ranks of the adapted linears of one
+    decoder layer (``vision_lora_*`` of one vision block)."""
 
     family: str
     params: dict[str, int]  # part -> parameters (vision, projector, language)
@@ -143,10 +138,8 @@ def load_architecture(folder: Path, lora_config: Any, *, include_vision: bool) -
     trainable = dict.fromkeys(params, 0)
     for n, p in peft_model.named_parameters():
         (trainable if ".lora_" in n else params)[_part(n)] += p.numel()
-    text = config.get_text_config()
-    lm = model.model.language_model
+    text, lm, vcfg = config.get_text_config(), model.model.language_model, config.vision_config
     layer = lm.layers[0]
-    vcfg = config.vision_config
     blocks = model.model.visual.blocks if hasattr(model.model, "visual") else model.model.vision_tower.encoder.layer
 
     def lora_sums(prefix: str) -> tuple[int, int]:  # one layer's adapted linears: summed input widths, ranks
@@ -181,8 +174,7 @@ class PhaseShape:
     patches: int  # vision-encoder positions per image
     completion_tokens: int
     checkpointing: bool
-    #: the phase's other generations besides TRL's training rounds: ``(what, sequences at once, completion tokens)``
-    #: (:func:`_phase_shapes`: the greedy baseline's, the eval hook's)
+    #: the greedy baseline's and the eval hook's generations, as in :attr:`generations`
     extra_generations: tuple[tuple[str, int, int], ...] = ()
 
     @property
@@ -250,11 +242,9 @@ def saved_activation_bytes(arch: Architecture, *, batch: int, tokens: int, score
 
 def generation_rows(arch: Architecture, *, sequences: int, prompt_tokens: int, completion_tokens: int, patches: int,
                     wb: int, gathered: bool) -> dict[str, int]:
-    """The ``gen:`` rows (bytes) of one ``generate`` call of ``sequences`` prompts of ``prompt_tokens`` tokens (one
-    image of ``patches`` vision positions each) and ``completion_tokens`` new tokens: the gathered weights
-    (``gathered``: ZeRO-3), the KV cache, the prefill's working set and the logits (module docstring)."""
-    h, i, kv = arch.hidden, arch.intermediate, arch.kv_heads * arch.head_dim
-    q = arch.heads * arch.head_dim
+    """The ``gen:`` rows (bytes, module docstring) of one ``generate`` call of ``sequences`` prompts, one image of
+    ``patches`` vision positions each (``gathered``: ZeRO-3's gathered weights)."""
+    h, i, kv, q = arch.hidden, arch.intermediate, arch.kv_heads * arch.head_dim, arch.heads * arch.head_dim
     g = sequences
     rows = {"gen: gathered weights": arch.total_params * wb if gathered else 0,
             "gen: KV cache": 2 * arch.layers * kv * wb * g * (prompt_tokens + completion_tokens)}
@@ -277,11 +267,8 @@ def estimate_memory(arch: Architecture, shape: PhaseShape, *, launcher: str, pro
     Raises ``ValueError`` for an unknown launcher."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"unknown launcher {launcher!r}; expected one of {LAUNCHERS}")
-    n, z3 = processes, launcher == "zero3"
-    h = arch.hidden
-    rows: dict[str, int] = {}
-    rows["weights (shard)"] = arch.total_params * wb // (n if z3 else 1)
-    p = arch.lora_params
+    n, z3, h, p = processes, launcher == "zero3", arch.hidden, arch.lora_params
+    rows = {"weights (shard)": arch.total_params * wb // (n if z3 else 1)}
     rows["LoRA weights, grads, Adam"] = 20 * p if launcher == "ddp" else 16 * p // n + 4 * p // (n if z3 else 1)
     common = rows["weights (shard)"] + rows["LoRA weights, grads, Adam"] + RUNTIME_OVERHEAD
     peaks = {what: generation_rows(arch, sequences=g, prompt_tokens=shape.prompt_tokens, completion_tokens=c,
@@ -311,10 +298,8 @@ def estimate_memory(arch: Architecture, shape: PhaseShape, *, launcher: str, pro
 
 def estimate_evaluation_memory(arch: Architecture, *, sequences: int, prompt_tokens: int, completion_tokens: int,
                                patches: int, wb: int = 2) -> dict[str, int]:
-    """Peak bytes on one GPU of the final evaluation and checkpoint selection
-    (:func:`cpr.training.evaluate.score_adapters`): every process loads the whole model (ZeRO-3 off) with one
-    fp32 LoRA adapter, no optimizer state, and generates ``sequences`` at once (:func:`generation_rows`);
-    ``generation`` is the total."""
+    """Peak bytes on one GPU of the final evaluation and checkpoint selection (the whole model, one fp32 adapter,
+    ``sequences`` at once); ``generation`` is the total."""
     rows = {"weights (whole model)": arch.total_params * wb, "LoRA weights": 4 * arch.lora_params}
     gen = generation_rows(arch, sequences=sequences, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                           patches=patches, wb=wb, gathered=False)
@@ -325,8 +310,7 @@ def estimate_evaluation_memory(arch: Architecture, *, sequences: int, prompt_tok
 
 
 def evaluation_sequences(cfg: Any) -> tuple[int, str]:
-    """Sequences one evaluation ``generate`` call decodes at once (``evaluation.batch_size``; with sampled
-    decoding ``batch_size x samples`` rows) and its description."""
+    """Sequences one evaluation ``generate`` call decodes at once (sampled: ``batch_size x samples``), described."""
     ev = cfg.evaluation
     if ev.decoding.mode == "sampled":
         return ev.batch_size * ev.decoding.samples, f"{ev.batch_size} x {ev.decoding.samples} sampled"
@@ -335,17 +319,15 @@ def evaluation_sequences(cfg: Any) -> tuple[int, str]:
 
 def greedy_baseline_sequences(gen_batch: int, num_generations: int, processes: int) -> int:
     """Greedy completions one process decodes at once for ``baseline: greedy``: one per group among its
-    ``gen_batch`` rows of a generation round (:func:`cpr.training.greedy_baseline
-    .greedy_baseline_advantages`); with several processes a group may be split between two (one more)."""
+    ``gen_batch`` rows of a generation round; with several processes a group may be split between two (one more)."""
     groups = -(-gen_batch // num_generations)
     split = processes > 1 and gen_batch % num_generations != 0
     return min(gen_batch, groups + (1 if split else 0))
 
 
 def launcher_from_accelerate_config(path: str | Path) -> tuple[str, int | None]:
-    """``(launcher, num_processes)`` of an accelerate config file (``distributed_type`` and
-    ``deepspeed_config.zero_stage``); ``num_processes`` is ``None`` when the file does not set it.
-    Raises ``ConfigError`` for a missing file or a DeepSpeed stage other than 2 or 3."""
+    """``(launcher, num_processes or None)`` of an accelerate config file. Raises ``ConfigError`` for a missing file
+    or a DeepSpeed stage other than 2 or 3."""
     from cpr.training.config import read_yaml
 
     try:
@@ -434,15 +416,15 @@ def _load_data(cfg: Any) -> tuple[Any, list[str]]:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    """``cpr train --check``: print the validation, the parameter table and the memory tables.
-    The datasets are loaded and validated as the run loads them (:func:`cpr.training.splits.load_run_data`)
-    unless ``--skip-data`` (without the hub, a hub dataset is left out with a line saying so). Returns 0, or 1 when ``--gpu-memory`` is given and no shown launcher fits in it.
-    Raises ``ConfigError`` (an invalid config for N processes, bad LoRA targets or option, a source refusing
+    """``cpr train --check`` (docs/training.md): print the validation, the parameter table and the memory tables.
+    Returns 0, or 1 when ``--gpu-memory`` is given and no shown launcher fits in it. Raises ``ConfigError`` (an invalid config for N processes, bad LoRA targets or option, a source refusing
     its options), ``InputError`` (an invalid record: missing image, bad field) and ``ModelNotAvailableError``
     (no ``config.json`` for the model)."""
+    from cpr.models import resolve_dtype
     from cpr.training import policy
     from cpr.training.build import build_phases
     from cpr.training.config import config_from_args
+    from cpr.training.curriculum import empty_buckets_message
 
     launchers, n = list(LAUNCHERS), args.num_processes
     if n is not None and n < 1:
@@ -459,14 +441,10 @@ def run_check(args: argparse.Namespace) -> int:
     folder = config_folder(cfg.model.name_or_path)
     phases = build_phases(cfg, str(folder))  # their GRPOConfigs are not built: no process state, no processor
     if splits is not None:
-        from cpr.training.curriculum import empty_buckets_message
-
         for name, spec in phases.items():
             if empty := empty_buckets_message(spec.curriculum, splits.train.column("difficulty"), name):
                 data_lines.append(f"warning: {empty}")
     arch, config = load_architecture(folder, policy.lora_config(cfg, str(folder)), include_vision=cfg.lora.include_vision)
-    from cpr.models import resolve_dtype
-
     wb = 2 if cfg.model.dtype == "auto" else resolve_dtype(cfg.model.dtype, "cuda").itemsize  # auto: bf16 on GPUs
     image = _image_sizes(arch, config, folder, cfg)
     shapes = _phase_shapes(cfg, phases, n, image, args.prompt_tokens)

@@ -67,11 +67,8 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def checkpoint_problem(ckpt: str | Path) -> str | None:
-    """Why a saved checkpoint would not load, in words naming the file (its path), or ``None``: ``trainer_state.json``
-    missing or not JSON text; a file :data:`COMPLETE_MARKER` lists that is gone; :data:`ADAPTER_WEIGHTS` whose
-    header does not read or does not cover the file (truncated); a torch file (``.pt``, ``.pth``, ``.bin``) that
-    is not a whole zip archive (torch's format; a truncated one has no central directory). Only headers are read:
-    weights that are garbage of the right size pass (:func:`cpr.models.check_adapter_weights` reads them)."""
+    """Why a saved checkpoint would not load, naming the file, or ``None``. Only headers are read (a truncated torch
+    zip has no central directory); weights that are garbage of the right size pass."""
     import zipfile
 
     from safetensors import SafetensorError, safe_open
@@ -102,10 +99,9 @@ def checkpoint_problem(ckpt: str | Path) -> str | None:
 
 
 def checkpoint_status(ckpt: str | Path) -> str:
-    """``"complete"`` (holds :data:`COMPLETE_MARKER`; in a phase saved before the marker existed: its
-    ``trainer_state.json``, written last by transformers, parses), ``"diverged"`` (complete, with
-    :data:`DIVERGED_MARKER`), ``"incomplete"`` (transformers writes in place: a kill while saving) or
-    ``"corrupt"`` (complete, but a file was damaged since: :func:`checkpoint_problem`)."""
+    """``"complete"`` (holds :data:`COMPLETE_MARKER`, or in a phase without markers a ``trainer_state.json`` that
+    parses), ``"diverged"`` (complete, with :data:`DIVERGED_MARKER`), ``"incomplete"`` (a kill while saving) or
+    ``"corrupt"`` (complete, but :func:`checkpoint_problem` finds a damaged file)."""
     ckpt = Path(ckpt)
     unmarked_phase = not any((c / COMPLETE_MARKER).is_file() for c in checkpoints_of(ckpt.parent))
     complete = (ckpt / COMPLETE_MARKER).is_file() or (unmarked_phase and _trainer_state(ckpt) is not None)
@@ -122,9 +118,8 @@ def last_checkpoint(phase_dir: str | Path) -> Path | None:
 
 
 def training_done(ckpt: str | Path) -> bool:
-    """Whether ``ckpt`` was saved at its trainer's last step (``0 < max_steps <= global_step`` in its
-    ``trainer_state.json``): a run resumed from it has nothing left to train (transformers' loop would train one
-    step more before it looks at ``max_steps``). ``False`` when the file is missing or unreadable."""
+    """Whether ``ckpt`` was saved at its trainer's last step (``0 < max_steps <= global_step``), from which
+    transformers' loop would still train one step; ``False`` when ``trainer_state.json`` does not read."""
     saved = _trainer_state(Path(ckpt)) or {}
     try:
         return 0 < int(saved.get("max_steps") or 0) <= int(saved.get("global_step") or 0)
@@ -133,10 +128,8 @@ def training_done(ckpt: str | Path) -> bool:
 
 
 def restore_trained(trainer: Any, ckpt: str | Path) -> None:
-    """Put ``trainer`` (LoRA) where it stood when it saved ``ckpt``, without training: its ``TrainerState``
-    (``trainer_state.json``, the callbacks' saved states included) and the adapter weights
-    (:data:`ADAPTER_WEIGHTS`). For a checkpoint of the last step (:func:`training_done`), from which
-    ``Trainer.train`` would train one step more."""
+    """Put ``trainer`` (LoRA) where it stood when it saved ``ckpt`` (its ``TrainerState`` and adapter weights),
+    without training: for a checkpoint of the last step (:func:`training_done`)."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
     from transformers import TrainerState
@@ -147,8 +140,7 @@ def restore_trained(trainer: Any, ckpt: str | Path) -> None:
 
 
 def has_curriculum_state(ckpt: Path) -> bool:
-    """Whether a checkpoint's ``trainer_state.json`` holds the curriculum sampler's state
-    (:class:`cpr.training.curriculum.CurriculumStateCallback`); ``False`` when it is missing or unreadable."""
+    """Whether a checkpoint's ``trainer_state.json`` holds the curriculum sampler's state."""
     return "CurriculumStateCallback" in ((_trainer_state(ckpt) or {}).get("stateful_callbacks") or {})
 
 
@@ -160,11 +152,8 @@ def adapter_folder(path: Path, *, field: str = "init_adapter") -> Path:
 
 
 def prepare_resume(phase_dir: Path, resume: bool, state: Any) -> Path | None:
-    """The checkpoint a resumed phase continues from (:func:`last_checkpoint`, the newest that loads; ``None``
-    without ``resume`` or a checkpoint). The main process cuts the phase's logs back to its step
-    (:func:`cpr.training.logs.rollback_logs`) and renames later checkpoints (incomplete or diverged)
-    ``abandoned-checkpoint-N-<time>``, so the resumed run never mixes with the lost interval; all processes wait.
-    """
+    """The checkpoint a resumed phase continues from (:func:`last_checkpoint`; ``None`` without ``resume`` or one),
+    the phase's logs cut back to its step and later checkpoints renamed ``abandoned-checkpoint-N-<time>``."""
     if not resume:
         return None
     from cpr.training.logs import rollback_logs
@@ -189,12 +178,8 @@ def prepare_resume(phase_dir: Path, resume: bool, state: Any) -> Path | None:
 
 
 def mark_complete(args: Any, state: Any) -> None:
-    """Write :data:`COMPLETE_MARKER` (``{"step", "files", "time"}``) into the checkpoint just saved, on the process
-    that saves (``args.should_save``); call it once every process has written its files.
-
-    Raises:
-        FileNotFoundError: the checkpoint folder is missing.
-    """
+    """Write :data:`COMPLETE_MARKER` into the checkpoint just saved (``args.should_save``), once every process has
+    written its files. Raises ``FileNotFoundError`` when the checkpoint folder is missing."""
     folder = checkpoint_folder(args, state)
     if not args.should_save:
         return
@@ -205,8 +190,7 @@ def mark_complete(args: Any, state: Any) -> None:
 
 
 class CompleteMarkerCallback(TrainerCallback):
-    """Marks each checkpoint of a trainer complete (:func:`mark_complete`) once every process saved it: the
-    supervised warm start's checkpoints, which hold nothing else of cpr's."""
+    """Marks each checkpoint of the warm start's trainer complete (:func:`mark_complete`)."""
 
     def on_save(self, args, state, control, **kwargs):  # noqa: D102
         from cpr.distributed import process_state
@@ -217,8 +201,7 @@ class CompleteMarkerCallback(TrainerCallback):
 
 class CheckpointState(TrainerCallback, ExportableState):
     """A callback whose ``state_dict()`` transformers saves in every checkpoint's ``trainer_state.json``
-    (``ExportableState``: ``stateful_callbacks[<class name>] = {"args": {}, "attributes": state_dict()}``);
-    a resumed run gets it back from :meth:`saved_state` in ``on_train_begin``."""
+    (``ExportableState``); a resumed run gets it back from :meth:`saved_state` in ``on_train_begin``."""
 
     def state(self) -> dict[str, Any]:  # noqa: D102
         return {"args": {}, "attributes": self.state_dict()}
@@ -237,14 +220,9 @@ class CheckpointState(TrainerCallback, ExportableState):
 
 
 class CheckpointCallback(CheckpointState):
-    """Completes each checkpoint of a ``GRPOTrainer`` (add it after every other callback that writes into them).
-
-    TRL generates a generation batch every ``steps_per_generation x num_iterations`` micro-steps (its ``_step``
-    counter) and trains the micro-steps in between on slices of ``_buffered_inputs`` (:mod:`cpr.trl_internals`); neither is in its
-    checkpoints, so a run resumed inside a generation batch would generate again, from other weights. This
-    callback keeps ``_step`` in the checkpoint's state and, inside a generation batch, each process's buffer
-    (:data:`GENERATION_BUFFER_FILE`), and puts both back on resume. Then, once every process got there, the
-    main process writes :data:`COMPLETE_MARKER` (``{"step", "files", "time"}``).
+    """Completes each checkpoint of a ``GRPOTrainer`` (add it last): TRL's micro-step counter and, inside a
+    generation batch, each process's buffered batch (:data:`GENERATION_BUFFER_FILE`), both restored on resume (a
+    resumed run would generate again, from other weights), then :data:`COMPLETE_MARKER`.
 
     Raises:
         FileNotFoundError: the checkpoint folder is missing when saving; on resume, a checkpoint inside a

@@ -26,13 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_config: str | None
 
 
 def experiment_config(args: argparse.Namespace) -> Any:
-    """The validated :class:`cpr.training.config.ExperimentConfig` a training run's arguments name
-    (:func:`cpr.training.config.config_from_args`), loaded before any model.
-
-    Raises:
-        ConfigError: an option of ``--check`` without ``--check``, ``--resume`` with ``--overwrite``, or an
-            invalid config.
-    """
+    """The validated config a training run's arguments name, loaded before any model. Raises ``ConfigError``: an
+    option of ``--check`` without ``--check``, ``--resume`` with ``--overwrite``, or an invalid config."""
     from cpr.training.config import config_from_args
 
     for option in ("num_processes", "gpu_memory", "accelerate_config", "skip_data"):
@@ -45,8 +40,7 @@ def experiment_config(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate the config, then run the experiment (``--check``: only check it); exit code 0 when it
-    finished. Errors propagate to :func:`cpr.cli.run_command` (exit 2, or 3 when a divergence guard stopped it)."""
+    """Validate the config, then run the experiment (``--check``: only check it); exit code 0 when it finished."""
     if args.check:
         from cpr.training.check import run_check
 

@@ -1,9 +1,6 @@
-"""Experiment configuration: one YAML file describes a whole run (both phases).
-
-OmegaConf reads the YAML (so ``5e-4`` is a number) and applies ``--set key=value`` overrides; :func:`load_config`
-checks everything before any model loads, raising :class:`cpr.errors.ConfigError` with the dotted key. Sections:
-:class:`cpr.training.config_sections.ExperimentConfig` (docs/training.md); cross-field checks:
-:mod:`cpr.training.config_checks`.
+"""Experiment configuration: one YAML file describes a whole run, read by OmegaConf (so ``5e-4`` is a number) with
+``--set key=value`` overrides; :func:`load_config` checks everything before any model loads, raising
+:class:`cpr.errors.ConfigError` with the dotted key.
 """
 
 from __future__ import annotations
@@ -24,12 +21,8 @@ from cpr.training.config_sections import ExperimentConfig, _parse
 
 
 def config_from_dict(data: Mapping[str, Any], *, config_path: str | None = None) -> ExperimentConfig:
-    """Build and validate an :class:`ExperimentConfig` from a mapping. A run's resolved ``config.yaml``
-    loads too: its ``training_effective`` block is derived from the rest and ignored.
-
-    Raises:
-        ConfigError: an unknown key or an invalid value (dotted key named; ``config_path`` as the file).
-    """
+    """Build and validate an :class:`ExperimentConfig` from a mapping (a run's ``training_effective`` ignored).
+    Raises ``ConfigError`` for an unknown key or an invalid value (dotted key and ``config_path`` named)."""
     if isinstance(data, Mapping):
         data = {k: v for k, v in data.items() if k != "training_effective"}
     try:
@@ -41,14 +34,11 @@ def config_from_dict(data: Mapping[str, Any], *, config_path: str | None = None)
 
 
 def read_run_config(path: str | Path) -> ExperimentConfig:
-    """A run's resolved ``config.yaml`` as an :class:`ExperimentConfig`, each value type-checked, with the
-    defaults the run had for keys it does not hold, but not cross-checked by :func:`config_from_dict`
-    (a recipe's own reward functions need not be registered, its datasets need not be at hand): what
-    ``cpr eval`` reads of the run an adapter belongs to.
+    """A run's resolved ``config.yaml`` as an :class:`ExperimentConfig`, type-checked but not cross-checked (a
+    recipe's reward functions and datasets need not be at hand): what ``cpr eval`` reads of an adapter's run.
 
     Raises:
-        ConfigError: unreadable YAML, not a mapping, an unknown key or a value of the wrong type (file
-            and dotted key named).
+        ConfigError: unreadable YAML, not a mapping, an unknown key or a wrong type (file and key named).
         FileNotFoundError: ``path`` does not exist.
     """
     data = read_yaml(path)
@@ -61,15 +51,12 @@ def read_run_config(path: str | Path) -> ExperimentConfig:
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = (), *, warn_dropped: bool = True) -> ExperimentConfig:
-    """Read a YAML experiment config, apply ``key=value`` overrides (:func:`apply_overrides`), validate it.
-
-    An override of ``phases`` (``--phases cpr``) also leaves out, with a warning (unless ``warn_dropped`` is
-    false), the ``phase_settings`` and ``evaluation.compare`` entries of the file's phases it drops (a phase
-    name the file does not run stays, and is refused).
+    """Read a YAML experiment config, apply ``key=value`` overrides (:func:`apply_overrides`), validate it. An
+    override of ``phases`` also leaves out the ``phase_settings`` and ``evaluation.compare`` entries of the
+    phases it drops (a warning unless ``warn_dropped`` is false).
 
     Raises:
-        ConfigError: unreadable YAML, an unknown key or an invalid value; the message names the file
-            (and the override that set the value) and the dotted key.
+        ConfigError: unreadable YAML, an unknown key or an invalid value (file, override and dotted key named).
         FileNotFoundError: ``path`` does not exist.
     """
     data = read_yaml(path)
@@ -80,8 +67,9 @@ def load_config(path: str | Path, overrides: Sequence[str] = (), *, warn_dropped
         if "phases" in map(_name, overrides) and isinstance(phases, list) and isinstance(file_phases, list):
             gone = [p for p in file_phases if p not in phases]
             if isinstance(settings, dict) and any(k in gone for k in settings):
-                logging.getLogger("cpr.training").log(logging.WARNING if warn_dropped else logging.DEBUG,"phases %s: leaving out phase_settings of %s", phases,
-                                                          sorted(str(k) for k in settings if k in gone))
+                logging.getLogger("cpr.training").log(logging.WARNING if warn_dropped else logging.DEBUG,
+                                                      "phases %s: leaving out phase_settings of %s", phases,
+                                                      sorted(str(k) for k in settings if k in gone))
                 data["phase_settings"] = {k: v for k, v in settings.items() if k not in gone}
             if isinstance(evaluation, dict) and isinstance(evaluation.get("compare"), list):
                 evaluation["compare"] = [c for c in evaluation["compare"] if c not in gone]
@@ -96,8 +84,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = (), *, warn_dropped
 
 
 def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
-    """Load and validate the config named by parsed arguments (``--config``, ``--set``, ``--output-dir``,
-    ``--phases`` of :func:`cpr.training.cli.add_arguments`; :func:`load_config`)."""
+    """:func:`load_config` of the parsed arguments of :func:`cpr.training.cli.add_arguments`."""
     overrides = list(args.overrides)
     if args.output_dir:
         overrides.append(f"output_dir={args.output_dir}")
@@ -111,12 +98,8 @@ def _name(override: str) -> str:
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """``data`` with ``key.sub=value`` / ``key[i].sub=value`` overrides applied in order (OmegaConf's
-    dotlist; values parsed as YAML); a value replaces what was there, a mapping included.
-
-    Raises:
-        ConfigError: an override without ``=`` or that cannot be applied (naming it).
-    """
+    """``data`` with ``key.sub=value`` / ``key[i].sub=value`` overrides (YAML values) applied in order, each
+    replacing what was there, a mapping included. Raises ``ConfigError`` naming an override that cannot apply."""
     conf = OmegaConf.create(dict(data))
     for item in overrides:
         if "=" not in item or not _name(item):
@@ -131,12 +114,8 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
 
 
 def read_yaml(path: str | Path) -> Any:
-    """The content of a YAML file as plain dicts and lists (``{}`` when empty), read by OmegaConf.
-
-    Raises:
-        ConfigError: invalid YAML (a one-line message naming the file).
-        FileNotFoundError: ``path`` does not exist.
-    """
+    """The content of a YAML file as plain dicts and lists, read by OmegaConf. Raises ``ConfigError`` (invalid
+    YAML, the file named) or ``FileNotFoundError``."""
     try:
         return OmegaConf.to_container(OmegaConf.load(path))
     except yaml.YAMLError as e:

@@ -1,9 +1,5 @@
 """The checks of an experiment config that need more than a value's type (:func:`_validate`, run once by
-:func:`cpr.training.config.load_config`): each phase resolved over its preset (:func:`_resolve_phase`) with
-its merged ``trl.GRPOConfig`` arguments, reward set, credit, baseline and curriculum checked; data sources,
-relative paths, the warm start's :class:`cpr.training.sft.SFTSettings` and the evaluation settings checked by
-their owning modules, each error a :class:`cpr.errors.ConfigError` naming the dotted key.
-"""
+:func:`cpr.training.config.load_config`), each error a :class:`cpr.errors.ConfigError` naming the dotted key."""
 
 from __future__ import annotations
 
@@ -45,25 +41,14 @@ def num_processes() -> int:
 
 
 def phase_training_args(cfg: ExperimentConfig, name: str) -> dict[str, Any]:
-    """The GRPOConfig keyword arguments of phase ``name``: shared ``training`` merged with the
-    phase's own (phase wins), with ``seed``, ``output_dir`` and ``run_name`` filled in if unset; a copy
-    of :attr:`PhaseConfig.training_args`, merged once by :func:`~cpr.training.config.load_config`."""
+    """A copy of the GRPOConfig keyword arguments of phase ``name``: shared ``training`` merged with the phase's
+    own (phase wins), ``seed``, ``output_dir`` and ``run_name`` filled in if unset (:func:`_resolve_phase`)."""
     return copy.deepcopy(cfg.phase(name).training_args)
 
 
-def _merge_training(cfg: ExperimentConfig, phase: PhaseConfig) -> dict[str, Any]:
-    """:func:`phase_training_args` of ``phase``, merged (by :func:`_resolve_phase`, once a phase)."""
-    args = _merge(cfg.training, phase.training)
-    args.setdefault("seed", cfg.seed)
-    args.setdefault("output_dir", str(Path(cfg.output_dir) / phase.name))
-    args.setdefault("run_name", f"{cfg.run_name}-{phase.name}")
-    return args
-
-
 def phase_reward_weights(phase: PhaseConfig, args: Mapping[str, Any]) -> tuple[list[float] | None, str]:
-    """A phase's reward weights and the config key that gave them: ``phase_settings.<phase>.reward_weights``
-    if set, else TRL's ``reward_weights`` of the phase's merged ``training`` arguments ``args``, else
-    ``None`` (the reward set's own weights)."""
+    """A phase's reward weights and the config key that gave them: its ``reward_weights``, else those of its merged
+    ``training`` arguments ``args``, else ``None`` (the reward set's own)."""
     key = f"phase_settings.{phase.name}"
     if phase.reward_weights is not None:
         return phase.reward_weights, f"{key}.reward_weights"
@@ -131,7 +116,10 @@ def _resolve_phase(cfg: ExperimentConfig, name: str, base: Path | None) -> Phase
         preset.pop("reward_params", None)  # the preset's parameters belong to its own rewards
     phase = _parse(PhaseConfig, {**_merge(preset, given or {}), "name": name}, key)
     _check_training(phase.training, f"{key}.training")
-    args = phase._training_args = _merge_training(cfg, phase)
+    args = phase._training_args = _merge(cfg.training, phase.training)
+    args.setdefault("seed", cfg.seed)
+    args.setdefault("output_dir", str(Path(cfg.output_dir) / phase.name))
+    args.setdefault("run_name", f"{cfg.run_name}-{phase.name}")
     weights, weights_key = phase_reward_weights(phase, args)
     try:
         funcs, _ = get_reward_set(phase.rewards, weights, phase.reward_params, **_reward_shared(cfg.rewards))
@@ -181,12 +169,8 @@ def _rekey(key: str, check: Any, *args: Any) -> None:
 
 
 def warm_start_settings(cfg: ExperimentConfig) -> Any:
-    """The :class:`~cpr.training.sft.SFTSettings` of an experiment's warm start: the ``warm_start``
-    section's values and ``extra`` fields, the experiment's seed, a log line every 1/20 of the steps,
-    a checkpoint every ``warm_start.save_steps`` (default: a quarter of ``max_steps``, as a phase), no reports.
-    Built and checked once (by :func:`~cpr.training.config.load_config`), the same object afterwards: what the warm start trains
-    with and the launch checks read (``extra``: its ``trl.SFTConfig`` fields). Raises ``ConfigError`` (field
-    ``warm_start.<key>``)."""
+    """The :class:`~cpr.training.sft.SFTSettings` of an experiment's warm start, built and checked once (by
+    :func:`~cpr.training.config.load_config`). Raises ``ConfigError`` (field ``warm_start.<key>``)."""
     from cpr.training.sft import SFTSettings
 
     if cfg._warm_start_settings is None:

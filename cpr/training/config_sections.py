@@ -1,8 +1,7 @@
-"""The sections of an experiment config (:class:`ExperimentConfig`; examples in recipes/configs/, a table in
-docs/training.md) as strict pydantic models, the built-in :data:`PHASE_PRESETS`, and pydantic's errors as
-:class:`cpr.errors.ConfigError` naming the dotted key (:func:`_parse`). A dataclass whose fields a section
-holds as a mapping (``trl.GRPOConfig``'s ``training``, :class:`cpr.scoring.ScoringSettings`' ``rewards``) has its
-given keys and value types checked against the dataclass's own fields (:func:`_fields_schema`).
+"""The sections of an experiment config (:class:`ExperimentConfig`; docs/training.md, "The config's sections") as
+strict pydantic models, the built-in :data:`PHASE_PRESETS`, and pydantic's errors as :class:`cpr.errors.ConfigError`
+naming the dotted key (:func:`_parse`); a section held as a dataclass's mapping (``training``, ``rewards``) is
+checked against that dataclass's fields (:func:`_fields_schema`).
 """
 
 from __future__ import annotations
@@ -80,12 +79,8 @@ class DataConfig(_Section):
 
     @property
     def bucket_config(self) -> BucketConfig:
-        """``buckets`` as a :class:`cpr.data.BucketConfig`, built on first use (by :func:`~cpr.training.config.load_config`, which
-        checks it) and the same object afterwards: what the data loaders bucket records with.
-
-        Raises:
-            ConfigError: an invalid ``buckets`` mapping (:meth:`cpr.data.BucketConfig.from_dict`).
-        """
+        """``buckets`` as a :class:`cpr.data.BucketConfig`, built once (by :func:`~cpr.training.config.load_config`,
+        which so checks it: ``ConfigError``)."""
         if self._bucket_config is None:
             self._bucket_config = BucketConfig.from_dict(self.buckets)
         return self._bucket_config
@@ -110,8 +105,7 @@ class WarmStartConfig(_Section):
 
 class DynamicSamplingConfig(_Section):
     """Dynamic sampling of a GRPO phase (DAPO, arXiv 2503.14476, section 3.2; :mod:`cpr.training.dynamic_sampling`):
-    groups whose rewards are all equal are replaced by groups of fresh prompts, from up to ``max_resample``
-    extra generation rounds of a whole generation batch each."""
+    zero-variance groups replaced from up to ``max_resample`` extra generation rounds."""
 
     enabled: bool = False
     max_resample: int = Field(default=1, ge=0)
@@ -153,13 +147,8 @@ class PhaseConfig(_Section):
 
     @property
     def curriculum_config(self) -> Any:
-        """``curriculum`` as a :class:`cpr.training.curriculum.CurriculumConfig`, built on first use (by
-        :func:`~cpr.training.config.load_config`, which checks it) and the same object afterwards: what the phase's trainer and
-        curriculum sampler read.
-
-        Raises:
-            ConfigError: an unknown key or invalid value, named ``phase_settings.<name>.curriculum.<key>``.
-        """
+        """``curriculum`` as a :class:`cpr.training.curriculum.CurriculumConfig`, built once (by ``load_config``,
+        which so checks it: ``ConfigError`` naming ``phase_settings.<name>.curriculum.<key>``)."""
         if self._curriculum is None:
             from cpr.training.curriculum import CurriculumConfig
 
@@ -173,12 +162,8 @@ class PhaseConfig(_Section):
 
     @property
     def training_args(self) -> dict[str, Any]:
-        """The phase's ``trl.GRPOConfig`` keyword arguments (:func:`~cpr.training.config_checks.phase_training_args`), merged once by
-        :func:`~cpr.training.config.load_config`.
-
-        Raises:
-            RuntimeError: the phase was not resolved by :func:`~cpr.training.config.load_config`.
-        """
+        """The phase's ``trl.GRPOConfig`` keyword arguments, merged once by :func:`~cpr.training.config.load_config`
+        (``RuntimeError`` before)."""
         if self._training_args is None:
             raise RuntimeError(f"phase {self.name!r}: its settings were not resolved by load_config")
         return self._training_args
@@ -197,9 +182,8 @@ EVAL_SPLITS: tuple[str, ...] = ("test", "validation")
 
 
 class DecodingConfig(_Section):
-    """Evaluation decoding (checked as :class:`cpr.evaluation.generation.DecodingSettings`): ``greedy``, or
-    ``sampled``: also ``samples`` completions per item at ``temperature`` / ``top_p``, seeded with ``seed``,
-    reported as mean@k and pass@k beside the greedy numbers."""
+    """Evaluation decoding (checked as :class:`cpr.evaluation.generation.DecodingSettings`): ``greedy``, or also
+    ``samples`` completions per item (``sampled``), reported as mean@k and pass@k beside the greedy numbers."""
 
     mode: Literal["greedy", "sampled"] = "greedy"
     temperature: float = 1.0
@@ -264,8 +248,7 @@ class ZeroStdGuardConfig(_Guard):
 
 
 class RewardHackingGuardConfig(_Guard):
-    """A hack monitor above its bound for consecutive optimizer steps; ``bounds`` replace the defaults
-    one by one."""
+    """A hack monitor over its bound for consecutive steps; ``bounds`` replace the defaults one by one."""
 
     bounds: dict[str, float] = DEFAULT_HACKING_BOUNDS
     consecutive_steps: int = Field(20, ge=1)
@@ -291,8 +274,7 @@ class GuardsConfig(_Section):
     reward_hacking: RewardHackingGuardConfig = RewardHackingGuardConfig()
 
     def action_for(self, condition: str) -> str:
-        """The action of ``condition`` (nan, kl, zero_std, reward_hacking): its own, else ``guards.action``,
-        else :data:`DEFAULT_GUARD_ACTIONS`."""
+        """The action of ``condition``: its own, else ``guards.action``, else :data:`DEFAULT_GUARD_ACTIONS`."""
         return getattr(self, condition).action or self.action or DEFAULT_GUARD_ACTIONS[condition]
 
 
@@ -350,9 +332,7 @@ PHASE_PRESETS: dict[str, dict[str, Any]] = {
     "composite": {"rewards": "composite", "curriculum": {"schedule": "none"}},
 }
 
-# --------------------------------------------------------------------------------------
 # pydantic errors -> ConfigError naming the dotted key
-# --------------------------------------------------------------------------------------
 
 _EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false", "string": "a string",
              "list": "a list", "dict": "a mapping", "model": "a mapping", "finite": "a finite number"}

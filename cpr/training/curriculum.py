@@ -4,8 +4,7 @@
 it from ``_get_train_sampler`` (:func:`cpr.trl_internals.train_sampler_hook`, the hook TRL's maintainers point to
 for custom sampling, huggingface/trl#2801). Epoch ``e`` yields generation batches ``[e * B, (e + 1) * B)``
 (``B = num_rows // batch_size``) of one global sequence, so a run longer than an epoch continues the curriculum.
-accelerate's ``skip_first_batches`` wrapper does not forward ``set_epoch``, so :class:`CurriculumStateCallback`
-sets it.
+:class:`CurriculumStateCallback` sets the epoch (accelerate's ``skip_first_batches`` does not forward it).
 """
 
 from __future__ import annotations
@@ -39,16 +38,14 @@ class CurriculumConfig:
     """Schedule of the CPR-Curriculum (docs/method.md section 6); fields documented in ``metadata["help"]``."""
 
     schedule: str = field(default="staged", metadata={"help": (
-        "How the prompt mix moves from easy to hard: 'staged' (bucket sets unlocked at fixed fractions of "
-        "training), 'linear' (per-bucket sampling weights interpolated from linear_start to linear_end over "
-        "training), 'mastery' (the next bucket opens when the online pass rate of the hardest open one reaches "
-        "mastery_threshold; prompts weighted by p (1 - p)) or 'none' (TRL's seeded permutation, no curriculum).")})
+        "How the prompt mix moves from easy to hard: 'staged' (bucket sets unlocked at stage_fractions of "
+        "training), 'linear' (per-bucket weights from linear_start to linear_end), 'mastery' (buckets opened by "
+        "the online pass rate; prompts weighted by p (1 - p)) or 'none' (TRL's seeded permutation).")})
     buckets: tuple[str, ...] = field(default=("easy", "medium", "hard"), metadata={"help": (
         "Difficulty bucket names, easiest first; every value of the dataset's 'difficulty' column must be one.")})
     stage_fractions: tuple[float, ...] = field(default=(0.3, 0.6), metadata={"help": (
-        "staged: fractions of training at which the next bucket is added (strictly increasing, each in (0, 1], "
-        "one fewer than buckets). The default trains on easy only for the first 30% of generation batches, "
-        "easy+medium until 60%, then on all prompts, each stage in the data's own proportions.")})
+        "staged: fractions of training (generation batches) at which the next bucket is added (strictly "
+        "increasing, each in (0, 1], one fewer than buckets), each stage in the data's own proportions.")})
     linear_start: tuple[float, ...] = field(default=(1.0, 0.0, 0.0), metadata={"help": (
         "linear: per-bucket sampling weights at the start (one per bucket, non-negative, normalised to sum 1).")})
     linear_end: str | tuple[float, ...] = field(default="data", metadata={"help": (
@@ -62,8 +59,7 @@ class CurriculumConfig:
         "a bucket needs this many before the next one can open.")})
     mastery_floor: float = field(default=0.05, metadata={"help": (
         "mastery: a prompt's sampling weight within the open buckets is max(p (1 - p), floor), p its last "
-        "group's pass rate (0.5 before it was seen), so that mastered and hopeless prompts still come back; "
-        "in (0, 0.25].")})
+        "group's pass rate (0.5 unseen), so that mastered and hopeless prompts still come back; in (0, 0.25].")})
     mastery_reward: str | None = field(default=None, metadata={"help": (
         "mastery: the reward function whose value decides whether a completion passes (null: the phase's last "
         "reward function, accuracy in answer_only and cpr in cpr).")})
@@ -96,56 +92,51 @@ class CurriculumConfig:
     def validate(self) -> None:
         """Check every value the schedule uses; raise :class:`ConfigError` naming ``curriculum.<key>``."""
 
-        def fail(key: str, message: str) -> None:
-            raise ConfigError(message, field=f"curriculum.{key}")
+        def check(key: str, ok: bool, message: str) -> None:
+            if not ok:
+                raise ConfigError(message, field=f"curriculum.{key}")
 
-        if self.schedule not in SCHEDULES:
-            fail("schedule", f"unknown schedule {self.schedule!r}; expected one of {', '.join(SCHEDULES)}")
+        check("schedule", self.schedule in SCHEDULES,
+              f"unknown schedule {self.schedule!r}; expected one of {', '.join(SCHEDULES)}")
         b = self.buckets
-        if not isinstance(b, tuple):
-            fail("buckets", f"must be a list of bucket names, got {b!r}")
-        if not b:
-            fail("buckets", "needs at least one bucket name")
-        if not all(isinstance(x, str) and x for x in b):
-            fail("buckets", f"bucket names must be non-empty strings, got {list(b)}")
-        if len(set(b)) != len(b):
-            fail("buckets", f"bucket names must be unique, got {list(b)}")
+        check("buckets", isinstance(b, tuple), f"must be a list of bucket names, got {b!r}")
+        check("buckets", bool(b), "needs at least one bucket name")
+        check("buckets", all(isinstance(x, str) and x for x in b),
+              f"bucket names must be non-empty strings, got {list(b)}")
+        check("buckets", len(set(b)) == len(b), f"bucket names must be unique, got {list(b)}")
         fr = self.stage_fractions
         if self.schedule == "staged":
-            if not isinstance(fr, tuple) or len(fr) != len(b) - 1:
-                fail("stage_fractions",
-                     f"needs {len(b) - 1} fractions (one fewer than the {len(b)} buckets), got {fr!r}")
+            check("stage_fractions", isinstance(fr, tuple) and len(fr) == len(b) - 1,
+                  f"needs {len(b) - 1} fractions (one fewer than the {len(b)} buckets), got {fr!r}")
             for x in fr:
-                if not _is_number(x) or not 0.0 < x <= 1.0:
-                    fail("stage_fractions", f"each fraction must be a number in (0, 1], got {x!r}")
-            if any(x >= y for x, y in zip(fr, fr[1:], strict=False)):
-                fail("stage_fractions", f"fractions must be strictly increasing, got {list(fr)}")
+                check("stage_fractions", _is_number(x) and 0.0 < x <= 1.0,
+                      f"each fraction must be a number in (0, 1], got {x!r}")
+            check("stage_fractions", all(x < y for x, y in zip(fr, fr[1:], strict=False)),
+                  f"fractions must be strictly increasing, got {list(fr)}")
         if self.schedule == "linear":
             for key in ("linear_start", "linear_end"):
                 w = getattr(self, key)
                 if key == "linear_end" and isinstance(w, str):
-                    if w not in ("data", "uniform"):
-                        fail(key, f"unknown value {w!r}; expected 'data', 'uniform' or one weight per bucket")
+                    check(key, w in ("data", "uniform"),
+                          f"unknown value {w!r}; expected 'data', 'uniform' or one weight per bucket")
                     continue
-                if not isinstance(w, tuple) or len(w) != len(b):
-                    fail(key, f"needs one weight per bucket ({len(b)}), got {w!r}")
+                check(key, isinstance(w, tuple) and len(w) == len(b),
+                      f"needs one weight per bucket ({len(b)}), got {w!r}")
                 for x in w:
-                    if not _is_number(x) or not math.isfinite(x) or x < 0:
-                        fail(key, f"weights must be finite and non-negative, got {x!r}")
-                if sum(w) <= 0:
-                    fail(key, f"weights must not all be zero, got {list(w)}")
+                    check(key, _is_number(x) and math.isfinite(x) and x >= 0,
+                          f"weights must be finite and non-negative, got {x!r}")
+                check(key, sum(w) > 0, f"weights must not all be zero, got {list(w)}")
         if self.schedule == "mastery":
             t, w, f, pr = self.mastery_threshold, self.mastery_window, self.mastery_floor, self.mastery_pass
-            if not _is_number(t) or not 0.0 < t <= 1.0:
-                fail("mastery_threshold", f"must be a number in (0, 1], got {t!r}")
-            if not isinstance(w, int) or isinstance(w, bool) or w < 1:
-                fail("mastery_window", f"must be a positive integer, got {w!r}")
-            if not _is_number(f) or not 0.0 < f <= 0.25:
-                fail("mastery_floor", f"must be a number in (0, 0.25] (p (1 - p) is at most 0.25), got {f!r}")
-            if not _is_number(pr) or not math.isfinite(pr):
-                fail("mastery_pass", f"must be a finite number, got {pr!r}")
-            if self.mastery_reward is not None and not (isinstance(self.mastery_reward, str) and self.mastery_reward):
-                fail("mastery_reward", f"must be a reward function name or null, got {self.mastery_reward!r}")
+            check("mastery_threshold", _is_number(t) and 0.0 < t <= 1.0, f"must be a number in (0, 1], got {t!r}")
+            check("mastery_window", isinstance(w, int) and not isinstance(w, bool) and w >= 1,
+                  f"must be a positive integer, got {w!r}")
+            check("mastery_floor", _is_number(f) and 0.0 < f <= 0.25,
+                  f"must be a number in (0, 0.25] (p (1 - p) is at most 0.25), got {f!r}")
+            check("mastery_pass", _is_number(pr) and math.isfinite(pr), f"must be a finite number, got {pr!r}")
+            r = self.mastery_reward
+            check("mastery_reward", r is None or (isinstance(r, str) and bool(r)),
+                  f"must be a reward function name or null, got {r!r}")
 
     def identity(self) -> dict[str, Any]:
         """:meth:`to_dict` without ``mastery_*`` unless ``mastery``: what the order depends on (checked on resume)."""
@@ -172,8 +163,7 @@ def weighted_draw(weights: torch.Tensor, n: int, exclude: Sequence[int], seed: i
         kept[list(exclude)] = 0.0
         if int((kept > 0).sum()) >= n:
             w = kept
-    g = torch.Generator()
-    g.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
     return torch.multinomial(w, n, replacement=int((w > 0).sum()) < n, generator=g).tolist()
 
 
@@ -216,21 +206,15 @@ def empty_buckets_message(config: CurriculumConfig, difficulties: Sequence[str |
 class CurriculumSampler(Sampler[int]):
     """Easy-to-hard drop-in for TRL's ``RepeatSampler`` (same GRPO structure and length).
 
-    Args:
-        difficulties: one bucket name per dataset row; record_ids: row ids, to name a bad row in errors.
-        mini_repeat_count, batch_size, repeat_count: as ``RepeatSampler``'s (``num_generations``, unique prompts
-            per generation batch, ``num_iterations * steps_per_generation``).
-        total_batches: generation batches in the run (:func:`total_generation_batches`; not for ``none``);
-            batch ``b`` is drawn at training fraction ``min(b / total_batches, 1)``.
-        config: the schedule; seed: seed of the sampler's own ``torch.Generator``.
-        fresh_rounds: extra generation rounds a batch may take (dynamic sampling's ``max_resample``; 0: none).
-        observation_lag: ``mastery``: batch ``b`` uses the observations of batches ``<= b - observation_lag``.
+    ``mini_repeat_count``, ``batch_size``, ``repeat_count``: as ``RepeatSampler``'s (``num_generations``, unique
+    prompts per generation batch, ``num_iterations * steps_per_generation``). Batch ``b`` is drawn at training
+    fraction ``min(b / total_batches, 1)`` (:func:`total_generation_batches`; not for ``none``).
+    ``fresh_rounds``: dynamic sampling's ``max_resample``; ``mastery`` batch ``b`` uses the observations of
+    batches ``<= b - observation_lag``.
 
-    The order is a pure function of the arguments, the same on every rank. ``none`` yields what
-    ``RepeatSampler(shuffle=True, seed=seed)`` does. ``staged`` / ``linear`` split each batch's slots among
-    buckets by smooth weighted round-robin on :meth:`bucket_mix`, each bucket handing out a seeded permutation
-    of its prompts; empty buckets fall back to non-empty ones with a warning. ``mastery`` and the fresh prompts
-    of dynamic sampling: docs/method.md section 6.
+    The order is a pure function of the arguments, the same on every rank (``none``: as
+    ``RepeatSampler(shuffle=True, seed=seed)``). ``staged`` / ``linear`` split each batch's slots among buckets by
+    smooth weighted round-robin on :meth:`bucket_mix`; ``mastery``: docs/method.md section 6.
 
     Raises:
         InputError: a difficulty that is not a bucket name (names the value, row and id).
@@ -275,8 +259,7 @@ class CurriculumSampler(Sampler[int]):
         self._sizes = [len(m) for m in self._members]
         self._stage_sets, self._linear_ends = self._prepare_schedule()
         self._batches: list[list[int]] = []  # the global sequence of generation batches, extended lazily
-        self._rng = torch.Generator()
-        self._rng.manual_seed(seed)
+        self._rng = torch.Generator().manual_seed(seed)
         self._queues: list[deque[int]] = [deque() for _ in config.buckets]
         self._credit = [0.0] * len(config.buckets)
         self._fingerprint: str | None = None
@@ -289,7 +272,7 @@ class CurriculumSampler(Sampler[int]):
 
     @property
     def observes(self) -> bool:
-        """Whether the order depends on the observed pass rates (``mastery``): the trainer calls :meth:`observe`."""
+        """Whether the order depends on the observed pass rates (``mastery``)."""
         return self.config.schedule == "mastery"
 
     def _init_mastery(self) -> None:
@@ -308,9 +291,7 @@ class CurriculumSampler(Sampler[int]):
 
     def _next_open(self, opened: int) -> int:
         """The number of open buckets once the next non-empty bucket after the first ``opened`` opens."""
-        k = opened
-        while k < len(self._sizes) and self._sizes[k] == 0:
-            k += 1
+        k = next((k for k in range(opened, len(self._sizes)) if self._sizes[k]), len(self._sizes))
         return min(k + 1, len(self._sizes))
 
     def online_pass_rates(self) -> dict[str, float | None]:
@@ -367,9 +348,9 @@ class CurriculumSampler(Sampler[int]):
         self._mix[batch_index] = self._mix_of(weights)
 
     def observe(self, batch_index: int, rows: Sequence[int], pass_rates: Sequence[float]) -> None:
-        """Record each group's prompt row and pass rate (in [0, 1]) for batch ``batch_index``, batches in order
-        (a no-op unless ``mastery``). Raises ``RuntimeError`` for a batch older than the last observed or
-        already folded in; ``ValueError`` for lengths that differ or a rate outside [0, 1]."""
+        """Record each group's prompt row and pass rate for batch ``batch_index`` (a no-op unless ``mastery``).
+        Raises ``RuntimeError`` for a batch older than the last observed or already folded in; ``ValueError`` for
+        lengths that differ or a rate outside [0, 1]."""
         if not self.observes:
             return
         if batch_index < self._observed_through or batch_index <= self._folded_through:
@@ -377,9 +358,8 @@ class CurriculumSampler(Sampler[int]):
                                f"{max(self._observed_through, self._folded_through)}")
         if len(rows) != len(pass_rates):
             raise ValueError(f"{len(rows)} rows but {len(pass_rates)} pass rates")
-        for r in pass_rates:
-            if not 0.0 <= r <= 1.0:
-                raise ValueError(f"a pass rate must be in [0, 1], got {r!r}")
+        if bad := [r for r in pass_rates if not 0.0 <= r <= 1.0]:
+            raise ValueError(f"a pass rate must be in [0, 1], got {bad[0]!r}")
         self._pending.setdefault(batch_index, []).extend((int(i), float(r)) for i, r in zip(rows, pass_rates, strict=True))
         self._observed_through = batch_index
 
@@ -453,7 +433,7 @@ class CurriculumSampler(Sampler[int]):
         return stage_sets, ([w / sum(start) for w in start], [w / sum(end) for w in end])
 
     def _shift_empty(self, weights: list[float], name: str) -> list[float]:
-        """Move the weight of empty buckets to the next harder non-empty bucket (else the nearest easier)."""
+        """Empty buckets' weight moved to the next harder non-empty bucket (else the nearest easier)."""
         sizes, out = self._sizes, [0.0] * len(weights)
         for k, w in enumerate(weights):
             if w == 0 or sizes[k] > 0:
@@ -533,7 +513,7 @@ class CurriculumSampler(Sampler[int]):
         return [i for b in range(first, first + self.batches_per_epoch) for i in self.generation_batch(b)]
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next ``__iter__`` yields (called by the Trainer / accelerate)."""
+        """Select the epoch the next ``__iter__`` yields."""
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
@@ -548,7 +528,6 @@ class CurriculumSampler(Sampler[int]):
         return self.batches_per_epoch * self.batch_size * self.mini_repeat_count * self.repeat_count
 
     def _identity(self) -> dict[str, Any]:
-        """The arguments the order depends on (compared on resume)."""
         keys = ("seed", "num_rows", "bucket_sizes", "batch_size", "mini_repeat_count", "repeat_count", "total_batches")
         extra = {"fresh_rounds": self.fresh_rounds} if self.fresh_rounds else {}
         if self.observes:
@@ -561,8 +540,7 @@ class CurriculumSampler(Sampler[int]):
             h = hashlib.sha256()
             h.update(json.dumps(self._identity(), sort_keys=True).encode())
             h.update((",".join(map(str, self._bucket_of)) + "|").encode())
-            n = self.total_batches if self.total_batches is not None else self.batches_per_epoch
-            n = 0 if self.observes else n
+            n = 0 if self.observes else (self.total_batches or self.batches_per_epoch)
             self._extend_to(n)
             for batch in self._batches[:n]:
                 h.update((",".join(map(str, batch)) + ";").encode())
@@ -588,8 +566,8 @@ class CurriculumSampler(Sampler[int]):
         """Restore ``state`` (position kept in ``resumed_position``). Raises :class:`ConfigError`
         (``curriculum_state.<key>``) when it describes another order."""
         if state.get("format") != STATE_FORMAT:
-            raise ConfigError(f"unsupported curriculum state format {state.get('format')!r}; expected {STATE_FORMAT!r}",
-                              field="curriculum_state.format")
+            raise ConfigError(f"unsupported curriculum state format {state.get('format')!r}; expected "
+                              f"{STATE_FORMAT!r}", field="curriculum_state.format")
         for key, mine in self._identity().items():
             if state.get(key) != mine:
                 raise ConfigError(f"the checkpoint's curriculum has {key}={state.get(key)!r} but this run has "
@@ -619,19 +597,18 @@ class CurriculumStateCallback(CheckpointState):
     @staticmethod
     def _position(args: Any, state: Any, train_dataloader: Any) -> tuple[int, int]:
         """The epoch and the micro-batches to skip at ``global_step``, as the Trainer computes them."""
-        ga, n = args.gradient_accumulation_steps, len(train_dataloader)
-        steps_per_epoch = max(n // ga + int(n % ga > 0), 1)
+        ga = args.gradient_accumulation_steps
+        steps_per_epoch = max(math.ceil(len(train_dataloader) / ga), 1)
         return state.global_step // steps_per_epoch, (state.global_step % steps_per_epoch) * ga
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):  # noqa: D102
         saved = self.saved_state(state)
-        if state.global_step <= 0:
-            return
-        if saved is None or saved.get("curriculum_state") is None:
+        if state.global_step > 0 and (saved or {}).get("curriculum_state") is None:
             raise ConfigError(f"resuming at step {state.global_step} from a checkpoint without curriculum state (it "
                               "was not trained with this curriculum); its prompt order cannot be continued",
                               field="curriculum")
-        self.trainer.curriculum_sampler.load_state_dict(saved["curriculum_state"])
+        if saved is not None:
+            self.trainer.curriculum_sampler.load_state_dict(saved["curriculum_state"])
 
     def on_epoch_begin(self, args, state, control, train_dataloader=None, **kwargs):  # noqa: D102
         self.trainer.curriculum_sampler.set_epoch(self._position(args, state, train_dataloader)[0])

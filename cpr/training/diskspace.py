@@ -22,8 +22,7 @@ def _size(folder: Path) -> int:
 
 
 def checkpoint_size(run_dir: Path) -> int:
-    """Bytes of the largest ``checkpoint-N`` folder of the run in ``run_dir`` (the warm start's or a phase's);
-    0 without one."""
+    """Bytes of the largest ``checkpoint-N`` folder of the run in ``run_dir``; 0 without one."""
     return max((_size(c) for c in Path(run_dir).glob("*/checkpoint-*") if c.is_dir()), default=0)
 
 
@@ -32,10 +31,8 @@ def _mib(n: int) -> str:
 
 
 def disk_full_error(exc: BaseException, run_dir: Path) -> DiskFullError | None:
-    """A :class:`DiskFullError` for ``exc`` when its cause / context chain (``exc`` included) holds an
-    ``OSError`` with ``errno`` ENOSPC or EDQUOT, or torch's short-write error (``unexpected pos``, from its zip
-    writer) while ``run_dir``'s filesystem has less free space than a checkpoint of the run takes; else ``None``.
-    """
+    """A :class:`DiskFullError` for ``exc`` when its cause / context chain holds an ``OSError`` ENOSPC or EDQUOT,
+    or torch's short-write error while ``run_dir`` has less free space than a checkpoint takes; else ``None``."""
     needed = None
     seen: set[int] = set()
     e: BaseException | None = exc

@@ -1,11 +1,7 @@
-"""Divergence guards of the GRPO phases (``guards:``, :class:`cpr.training.config_sections.GuardsConfig`; docs/training.md,
-"Divergence guards"; the paper's Composite and Answer-Only runs diverge to NaN gradients, docs/method.md section 4).
-
-:class:`DivergenceGuard` checks each optimizer step before ``optimizer.step()`` (``on_pre_optimizer_step``) and
-warns, drops the update (``skip_step``: every ``grad = None``, which torch's optimizers skip; not under DeepSpeed
-nor fp16 loss scaling) or stops (checkpoint saved with ``diverged.json``, :class:`TrainingDivergedError`). It
-reads TRL's KL and monitors from ``GRPOTrainer._metrics["train"]`` (:func:`cpr.trl_internals.logged_metrics`),
-which TRL hands to callbacks only after the update.
+"""Divergence guards of the GRPO phases (``guards:``; docs/training.md, "Divergence guards, resume and failures";
+the paper's Composite and Answer-Only runs diverge to NaN gradients, docs/method.md section 4). They check each
+optimizer step before ``optimizer.step()``, reading TRL's KL and monitors from ``GRPOTrainer._metrics["train"]``
+(:func:`cpr.trl_internals.logged_metrics`), which TRL hands to callbacks only after the update.
 """
 
 from __future__ import annotations
@@ -33,9 +29,8 @@ _SEVERITY = {"warn": 0, "skip_step": 1, "stop": 2}
 
 
 class TrainingDivergedError(CprError):
-    """A guard with action ``stop`` ended a phase: ``event`` (a :class:`GuardEvent` dict), ``checkpoint`` (the
-    folder marked ``diverged.json``, or ``None``), ``summary`` (status ``"diverged"``); ``exit_code`` 3 (other
-    :class:`~cpr.errors.CprError`: 2), so a scheduler tells a diverged run (a result) from a failed one."""
+    """A guard with action ``stop`` ended a phase (``event`` a :class:`GuardEvent` dict, ``checkpoint`` the folder
+    marked ``diverged.json`` or ``None``); ``exit_code`` 3 tells a scheduler a diverged run from a failed one."""
 
     exit_code = 3
 
@@ -62,9 +57,8 @@ class GuardEvent:
 
 
 def drop_update(optimizer: Any) -> int:
-    """Set ``grad = None`` on every parameter ``optimizer`` holds, so its next ``step()`` changes nothing
-    (torch's optimizers skip such parameters: no update, moments, step count or weight decay).
-    Returns the number of parameters cleared."""
+    """Set ``grad = None`` on every parameter of ``optimizer`` (torch's optimizers skip such parameters: no update,
+    moments, step count or weight decay); returns the number cleared."""
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     for p in params:
         p.grad = None
@@ -89,21 +83,9 @@ class _WatchedReward:
 
 class DivergenceGuard(CheckpointState):
     """Checks each optimizer step for ``nan`` (a NaN / Inf reward, micro-step loss or gradient norm on any
-    process), ``kl``, ``zero_std`` and ``reward_hacking`` (TRL's metrics past their limits for consecutive
-    steps) and acts (docs/training.md, "Divergence guards").
-
-    Args:
-        config: the ``guards`` section.
-        events_path: JSON lines file receiving every event (main process); ``None``: not written.
-        baseline: the phase's ``baseline``: ``zero_std`` reads TRL's ``frac_reward_zero_std`` with ``group``, and
-            ``baseline/frac_zero_signal`` (:func:`cpr.advantages.zero_signal_groups`) with ``greedy``.
-
-    Attributes:
-        counts: per condition, ``{"steps": steps where it held, "skipped": updates it dropped}``.
-        skipped_steps: the optimizer steps whose update was dropped.
-        stopped: the :class:`GuardEvent` that stopped training, or ``None``.
-        events: every event of this process's run.
-    """
+    process), ``kl``, ``zero_std`` (with ``baseline`` ``greedy``: :data:`ZERO_SIGNAL_METRIC`) and
+    ``reward_hacking`` and acts. ``counts``: per condition, ``{"steps": steps where it held, "skipped": updates
+    it dropped}``; ``stopped``: the :class:`GuardEvent` that stopped training, or ``None``."""
 
     def __init__(self, config: GuardsConfig, *, events_path: str | Path | None = None, baseline: str = "group") -> None:
         self.config = config
@@ -192,7 +174,7 @@ class DivergenceGuard(CheckpointState):
         return reasons, {"rewards": rewards, "loss": _json_float(self._bad_loss), "grad_norm": _json_float(grad_norm)}
 
     def _run(self, run: int, length: int, condition: str, reason: str, values: dict) -> list[tuple]:
-        """A run of ``run`` steps holds from ``length`` on; it is announced at ``length`` and every further one."""
+        """A run holds from ``length`` steps on, announced at ``length`` and every further ``length``."""
         return [(condition, reason, values, (run - length) % length == 0)] if run >= length else []
 
     def _check(self, grad_norm: float | None) -> list[tuple[str, str, dict[str, Any], bool]]:

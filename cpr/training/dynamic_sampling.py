@@ -1,11 +1,5 @@
-"""Dynamic sampling for TRL's GRPOTrainer (``phase_settings.<phase>.dynamic_sampling``; DAPO, Yu et al. 2025,
-arXiv 2503.14476, section 3.2; docs/method.md section 6 says how this differs from DAPO).
-
-After TRL generated and scored a generation batch, :meth:`DynamicSampling.rounds` finds its zero-variance groups
-(:func:`zero_variance_groups`, the same test as TRL's ``frac_reward_zero_std``) and runs up to ``max_resample``
-extra generation rounds on fresh prompts (:meth:`cpr.training.curriculum.CurriculumSampler.fresh_prompts`); each
-dropped group is replaced by an informative group of a later round (:func:`refill`) and the trained batch is put
-together row by row (:func:`assemble`); groups without a replacement stay, so the batch keeps its size.
+"""Dynamic sampling for TRL's GRPOTrainer (DAPO, Yu et al. 2025, arXiv 2503.14476, section 3.2; docs/training.md,
+"Dynamic sampling and the mastery curriculum"; docs/method.md section 6 says how this differs from DAPO).
 
 Every process takes the same decisions (rewards gathered before the test) and runs the same number of rounds,
 so generation's collective operations (ZeRO-3) stay in step. A replacement comes from the same process: a group
@@ -45,9 +39,8 @@ def group_rewards(rewards: torch.Tensor, weights: torch.Tensor, num_generations:
 
 
 def zero_variance_groups(totals: torch.Tensor) -> list[bool]:
-    """Per group (a row of ``totals``, ``(groups, num_generations)``): whether the standard deviation of its
-    rewards (unbiased, NaN ignored) is zero (``torch.isclose``), TRL's ``frac_reward_zero_std`` test. A group
-    with fewer than two rewards is not zero-variance (its deviation is undefined, as in TRL)."""
+    """Per group (a row of ``totals``, ``(groups, num_generations)``): whether the unbiased standard deviation of
+    its rewards (NaN ignored; undefined below two) is zero, TRL's ``frac_reward_zero_std`` test."""
     count = (~torch.isnan(totals)).sum(dim=1)
     mean = torch.nanmean(totals, dim=1, keepdim=True)
     var = torch.nansum((totals - mean) ** 2, dim=1) / (count - 1).clamp(min=0)
@@ -94,11 +87,8 @@ def _pad(t: torch.Tensor, width: int, value: float | int, left: bool) -> torch.T
 
 
 def assemble(rounds: Sequence[dict[str, Any]], picks: Sequence[tuple[int, int]], pad_token_id: int) -> dict[str, Any]:
-    """The generation batch of ``picks`` (per local row: ``(round, local row)``) from the rounds' outputs of
-    ``_generate_and_score_completions`` (this process's rows): row tensors padded to the widest round (prompts
-    on the left, completions on the right, ``*token_type_ids`` on both sides of the prompt), image tensors per
-    row (:func:`cpr.trl_internals.rows_of`). ``num_items_in_batch`` is left out (the caller counts it over the
-    processes). Raises :class:`CprError` for a value it cannot split by row."""
+    """The generation batch of ``picks`` (per local row: ``(round, local row)``) from the rounds' outputs, padded to
+    the widest round, without ``num_items_in_batch``; :class:`CprError` for a value it cannot split by row."""
     split = [rows_of(r) for r in rounds]
     n = len(picks)
     out: dict[str, Any] = {}
@@ -131,15 +121,9 @@ def assemble(rounds: Sequence[dict[str, Any]], picks: Sequence[tuple[int, int]],
 
 class DynamicSampling(CheckpointState):
     """The curriculum's part of a training generation batch of ``trainer`` (a
-    :class:`cpr.training.trainer.CprGRPOTrainer`: its ``curriculum_sampler``, ``None`` without a curriculum, and
-    ``mastery_reward``, the index of the reward function that decides a pass, ``mastery_pass`` its threshold),
-    with ``config`` (:class:`cpr.training.config_sections.DynamicSamplingConfig`) dynamic sampling's (:meth:`rounds`). As a
-    callback (added with dynamic sampling) it keeps ``totals`` in each checkpoint and puts them back on resume.
-
-    Logged per generation batch (averaged per logging step like TRL's metrics, which describe the first round
-    only): ``dynamic_sampling/dropped_groups`` (zero-variance groups of the first round), ``.../extra_rounds``,
-    ``.../refilled_groups``, ``.../frac_zero_std_trained`` (share of the trained batch's groups with zero
-    variance). ``totals`` sums them over the phase (with ``generation_batches`` and ``groups``).
+    :class:`cpr.training.trainer.CprGRPOTrainer`: its ``curriculum_sampler``, ``mastery_reward`` index and
+    ``mastery_pass``), with ``config``, dynamic sampling's (:meth:`rounds`). As a callback it keeps ``totals`` (the
+    phase's sums of the logged ``dynamic_sampling/*`` counts) in each checkpoint.
     """
 
     def __init__(self, trainer: Any, config: Any) -> None:
@@ -196,14 +180,12 @@ class DynamicSampling(CheckpointState):
                generate: Any) -> dict[str, Any]:
         """The training batch of the generation batch ``inputs`` (this process's rows), whose first round gave
         ``out`` (TRL's batch dict) and ``rewards`` (its gathered ``(processes x rows, reward functions)`` matrix);
-        ``generate(rows)`` runs a further round, returning the same pair. With a curriculum sampler it checks the
-        prompts are the sampler's and hands a ``mastery`` sampler each group's pass rate (``observe``); with
-        dynamic sampling it runs the extra rounds and the refill (module docstring); else returns ``out``.
+        ``generate(rows)`` runs a further round, returning the same pair. Hands a ``mastery`` sampler each group's
+        pass rate; with dynamic sampling, replaces zero-variance groups by those of extra rounds (:func:`refill`).
 
         Raises:
-            CprError: the generation batch's prompts are not the sampler's (ids differ), the processes' samplers
-                drew different prompts (checked each generation round), or a fresh prompt's dataset row has
-                other columns than the batch's.
+            CprError: the batch's prompts are not the sampler's, the processes' samplers drew different prompts,
+                or a fresh prompt's dataset row has other columns than the batch's.
         """
         t, ds = self.trainer, self.config
         sampler = t.curriculum_sampler

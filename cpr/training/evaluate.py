@@ -1,10 +1,6 @@
-"""Scoring a run's model or LoRA adapter on a split of its data, as every evaluation of a run does.
-
-Every number of a run and of the ablations is scored alike (model, ``evaluation`` decoding, ``rewards``
-scoring) through :func:`cpr.evaluation.evaluate_model`. The eval hook (:func:`eval_hook`) and checkpoint
-selection score the **validation** split only; the test split is scored once, by :func:`final_evaluation`,
-so no choice is ever made on it.
-"""
+"""Scoring a run's model or LoRA adapter on a split of its data, as every evaluation of a run does
+(:func:`cpr.evaluation.evaluate_model`). The eval hook and checkpoint selection score the **validation** split
+only; the test split is scored once, by :func:`final_evaluation`, so no choice is ever made on it."""
 
 from __future__ import annotations
 
@@ -51,9 +47,8 @@ def summary_entries(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
 
 
 def benchmark_records(cfg: ExperimentConfig, splits: DataSplits, split: str) -> list[tuple[str, list, int | None]]:
-    """``(benchmark, records, limit)`` the final evaluation scores on ``split``: on ``test`` each benchmark
-    of ``evaluation.benchmarks`` on its own ``data`` or the test split (``crystal`` when none is listed),
-    on ``validation`` ``crystal``. Benchmarks without records are left out. ``limit`` caps only the hook.
+    """``(benchmark, records, limit)`` the final evaluation scores on ``split`` (``test``: each benchmark on its own
+    ``data`` or the test split; ``validation``: ``crystal``), those with records; ``limit`` caps only the hook.
 
     Raises:
         ConfigError: an unknown split.
@@ -75,9 +70,8 @@ def benchmark_records(cfg: ExperimentConfig, splits: DataSplits, split: str) -> 
 
 
 def on_crystal_test(cfg: ExperimentConfig, benchmark: str, split: str) -> bool:
-    """Whether the final evaluation's ``benchmark`` records on ``split`` are CRYSTAL's test set
-    (:func:`cpr.evaluation.report.is_crystal_test` of the benchmark's own ``data``, else of ``data.test``;
-    a held-out share of the training data never is): where its report shows the paper's rows."""
+    """Whether the final evaluation's ``benchmark`` records on ``split`` are CRYSTAL's test set (its own ``data``,
+    else ``data.test``; a held-out share never is): where its report shows the paper's rows."""
     from cpr.evaluation.report import is_crystal_test
 
     if benchmark != "crystal" or split != "test":
@@ -87,9 +81,8 @@ def on_crystal_test(cfg: ExperimentConfig, benchmark: str, split: str) -> bool:
 
 
 def hook_benchmarks(cfg: ExperimentConfig, splits: DataSplits) -> list[tuple[str, list, int | None]]:
-    """``(benchmark, records, limit)`` the eval hook scores: each benchmark of ``evaluation.benchmarks``
-    without its own ``data`` (a test set, left to the final evaluation; ``crystal`` when none is listed)
-    on the validation split, capped at its ``limit``; ``[]`` without validation records."""
+    """``(benchmark, records, limit)`` the eval hook scores: each benchmark without its own ``data`` (a test set) on
+    the validation split (``crystal`` when none is listed); ``[]`` without validation records."""
     from cpr.training.config_sections import EvalBenchmarkConfig
 
     listed = [b for b in cfg.evaluation.benchmarks if not b.data] if cfg.evaluation.benchmarks else [EvalBenchmarkConfig()]
@@ -122,12 +115,8 @@ EVAL_SETTINGS_FILE = "cpr_eval_settings.json"
 
 def eval_settings(cfg: ExperimentConfig, *, self_contained: bool = False) -> dict[str, Any]:
     """What scoring a model of the run needs to score it as the run's evaluations do (``cpr eval`` takes each
-    one a flag leaves unset): the model's ``dtype``, ``attn_implementation``, ``trust_remote_code``,
-    ``min_pixels`` / ``max_pixels``; ``prompts`` (``data.prompts``; with ``self_contained`` every template
-    written out, so no file outside is needed); ``prompt_mode``, ``max_new_tokens``, ``batch_size``,
-    ``decoding`` (a mapping) and ``backend`` (``transformers``, the run's) of generation; ``encoder``,
-    ``threshold``, ``alpha``, ``matching`` (``rewards``), ``answer_mode`` (``evaluation``) and the
-    encoder's ``encoder_batch_size`` of scoring. Values are plain JSON.
+    one a flag leaves unset; docs/evaluation.md), as plain JSON; with ``self_contained`` every prompt template is
+    written out, so no file outside is needed.
 
     Raises:
         ConfigError: with ``self_contained``, prompt templates that do not load.
@@ -147,8 +136,7 @@ def eval_settings(cfg: ExperimentConfig, *, self_contained: bool = False) -> dic
 
 
 def read_eval_settings(model_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
-    """``(file, settings)`` of the :data:`EVAL_SETTINGS_FILE` in a model folder (``cpr export``'s; its
-    ``settings``, :func:`eval_settings`), or ``None`` when the folder holds none.
+    """``(file, settings)`` of the :data:`EVAL_SETTINGS_FILE` in a model folder, or ``None`` when it holds none.
 
     Raises:
         InputError: the file is not valid JSON or its ``settings`` is not an object (file and field named).
@@ -172,9 +160,8 @@ def read_eval_settings(model_dir: str | Path) -> tuple[Path, dict[str, Any]] | N
 
 
 def run_of_adapter(adapter: str | Path | None) -> Path | None:
-    """The ``config.yaml`` of the run ``adapter`` belongs to: in its parent folder (``<run>/<phase>/...``
-    has it in the grandparent: ``<run>/<phase>/adapter``, ``<run>/<phase>/checkpoint-N``) or grandparent;
-    ``None`` for no adapter or one outside a run folder."""
+    """The ``config.yaml`` of the run ``adapter`` belongs to (in its parent or grandparent folder: a warm start's
+    or a phase's ``adapter`` and ``checkpoint-N``); ``None`` for no adapter or one outside a run folder."""
     for folder in Path(adapter).resolve().parents[:2] if adapter else ():
         if (folder / "config.yaml").is_file():
             return folder / "config.yaml"
@@ -182,9 +169,8 @@ def run_of_adapter(adapter: str | Path | None) -> Path | None:
 
 
 def eval_hook(cfg: ExperimentConfig, splits: DataSplits, templates: Any, output_dir: Path) -> Any:
-    """The eval hook of a GRPO phase (:class:`cpr.evaluation.callback.EvalCallback`) on
-    :func:`hook_benchmarks`, every ``evaluation.eval_steps`` steps, files in ``output_dir``; ``None``
-    when ``eval_steps`` is unset or there is nothing to score."""
+    """The eval hook of a GRPO phase (:class:`cpr.evaluation.callback.EvalCallback`) on :func:`hook_benchmarks`;
+    ``None`` when ``eval_steps`` is unset or there is nothing to score."""
     from cpr.evaluation.callback import BenchmarkSpec, EvalCallback
 
     ev = cfg.evaluation
@@ -203,15 +189,12 @@ def score_adapters(
     cfg: ExperimentConfig, model_path: str, adapters: Sequence[str | Path | None], score: Callable[[Any, Any], Any],
     *, field: str = "adapter", phase: Any = None,
 ) -> list[Any]:
-    """Load the policy once, on this process's accelerator (``process_state().device``), and return
-    ``score(model, processor)`` with each LoRA adapter of ``adapters`` put on it in turn (``None``: the
-    model as loaded). Every process of a run calls it, each with a whole model (ZeRO-3 is off while it
-    loads), so that ``score`` can shard the generation (``evaluate_model(..., shard=process_state())``).
+    """Load the policy once (a whole model on every process, ZeRO-3 off) and return ``score(model, processor)``
+    with each LoRA adapter of ``adapters`` put on it in turn (``None``: the model as loaded).
 
     Raises:
-        ConfigError: an adapter trained on another base model (:func:`cpr.training.policy.check_base`,
-            ``field`` named), checked before the model loads.
-        TrainingOutOfMemoryError: out of memory (:mod:`cpr.training.oom`).
+        ConfigError: an adapter trained on another base model (``field`` named), before the model loads.
+        TrainingOutOfMemoryError: out of memory.
     """
     from peft import PeftModel
 
@@ -245,16 +228,8 @@ def final_evaluation(
     echo: bool = False,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Score ``cfg``'s model with the LoRA adapter ``adapter`` (or none) on each split of ``on`` (default
-    ``evaluation.final_splits``), every record (:func:`benchmark_records`), loading the model once.
-
-    Each split goes to :func:`final_eval_dir` ``(run_dir, split)``: ``<benchmark>/`` (the files of
-    :func:`cpr.evaluation.evaluate_model`, resumed) and ``metrics.md`` (printed with ``echo``). ``splits``,
-    ``templates`` and ``model_path`` default to ``cfg``'s; ``skip_empty`` leaves out a split without records.
-    Every process generates its share (:func:`score_adapters`); the main process scores and writes.
-
-    Returns:
-        ``{split: {benchmark: overall summary}}`` (``{}`` for a skipped split, and on every process but
-        the main one).
+    ``evaluation.final_splits``) into :func:`final_eval_dir` (``<benchmark>/``, resumed, and ``metrics.md``). Every
+    process generates its share; the main one returns ``{split: {benchmark: overall summary}}`` (others ``{}``).
 
     Raises:
         ConfigError: an unknown split, a split without records, an adapter folder without
@@ -296,12 +271,10 @@ def final_evaluation(
                 logger.info("%s: scoring %s on %d %s records (%d processes)", label, name, len(records), split,
                             state.num_processes)
                 metrics = evaluate_model(
-                    model, processor, name, records, generation=generation, scoring=scoring,
-                    templates=prompts,
-                    out_dir=out / name, label=label, title=f"{label}: {name} ({split} split)",
-                    extra={"adapter": None if adapter is None else str(adapter), "split": split}, shard=state,
-                    paper_rows=on_crystal_test(cfg, name, split),
-                )
+                    model, processor, name, records, generation=generation, scoring=scoring, templates=prompts,
+                    out_dir=out / name, label=label, title=f"{label}: {name} ({split} split)", shard=state,
+                    extra={"adapter": None if adapter is None else str(adapter), "split": split},
+                    paper_rows=on_crystal_test(cfg, name, split))
                 if metrics is None:  # another process: the main one scores and writes
                     continue
                 tables.append((out / name / "metrics.md").read_text(encoding="utf-8"))

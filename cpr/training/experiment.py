@@ -1,10 +1,7 @@
-"""Run an experiment, step by step: :func:`open_run`, :func:`load_data`, :func:`warm_start`, per phase
-:func:`train_phase`, :func:`select_best` and :func:`hand_over` (a resumed run skips the phases it finished:
-:func:`finished_phase`), :func:`final_evaluation` and :func:`close`. :func:`run_experiment` (``cpr train``, the
-ablation sweep) and ``recipes/cpr_curriculum.py`` call them in that order.
-
-A phase starts from its ``init_adapter``, else the adapter the previous phase handed on, else the warm start's,
-else a new one. The run folder, its lock, ``--resume`` and Ctrl-C: docs/training.md, "The run folder".
+"""Run an experiment, step by step, as :func:`run_experiment` (``cpr train``, the ablation sweep) and
+``recipes/cpr_curriculum.py`` do. A phase starts from its ``init_adapter``, else the adapter the previous phase
+handed on, else the warm start's, else a new one. The run folder, ``--resume`` and Ctrl-C: docs/training.md, "The
+run folder" and "Divergence guards, resume and failures".
 """
 
 from __future__ import annotations
@@ -37,20 +34,14 @@ def run_experiment(
     cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, callbacks: Sequence[Any] = ()
 ) -> dict[str, Any]:
     """Run every phase of ``cfg`` and return the summary (also ``summary.json``, rewritten after each phase; with
-    ``evaluation.final``, ``final_eval`` / ``final_eval_validation``: ``{benchmark: overall}``).
-
-    Args:
-        cfg: a validated config (:func:`cpr.training.config.load_config`).
-        resume: continue the run in ``cfg.output_dir``.
-        overwrite: delete a previous run in ``cfg.output_dir`` once every check before training passed
-            (:func:`check_before_training`). Without it or ``resume`` a folder holding a run is refused.
-        callbacks: extra ``transformers.TrainerCallback`` objects for every GRPO phase's trainer.
+    ``evaluation.final``, ``final_eval`` / ``final_eval_validation``: ``{benchmark: overall}``). ``overwrite``
+    deletes a previous run once :func:`check_before_training` passed; ``callbacks`` go to every phase's trainer.
 
     Raises:
         ConfigError / InputError: invalid config or data (before any model loads), or a refused ``output_dir``.
         ModelNotAvailableError: the model or encoder is neither local nor downloadable.
         TrainingDivergedError / TrainingOutOfMemoryError: a guard stopped a phase / out of memory.
-        DiskFullError: no space left in ``output_dir`` (:mod:`cpr.training.diskspace`).
+        DiskFullError: no space left in ``output_dir``.
     """
     from cpr.training.build import build_phases
 
@@ -71,10 +62,8 @@ def run_experiment(
 
 @dataclass
 class Run:
-    """What the steps of one run share (:func:`open_run` makes it): the config, its built ``phases``
-    (:func:`cpr.training.build.build_phases`), the run folder ``out``, accelerate's process ``state``,
-    ``resume``, the ``summary`` (``summary.json``), the ``stage`` running now (the line of an interrupted run names
-    it) and, once :func:`load_data` ran, the ``splits``, ``templates`` and ``model_path``."""
+    """What the steps of one run share (:func:`open_run` makes it); ``stage`` is the step running now (named when
+    interrupted); :func:`load_data` sets ``splits``, ``templates`` and ``model_path``."""
 
     cfg: ExperimentConfig
     phases: Mapping[str, Any]
@@ -103,20 +92,14 @@ class Run:
 @contextlib.contextmanager
 def open_run(cfg: ExperimentConfig, phases: Mapping[str, Any], *, resume: bool = False, overwrite: bool = False
              ) -> Iterator[Run]:
-    """Open the run in ``cfg.output_dir`` for the steps inside the ``with``: the launch checked and the folder
-    locked and claimed (:func:`_launch`), ``run.log`` opened (:func:`cpr.training.logs.open_run_log`) and
-    ``config.yaml`` written (:func:`_write_config`). On leaving, the log is closed and the lock released; a
-    failure inside is written into ``summary.json`` (status ``failed``, or ``interrupted`` for Ctrl-C:
-    :func:`_record_failure`), a diverged phase has already written its own.
-
-    Args:
-        cfg: a validated config; ``phases``: its built phases (:func:`cpr.training.build.build_phases`).
-        resume, overwrite: as :func:`run_experiment`'s.
+    """Open the run in ``cfg.output_dir`` for the steps inside the ``with`` (launch checked, folder locked and
+    claimed, ``run.log`` opened, ``config.yaml`` written); a failure inside is written into ``summary.json``
+    (status ``failed``, or ``interrupted`` for Ctrl-C; a diverged phase wrote its own).
 
     Raises:
         ConfigError: a refused ``output_dir`` or resumed config (before anything of a previous run is touched).
         RunInterrupted: Ctrl-C inside.
-        DiskFullError: a failure inside that a full disk caused (:func:`cpr.training.diskspace.disk_full_error`).
+        DiskFullError: a failure inside that a full disk caused.
     """
     from cpr.io import unlock_file
     from cpr.training.diskspace import disk_full_error
@@ -182,14 +165,10 @@ RUN_LOCK = "run.lock"
 
 def lock_run_folder(out: Path) -> Any:
     """Lock the run folder ``out`` (created when missing) for this process: :data:`RUN_LOCK`, a kernel lock
-    (:func:`cpr.io.lock_file`) that a killed run does not leave held; the lock file names the holder.
-
-    Returns:
-        The lock, held until :func:`cpr.io.unlock_file`.
+    (:func:`cpr.io.lock_file`, held until :func:`cpr.io.unlock_file`) naming the holder.
 
     Raises:
-        ConfigError: another run holds ``out`` (two ``--resume`` of one run at once, say); ``out`` is a file; or
-            it cannot be created or written (a read-only filesystem).
+        ConfigError: another run holds ``out``; ``out`` is a file; or it cannot be created or written.
     """
     import os
     import socket
@@ -218,13 +197,16 @@ def lock_run_folder(out: Path) -> Any:
 
 
 def _write_config(run: Run) -> None:
-    """Check a resumed run's config against its ``config.yaml``, then write ``config.yaml``."""
+    """Refuse a resumed run whose config differs from its ``config.yaml`` (naming the first key), then write it."""
     import torch
 
     from cpr.training.phase import resolved_config
 
-    if run.resume:
-        check_resumed_config(run.out, run.cfg)
+    if run.resume and (diffs := config_differences(run.out, run.cfg)):
+        raise ConfigError(
+            f"--resume with a config that differs from the run's {run.out / 'config.yaml'}: "
+            f"{describe_differences(diffs)}; resume with the config the run started with, or start over "
+            "(--overwrite or another output_dir)", field=diffs[0][0])
     if run.state.is_main_process:
         run.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run.out / "config.yaml",
@@ -234,12 +216,7 @@ def _write_config(run: Run) -> None:
 
 def load_data(run: Run) -> Any:
     """Load the run's data: ``run.splits`` (returned; their counts go into the summary), ``run.templates`` and
-    ``run.model_path``, from :func:`check_before_training` (unless the launch already ran it).
-
-    Raises:
-        InputError: a dataset that does not load; ConfigError / ModelNotAvailableError: as
-        :func:`check_before_training`.
-    """
+    ``run.model_path``, from :func:`check_before_training` (unless the launch ran it), raising as it does."""
     run.splits, run.templates, run.model_path = run.checked or check_before_training(run.cfg, run.state, run.phases)
     logger.info("data: %s", run.splits.counts())
     logger.info("model: %s", run.model_path)
@@ -273,13 +250,8 @@ def finished_phase(run: Run, spec: Any) -> Path | None:
 
 
 def train_phase(run: Run, spec: Any, handover: Path | None, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
-    """Train phase ``spec`` (:func:`cpr.training.phase.train_phase`) from its ``init_adapter``, else the adapter
-    ``handover`` (``None``: a new one), with extra trainer ``callbacks``; its result (the phase's summary entry)
-    goes into the summary and is returned.
-
-    Raises:
-        TrainingDivergedError: a guard stopped it (``summary.json``: status ``diverged``).
-    """
+    """Train phase ``spec`` from its ``init_adapter``, else ``handover`` (``None``: a new one); its result goes into
+    the summary and is returned. Raises ``TrainingDivergedError`` (status ``diverged``) when a guard stopped it."""
     from cpr.training import phase
     from cpr.training.divergence import TrainingDivergedError
 
@@ -302,13 +274,9 @@ def train_phase(run: Run, spec: Any, handover: Path | None, callbacks: Sequence[
 
 def select_best(run: Run, spec: Any, result: dict[str, Any]) -> Path:
     """The adapter phase ``spec`` hands on: with ``select_best``, its best checkpoint on the validation split
-    (:func:`cpr.training.selection.select_best`, into ``result["selection"]``), which then becomes the phase's
-    ``adapter/`` folder (:func:`cpr.training.selection.install_selected`; ``result`` gains ``adapter_from`` and
-    ``last_step_adapter``); else its final adapter.
-
-    Raises:
-        ConfigError: the picked checkpoint holds no LoRA adapter.
-    """
+    (:func:`cpr.training.selection.select_best`), installed as the phase's ``adapter/``
+    (:func:`cpr.training.selection.install_selected`); else its final adapter. Raises ``ConfigError`` when the
+    picked checkpoint holds no LoRA adapter."""
     from cpr.training import selection
 
     if not spec.phase.select_best:
@@ -322,8 +290,7 @@ def select_best(run: Run, spec: Any, result: dict[str, Any]) -> Path:
 
 
 def hand_over(run: Run, spec: Any, result: dict[str, Any], adapter: Path) -> Path:
-    """Record ``adapter`` as what phase ``spec`` hands over (``phase_done.json``, which a resumed run reads) and
-    rewrite the summary; returns ``adapter``."""
+    """Record ``adapter`` as what phase ``spec`` hands over (``phase_done.json``) and rewrite the summary."""
     result["handover_adapter"] = str(adapter)
     if run.state.is_main_process:
         atomic_write_json(run.out / spec.name / "phase_done.json", result)
@@ -332,9 +299,8 @@ def hand_over(run: Run, spec: Any, result: dict[str, Any], adapter: Path) -> Pat
 
 
 def final_evaluation(run: Run, adapter: Path | None) -> None:
-    """Score the final ``adapter`` (``None``: the model as loaded) with ``evaluation.final``
-    (:func:`cpr.training.evaluate.final_evaluation`, into ``final_eval/`` and the summary), and with
-    ``evaluation.compare`` the earlier stages beside it (:func:`cpr.training.report.compare_stages`)."""
+    """Score the final ``adapter`` (``None``: the model as loaded) with ``evaluation.final`` (into ``final_eval/``
+    and the summary), and with ``evaluation.compare`` the earlier stages beside it."""
     from cpr.training import evaluate
     from cpr.training.report import chance_accuracy, compare_stages
 
@@ -353,8 +319,7 @@ def final_evaluation(run: Run, adapter: Path | None) -> None:
 
 
 def close(run: Run) -> dict[str, Any]:
-    """Finish the summary (each phase's bucket mix, status ``finished``; ``summary.json``), print it with the
-    closing table (main process) and return it."""
+    """Finish the summary (bucket mixes, status ``finished``), print it with the closing table and return it."""
     from cpr.training.report import phase_bucket_mixes
 
     run.summary["bucket_mix"] = phase_bucket_mixes(run.out, run.summary, run.splits.train)
@@ -375,14 +340,16 @@ def _record_failure(run: Run, e: BaseException) -> None:
         if run.state.is_main_process:
             if run.stage not in ("setup", "final evaluation"):  # the trainer's progress bar stops mid-line
                 print(file=sys.stderr, flush=True)
-            logger.warning("%s", interrupted_line(run.out, run.stage, resume_command(run.state.num_processes)))
+            ckpt = last_checkpoint(run.out / run.stage) if run.stage not in ("setup", "final evaluation") else None
+            where = f"{run.stage} (last complete checkpoint {ckpt})" if ckpt else run.stage
+            logger.warning("interrupted (Ctrl-C) during %s; everything written so far is kept in %s; continue "
+                           "with: %s", where, run.out, resume_command(run.state.num_processes))
         raise RunInterrupted(str(e)) from None
 
 
 def resume_command(num_processes: int = 1, argv: Sequence[str] | None = None) -> str:
-    """The command line that continues this process's run: ``argv`` (default ``sys.argv``; a ``.py`` script as
-    ``python <script>``, a console script by its name) without ``--overwrite``, with ``--resume``; a distributed
-    run (``num_processes`` > 1) is started again by its launcher."""
+    """The command line that continues this process's run: ``argv`` (default ``sys.argv``) without ``--overwrite``,
+    with ``--resume``; a distributed run (``num_processes`` > 1) is started again by its launcher."""
     import shlex
 
     argv = list(sys.argv if argv is None else argv)
@@ -390,15 +357,6 @@ def resume_command(num_processes: int = 1, argv: Sequence[str] | None = None) ->
     rest = [a for a in argv[1:] if a not in ("--overwrite", "--resume")]
     line = shlex.join([*head, *rest, "--resume"])
     return f"{line} (under the same launcher, {num_processes} processes)" if num_processes > 1 else line
-
-
-def interrupted_line(out: Path, stage: str, command: str) -> str:
-    """The one line an interrupted run logs: where it stopped (``stage``: ``setup``, ``warm_start``, a phase or
-    ``final evaluation``; the latest complete checkpoint of the warm start or phase, in ``out``), that what was
-    written is kept, and ``command``, which continues it."""
-    ckpt = last_checkpoint(out / stage) if stage not in ("setup", "final evaluation") else None
-    where = f"{stage} (last complete checkpoint {ckpt})" if ckpt else stage
-    return f"interrupted (Ctrl-C) during {where}; everything written so far is kept in {out}; continue with: {command}"
 
 
 #: Files whose presence means ``output_dir`` holds a run (what the runner writes first).
@@ -428,10 +386,9 @@ def _differences(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]
 
 def config_differences(out: Path, cfg: ExperimentConfig) -> list[tuple[str, Any, Any]]:
     """``(dotted key, value in the run's config.yaml, value in cfg)`` for each setting in which ``cfg`` differs
-    from the config the run in ``out`` was made with (none when it has no ``config.yaml``);
-    ``training_effective``, derived, is not compared. A ``config.yaml`` written before a setting existed is
-    compared with that setting's default: it is read through today's schema first (when it no longer loads,
-    e.g. a key was removed, it is compared as written)."""
+    from the config the run in ``out`` was made with (none without ``config.yaml``; ``training_effective`` is
+    not compared). The saved config is read through today's schema first (defaults for settings it lacks), else
+    compared as written."""
     saved_path = out / "config.yaml"
     if not saved_path.is_file():
         return []
@@ -453,32 +410,15 @@ def describe_differences(diffs: list[tuple[str, Any, Any]]) -> str:
     return f"{key} was {old!r}, now {new!r}" + (f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else "")
 
 
-def check_resumed_config(out: Path, cfg: ExperimentConfig) -> None:
-    """Refuse to resume the run in ``out`` with a config unlike its ``config.yaml`` (the finished phases and
-    checkpoints were made with the old values; :func:`config_differences`).
-
-    Raises:
-        ConfigError: naming the first differing key, its old and new value, and how many more differ.
-    """
-    if diffs := config_differences(out, cfg):
-        raise ConfigError(
-            f"--resume with a config that differs from the run's {out / 'config.yaml'}: {describe_differences(diffs)}; "
-            "resume with the config the run started with, or start over (--overwrite or another output_dir)",
-            field=diffs[0][0],
-        )
-
-
 def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) -> bool:
     """Whether ``out`` holds a run the caller deletes (:func:`delete_previous_run`) once
     :func:`check_before_training` passed: with ``overwrite``, or when it holds only a run that failed before
-    training. The main process looks and broadcasts what it found (on a shared filesystem another process may
-    still list a file the main process has just removed, such as :data:`cpr.distributed.SHARED_TOKEN`), so all
-    processes decide alike: all raise or none does, before any writes.
+    training. The main process looks and broadcasts what it found, so all processes decide alike (on a shared
+    filesystem another may still list a file it has just removed), before any writes.
 
     Raises:
         ConfigError: ``out`` holds a run and ``overwrite`` is not set; ``overwrite`` would delete the working
-            directory or a folder above it; or ``resume`` and ``out`` holds no run (a mistyped folder would
-            otherwise train from scratch).
+            directory or a folder above it; or ``resume`` and ``out`` holds no run.
     """
     from accelerate.utils import broadcast_object_list
 
@@ -528,13 +468,8 @@ def delete_previous_run(out: Path, state: Any) -> None:
 
 def check_before_training(cfg: ExperimentConfig, state: Any, phases: Mapping[str, Any] | None = None
                           ) -> tuple[Any, Any, str]:
-    """Everything that can be checked before anything trains: the model and step encoder can be had
-    (:func:`cpr.training.preflight.preflight`, which loads the encoder), the data and templates load, each
-    ``init_adapter`` was trained on the model (:func:`cpr.training.policy.check_base`) and each phase of
-    ``phases`` (:func:`cpr.training.build.build_phases`; none for the SFT baseline) builds its ``GRPOConfig``.
-
-    Returns:
-        ``(splits, templates, model_path)``.
+    """``(splits, templates, model_path)``, once everything that can be checked before training passed (the
+    encoder is loaded; ``phases``: none for the SFT baseline).
 
     Raises:
         ConfigError: a phase's ``GRPOConfig`` or an ``init_adapter`` of another base.

@@ -1,8 +1,6 @@
-"""``baseline: greedy`` in training: each generation round also decodes every prompt greedily with the current
-policy, scores that completion with the phase's reward functions and weights, and gives the sampled
-completions the advantages of :func:`cpr.advantages.greedy_advantages` (ReMax, arXiv 2310.10505, section 4).
-Cost and logged metrics: docs/method.md section 4, "The greedy baseline".
-"""
+"""``baseline: greedy`` in training: the greedy completion of every prompt, scored with the phase's rewards, is the
+baseline of :func:`cpr.advantages.greedy_advantages` (ReMax, arXiv 2310.10505, section 4; docs/method.md section 4,
+"The greedy baseline")."""
 
 from __future__ import annotations
 
@@ -11,10 +9,10 @@ from typing import Any
 
 from cpr.advantages import greedy_advantages, zero_signal_groups
 from cpr.errors import CprError
+from cpr.training.dynamic_sampling import group_rewards
 from cpr.trl_internals import logged_metrics, process_index, tokenize_prompts
 
-#: The share of a round's groups to which the greedy baseline gives no signal (:func:`cpr.advantages.zero_signal_groups`);
-#: the ``zero_std`` guard reads it instead of TRL's ``frac_reward_zero_std`` with ``baseline: greedy``.
+#: The share of a round's groups to which the greedy baseline gives no signal (read by the ``zero_std`` guard).
 ZERO_SIGNAL_METRIC = "baseline/frac_zero_signal"
 
 
@@ -41,11 +39,9 @@ def with_images(prompt: list[dict[str, Any]], images: list[Any] | None) -> list[
 
 
 def total_rewards(reward_funcs: list[Any], weights: list[float], rows: list[dict[str, Any]], texts: list[str]) -> list[float]:
-    """TRL's total reward of each completion ``texts[i]`` of ``rows[i]`` (a dataset row: the reward columns and,
-    where it has one, ``prompt``, else the functions get ``prompts=None``): the weighted sum over ``reward_funcs``
-    (``None`` or NaN counts 0; NaN when no function scored it, as TRL's unscorable rows), scored with the completion
-    recorder paused, without a trainer's logging, and leaving a step-scoring function's ``last_credit`` (the
-    sampled completions' step credit, which ``credit: step`` reads after this) as it was."""
+    """TRL's total reward of each completion ``texts[i]`` of dataset row ``rows[i]``: the weighted sum (``None`` or
+    NaN counts 0; NaN when no function scored it), with the completion recorder paused and each function's
+    ``last_credit`` (the sampled completions', which ``credit: step`` reads after this) left as it was."""
     from cpr.rewards import completion_records_paused
 
     columns = {key: [row[key] for row in rows] for key in rows[0] if key not in ("prompt", "completion")}
@@ -72,10 +68,8 @@ GREEDY_SAMPLING: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "top_k": 0,
 
 
 def greedy_completions(trainer: Any, rows: list[dict[str, Any]]) -> list[str]:
-    """The current policy's greedy completion of each row's prompt (``max_completion_length`` new tokens, TRL's
-    ``repetition_penalty``, as ``trainer``'s sampling; every process calls this once a round). With ``use_vllm``:
-    through the phase's vLLM engine (:func:`vllm_greedy_completions`); else transformers' ``generate`` with the
-    ZeRO-3 parameters gathered and, with several ZeRO-3 processes, lock-step ``synced_gpus``."""
+    """The current policy's greedy completion of each row's prompt (every process calls this once a round): in the
+    phase's vLLM engine with ``use_vllm``, else transformers' ``generate`` with the ZeRO-3 parameters gathered."""
     from trl.models.utils import unwrap_model_for_generation
 
     from cpr.evaluation.generation import TransformersGenerator
@@ -95,14 +89,10 @@ def greedy_completions(trainer: Any, rows: list[dict[str, Any]]) -> list[str]:
 
 
 def vllm_greedy_completions(trainer: Any, conversations: list[list[dict[str, Any]]]) -> list[str]:
-    """Greedy completions of ``conversations`` (messages with their images) from the phase's vLLM engine, colocate
-    or server (TRL's ``VLLMGeneration`` ``trainer.vllm_generation``, its weights synced by this step's generation
-    round; its ``generate``, one completion a prompt): the prompts tokenized as TRL tokenizes them
-    (:func:`cpr.trl_internals.tokenize_prompts`) and decoded as TRL decodes completions, with the engine's own
-    settings (``repetition_penalty``, ``max_completion_length``, ``generation_kwargs`` such as the placeholder
-    ``bad_words``) but :data:`GREEDY_SAMPLING`, restored afterwards, also when generation fails. Every process
-    sends as many prompts as the one with most (its last repeated): TRL's server mode hands each process its
-    slice of the gathered prompts by that count."""
+    """Greedy completions of ``conversations`` from the phase's vLLM engine (TRL's ``trainer.vllm_generation``,
+    colocate or server, its weights synced by this step's round), tokenized and decoded as TRL does, with the
+    engine's settings but :data:`GREEDY_SAMPLING` (restored afterwards). Every process sends as many prompts as
+    the one with most (its last repeated): TRL's server mode hands each process its slice by that count."""
     from accelerate.utils import gather_object
 
     prompt_ids, images = tokenize_prompts(trainer, conversations)
@@ -123,18 +113,16 @@ def vllm_greedy_completions(trainer: Any, conversations: list[list[dict[str, Any
 
 
 def greedy_baseline_advantages(trainer: Any, inputs: list[dict[str, Any]], matrix: Any, reward_funcs: list[Any]) -> Any:
-    """This process's ``(B,)`` advantages of a training generation round of ``trainer`` (its ``num_generations``,
-    ``reward_weights``, ``scale_rewards``) with the greedy baseline (ReMax): :func:`cpr.advantages.greedy_advantages`
-    of ``matrix`` (the round's gathered ``(processes x B, reward functions)`` reward matrix) and the rewards under
-    ``reward_funcs`` (the phase's, unwrapped) of the greedy completions of the groups this process's ``inputs``
-    belong to (exchanged between processes, so a group split over processes gets one baseline); logs
-    ``baseline/greedy_reward``, ``baseline/above_greedy`` and :data:`ZERO_SIGNAL_METRIC`."""
+    """This process's ``(B,)`` advantages of a training generation round of ``trainer`` with the greedy baseline:
+    :func:`cpr.advantages.greedy_advantages` of ``matrix`` (the round's gathered ``(processes x B, reward
+    functions)`` rewards) and the greedy completions' rewards under ``reward_funcs`` (the phase's, unwrapped), one
+    a group (exchanged between processes); logs ``baseline/greedy_reward``, ``baseline/above_greedy`` and
+    :data:`ZERO_SIGNAL_METRIC`."""
     import torch
     from accelerate.utils import gather_object
 
     group = trainer.num_generations
-    rewards = (matrix * trainer.reward_weights.to(matrix.device).unsqueeze(0)).nansum(dim=1)
-    rewards[torch.isnan(matrix).all(dim=1)] = math.nan
+    rewards = group_rewards(matrix, trainer.reward_weights, group).view(-1)
     start = process_index(trainer) * len(inputs)
     first: dict[int, int] = {}  # group -> its first row on this process
     for j in range(len(inputs)):

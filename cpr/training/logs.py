@@ -1,8 +1,5 @@
-"""Run logs: the text log (``run.log``), the console, trainer log records as JSON lines, scored completions.
-
-The JSON lines writers append each batch of lines with one fsync'ed ``write`` (:mod:`cpr.io`): a kill leaves at
-most a truncated last line, which the readers drop; :func:`rollback_logs` cuts a phase's logs back to the
-checkpoint a killed run resumes from, so they equal an uninterrupted run's.
+"""Run logs: the text log (``run.log``), the console, trainer log records as JSON lines, scored completions
+(appended with one fsync'ed ``write`` a batch: a kill leaves at most a truncated last line, which readers drop).
 """
 
 from __future__ import annotations
@@ -31,10 +28,8 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def open_run_log(folder: str | Path, name: str = "run.log", *, write: bool = True) -> logging.Handler | None:
-    """Send the ``cpr`` loggers' INFO records to standard error (``[cpr] <message>``) and, with ``write``, to
-    ``<folder>/<name>``, with Python warnings and the trainer's log records (:data:`FILE_ONLY_LOGGERS`, file only);
-    return the file handler for :func:`close_run_log`. Without ``write`` (the other processes of a distributed
-    run) only warnings and errors are logged, as transformers does."""
+    """Send the ``cpr`` loggers' INFO records to standard error and, with ``write``, to ``<folder>/<name>`` with
+    :data:`FILE_ONLY_LOGGERS`; return the file handler. Without ``write`` only warnings and errors are logged."""
     root = logging.getLogger("cpr")
     root.setLevel(logging.INFO if write else logging.WARNING)
     if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in root.handlers):
@@ -57,8 +52,7 @@ def open_run_log(folder: str | Path, name: str = "run.log", *, write: bool = Tru
 
 
 def close_run_log(handler: logging.Handler | None) -> None:
-    """Stop writing the file of :func:`open_run_log`; Python warnings go back to standard error once no run
-    log is open."""
+    """Stop writing the file of :func:`open_run_log` (warnings back to standard error once no run log is open)."""
     if handler is not None:
         for name in ("cpr", *FILE_ONLY_LOGGERS):
             logging.getLogger(name).removeHandler(handler)
@@ -73,8 +67,8 @@ CONSOLE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "baseline/frac_z
 
 
 def console_line(state: Any, logs: dict[str, Any]) -> str | None:
-    """``step N/M: key value, ...`` for the :data:`CONSOLE_KEYS` and the eval hook's ``eval_*/accuracy`` and
-    ``eval_*/match_f1`` of a log record (floats to 4 significant digits); ``None`` when it holds none."""
+    """``step N/M: key value, ...`` of a log record's :data:`CONSOLE_KEYS` and the eval hook's accuracy and Match
+    F1; ``None`` when it holds none."""
     keys = [k for k in CONSOLE_KEYS if k in logs]
     keys += [k for k in logs if k.startswith("eval_") and k.endswith(("/accuracy", "/match_f1"))]
     if not keys:
@@ -106,8 +100,7 @@ class ConsoleLogCallback(_ShortLines, PrinterCallback):
 
 
 def quiet_console(trainer: Any) -> None:
-    """Replace a trainer's ``ProgressCallback`` / ``PrinterCallback`` (which print each record as a dict) with
-    :class:`ConsoleProgressCallback` / :class:`ConsoleLogCallback`."""
+    """Replace a trainer's ``ProgressCallback`` / ``PrinterCallback`` with their :func:`console_line` versions."""
     for old, new in ((ProgressCallback, ConsoleProgressCallback), (PrinterCallback, ConsoleLogCallback)):
         if trainer.pop_callback(old) is not None:
             trainer.add_callback(new)
@@ -120,7 +113,7 @@ def _finite(row: dict[str, Any]) -> dict[str, Any]:
 
 class JsonlLogCallback(TrainerCallback):
     """Append each trainer log record (main process) to a JSON lines file as ``{"step": global_step, <logged
-    keys>}`` (non-finite values as strings); a resumed run continues the file after :func:`rollback_logs`."""
+    keys>}`` (non-finite values as strings)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -132,8 +125,7 @@ class JsonlLogCallback(TrainerCallback):
 
 class ScoredCompletionLog:
     """A completion recorder (:func:`cpr.rewards.set_completion_recorder`) appending its rows to ``path``
-    (``<stem>.rank<N><suffix>`` for ``rank`` > 0, so processes never interleave). The ablation tables compute
-    Discrimination and r(F1) from these rows (paper Table 6)."""
+    (``<stem>.rank<N><suffix>`` for ``rank`` > 0), which the ablation tables read (paper Table 6)."""
 
     def __init__(self, path: str | Path, rank: int = 0) -> None:
         path = Path(path)
@@ -150,12 +142,8 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
 
 
 def rollback_logs(phase_dir: str | Path, step: int) -> dict[str, tuple[int, int]]:
-    """Drop the rows a killed run wrote after the checkpoint at optimizer step ``step`` (0: all of them):
-    atomically rewrite ``log.jsonl``, ``eval_history.jsonl``, ``guard_events.jsonl`` and
-    ``scored_completions[.rankN].jsonl`` keeping rows with ``step <= step`` (a scored row's ``step`` is the
-    optimizer step its batch trains, as in ``log.jsonl``); rows without a numeric ``step`` stay. Returns
-    ``{file: (kept, dropped)}`` of the files that exist; raises ``InputError`` for a malformed line other
-    than the last."""
+    """Drop the rows a killed run wrote to a phase's JSON lines logs after optimizer step ``step``; returns
+    ``{file: (kept, dropped)}``, raises ``InputError`` for a malformed line other than the last."""
 
     def keep(row: Any) -> bool:
         s = row.get("step") if isinstance(row, dict) else None

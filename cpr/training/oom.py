@@ -73,14 +73,9 @@ def _advice(cfg: ExperimentConfig, stage: str, phase: Any, oom: BaseException) -
 @contextlib.contextmanager
 def explain_oom(cfg: ExperimentConfig, stage: str, phase: Any = None) -> Iterator[None]:
     """Turn an out-of-memory error (``torch.OutOfMemoryError``, ``MemoryError`` or a ``RuntimeError`` saying
-    "out of memory", anywhere in the cause chain) raised in the block into a :class:`TrainingOutOfMemoryError`;
-    other errors pass unchanged.
-
-    Args:
-        cfg: the run's config (the current values named in the advice).
-        stage: ``"training"``, ``"evaluation"`` or ``"warm start"``.
-        phase: the GRPO phase, if any: in training its :class:`cpr.training.build.PhaseSpec` (the settings its
-            trainer was given are named), else its ``PhaseConfig`` (named by its ``name``).
+    "out of memory", anywhere in the cause chain) raised in the block into a :class:`TrainingOutOfMemoryError`.
+    ``stage``: ``"training"``, ``"evaluation"`` or ``"warm start"``; ``phase``: in training its
+    :class:`cpr.training.build.PhaseSpec` (its trainer's settings are named), else a ``PhaseConfig`` or ``None``.
     """
     try:
         yield

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cpr.training import policy
-from cpr.training.build import PhaseSpec
+from cpr.training.build import PhaseSpec, effective_training_args
 from cpr.training.checkpoints import DIVERGED_MARKER, has_curriculum_state, prepare_resume, training_done
 from cpr.training.config_sections import ExperimentConfig
 from cpr.training.splits import DataSplits
@@ -36,10 +36,10 @@ def reward_trend(log_rows: Sequence[dict[str, Any]], share: float = 0.1) -> dict
 
 
 def resolved_config(cfg: ExperimentConfig, phases: Mapping[str, PhaseSpec]) -> dict[str, Any]:
-    """The run's ``config.yaml``: the config with every default filled in, plus ``training_effective``
-    (per phase of ``phases``, :meth:`cpr.training.build.PhaseSpec.effective`: the arguments its trainer is given,
-    TRL's defaults included)."""
-    return {**cfg.to_dict(), "training_effective": {name: spec.effective() for name, spec in phases.items()}}
+    """The run's ``config.yaml``: the config with every default filled in, plus ``training_effective`` (per phase,
+    :func:`cpr.training.build.effective_training_args` of the GRPOConfig its trainer is given)."""
+    effective = {name: effective_training_args(spec.args) for name, spec in phases.items()}
+    return {**cfg.to_dict(), "training_effective": effective}
 
 
 def _save_adapter(trainer: Any, processor: Any, adapter_dir: Path, state: Any) -> None:
@@ -58,10 +58,8 @@ def _save_adapter(trainer: Any, processor: Any, adapter_dir: Path, state: Any) -
 
 
 def restore_trained(trainer: Any, ckpt: Path, hook: Any = None) -> None:
-    """Put ``trainer`` where it stood when it saved ``ckpt``, its last step (:func:`training_done`), without
-    training (:func:`cpr.training.checkpoints.restore_trained`), with the state of the callbacks the phase's
-    result reads (the divergence guard, the dynamic-sampling totals, the eval hook ``hook``, each restored by its
-    ``on_train_begin``)."""
+    """:func:`cpr.training.checkpoints.restore_trained`, with the state of the callbacks the phase's result reads
+    (the divergence guard, the dynamic-sampling totals, the eval hook ``hook``)."""
     from cpr.training import checkpoints
 
     checkpoints.restore_trained(trainer, ckpt)
@@ -72,17 +70,9 @@ def restore_trained(trainer: Any, ckpt: Path, hook: Any = None) -> None:
 
 def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, templates: Any, model_path: str,
                 init_adapter: Path | None, resume: bool, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
-    """Train the GRPO phase ``spec`` (:func:`cpr.training.build.build_phases`; its GRPOConfig, reward functions,
-    curriculum) from ``init_adapter`` (trainable; ``None``: a new LoRA adapter, ``spec.lora``), resuming from its
-    last complete checkpoint with ``resume``, with extra ``callbacks``; save its final adapter in ``<phase>/adapter``.
-
-    Returns:
-        The phase's entry in ``summary.json``: ``phase``, ``steps``, ``wall_time_s``, ``rewards``,
-        ``reward_weights``, ``curriculum``, ``init_adapter``, ``adapter``, ``frac_reward_zero_std``,
-        ``reward_trend``, ``kl_max``, ``guards``, with dynamic sampling ``dynamic_sampling`` (``max_resample`` and
-        the phase's totals: generation batches, groups, dropped groups, extra rounds, refilled groups) and, when
-        the eval hook ran, ``best_eval``; a phase a guard
-        stopped has ``status: "diverged"``, ``adapter: None`` and ``diverged`` (phase, the event, the checkpoint).
+    """Train the GRPO phase ``spec`` from ``init_adapter`` (``None``: a new LoRA adapter), resuming from its last
+    complete checkpoint with ``resume``; save its final adapter in ``<phase>/adapter`` and return the phase's entry
+    in ``summary.json`` (a phase a guard stopped: ``status: "diverged"``, ``adapter: None`` and ``diverged``).
 
     Raises:
         ConfigError: an invalid ``training`` section (TRL's checks).

@@ -1,9 +1,5 @@
-"""The policy model of an experiment: how it is loaded, its LoRA configuration and adapters.
-
-Every part of a run that loads the model (warm start, GRPO phases, checkpoint selection, evaluation,
-the ablation's baselines) goes through these functions, so all load the same network with the
-config's ``model`` and ``lora`` sections.
-"""
+"""The policy model of an experiment, its LoRA configuration and adapters: every part of a run that loads the
+model goes through these functions, so all load the same network with the config's ``model`` and ``lora``."""
 
 from __future__ import annotations
 
@@ -15,13 +11,8 @@ from cpr.training.config_sections import ExperimentConfig
 
 
 def load_policy(cfg: ExperimentConfig, model_path: str, device: Any = None) -> tuple[Any, Any]:
-    """Load ``(model, processor)`` from ``model_path`` with the config's ``model`` settings, moved to
-    ``device`` (a ``torch.device`` or name; ``None``: left where ``from_pretrained`` puts it, as a
-    trainer wants it; evaluation passes the process's accelerator).
-
-    Raises:
-        ModelNotAvailableError: neither local nor downloadable (:func:`cpr.models.load_model_and_processor`).
-    """
+    """Load ``(model, processor)`` from ``model_path`` with the config's ``model`` settings, moved to ``device``
+    (``None``: where ``from_pretrained`` puts it). Raises ``ModelNotAvailableError``."""
     from cpr.models import load_model_and_processor
 
     m = cfg.model
@@ -33,8 +24,7 @@ def load_policy(cfg: ExperimentConfig, model_path: str, device: Any = None) -> t
 
 
 def lora_config(cfg: ExperimentConfig, model_path: str) -> Any:
-    """A new adapter's ``peft.LoraConfig`` from the ``lora`` section (:func:`cpr.models.build_lora_config`
-    for the model's family), with ``lora.target_modules`` when given."""
+    """A new adapter's ``peft.LoraConfig`` from the ``lora`` section, for the model's family."""
     from cpr.models import build_lora_config, detect_family
 
     lc = cfg.lora
@@ -47,19 +37,10 @@ def lora_config(cfg: ExperimentConfig, model_path: str) -> Any:
 
 def with_adapter(model: Any, adapter: Path | None, cfg: ExperimentConfig, *, zero3: bool,
                  field: str = "init_adapter") -> Any:
-    """``model`` wrapped with a trainable copy of the LoRA adapter in folder ``adapter`` (a
-    ``peft.PeftModel``), or ``model`` unchanged when ``adapter`` is ``None``. Its dtype follows the rule TRL
-    1.16 uses for a phase's new adapter (``GRPOTrainer.__init__``, ``SFTTrainer.__init__``):
-
-    - ``zero3`` (the phase trains under DeepSpeed ZeRO-3, :func:`deepspeed_zero3`): kept in the base model's
-      dtype (``autocast_adapter_dtype=False``); DeepSpeed keeps fp32 master weights, and a bf16 base with an
-      fp32 adapter fails at the first optimizer step on DeepSpeed 0.19.2-0.19.7 (DeepSpeed #8072).
-    - otherwise (one process, DDP, ZeRO-1/2): PEFT's default, a bf16 or fp16 adapter upcast to fp32, so the
-      fp32 adapter the previous phase trained stays fp32 and the optimizer does not update bf16 weights
-      directly (no fp32 master weights there: an update smaller than bf16's resolution would be lost).
-
-    Raises:
-        ConfigError: the adapter was trained on another base model (:func:`check_base`).
+    """``model`` wrapped with a trainable copy of the LoRA adapter in folder ``adapter`` (``None``: unchanged). Its
+    dtype follows TRL 1.16's rule for a new adapter: under ZeRO-3 the base model's (DeepSpeed keeps fp32 master
+    weights; a bf16 base with an fp32 adapter fails on DeepSpeed 0.19.2-0.19.7, DeepSpeed #8072), else PEFT's
+    fp32 upcast (no master weights: an update below bf16's resolution would be lost). ``ConfigError``: another base.
     """
     if adapter is None:
         return model
@@ -70,8 +51,7 @@ def with_adapter(model: Any, adapter: Path | None, cfg: ExperimentConfig, *, zer
 
 
 def deepspeed_zero3(args: Any) -> bool:
-    """Whether a trainer with ``transformers.TrainingArguments`` ``args`` runs under DeepSpeed ZeRO-3 (its
-    ``deepspeed_plugin``, set under ``accelerate launch`` with a DeepSpeed config, has ``zero_stage`` 3)."""
+    """Whether a trainer with ``TrainingArguments`` ``args`` runs under DeepSpeed ZeRO-3."""
     plugin = getattr(args, "deepspeed_plugin", None)
     return plugin is not None and plugin.zero_stage == 3
 
@@ -88,8 +68,7 @@ def check_base(adapter: str | Path, base: str, cfg: ExperimentConfig, *, field: 
 
 
 def device_memory(device: Any) -> str:
-    """``device`` in words for the run log: ``"cuda:0, 61.2 of 79.2 GiB free"`` (``torch.cuda.mem_get_info``
-    of that device) when CUDA is available, else its name (``"cpu"``)."""
+    """``device`` in words for the run log: ``"cuda:0, 61.2 of 79.2 GiB free"``, else its name (``"cpu"``)."""
     import torch
 
     device = torch.device(device)
@@ -100,17 +79,8 @@ def device_memory(device: Any) -> str:
 
 
 def free_vllm_engine(trainer: Any) -> bool:
-    """Release what a finished phase's TRL trainer holds in vLLM (``trainer.vllm_generation``), so that the next
-    phase's trainer can start its own; ``False`` when it holds nothing (transformers generation, or already
-    released).
-
-    - colocate mode (``vllm_generation.llm``): the engine is shut down where it offers ``shutdown()`` (vLLM's
-      in-process teardown), dropped, and its GPU memory freed (:func:`free_memory`); the next phase builds a
-      new engine in the same process.
-    - server mode (``vllm_generation.vllm_client``, the main process's): its weight-sync communicator is closed
-      (``VLLMClient.close_communicator``, which TRL otherwise runs only at exit), so the next phase's client
-      opens a new one on ``vllm_group_port`` instead of meeting the old group.
-    """
+    """Release the vLLM engine (colocate) or weight-sync communicator (server, which TRL closes only at exit) of a
+    finished phase's trainer, so that the next phase's can start its own; ``False`` when it holds nothing."""
     generation = getattr(trainer, "vllm_generation", None)
     released = False
     client = getattr(generation, "vllm_client", None)

@@ -1,9 +1,5 @@
 """Preflight: before anything loads, refuse launcher settings that cannot work together (:func:`check_launch`);
 before the data and the model load, check that the model and the step encoder can be had (:func:`preflight`).
-
-A local folder needs nothing; a hub id must be in the Hugging Face cache or the hub must answer one
-quick probe (no retries), so an offline or unreachable hub gives one
-:class:`~cpr.errors.ModelNotAvailableError` naming the config key instead of minutes of retries.
 """
 
 from __future__ import annotations
@@ -26,9 +22,8 @@ logger = logging.getLogger("cpr.training")
 
 
 def hub_unreachable(timeout: float = 5.0) -> str | None:
-    """``None`` if the Hugging Face Hub endpoint answers one HTTP request (any status), else
-    ``"<endpoint> is unreachable (<reason>)"``. One request, no retries (``huggingface_hub`` retries
-    a refused connection five times with back-off); ``timeout`` in seconds."""
+    """``None`` if the Hugging Face Hub answers one HTTP request (any status; no retries), else
+    ``"<endpoint> is unreachable (<reason>)"``; ``timeout`` in seconds."""
     import urllib.error
     import urllib.request
 
@@ -54,9 +49,8 @@ def _in_hub_cache(repo_ids: list[str]) -> bool:
 
 
 def needs_encoder(cfg: ExperimentConfig) -> bool:
-    """Whether a phase's reward functions (those whose class sets ``needs_encoder``: ``cpr``, ``step_f1``
-    and a registered one that scores steps), a phase's checkpoint selection, the eval hook or the final
-    evaluation will score reasoning steps (and so need ``rewards.encoder``)."""
+    """Whether a phase's reward functions or checkpoint selection, the eval hook or the final evaluation will score
+    reasoning steps (and so need ``rewards.encoder``)."""
     from cpr.rewards import REWARD_FUNCTIONS, REWARD_SETS
 
     for name in cfg.phases:
@@ -80,14 +74,9 @@ def _unavailable(key: str, name: str, why: str) -> ModelNotAvailableError:
 
 
 def preflight(cfg: ExperimentConfig, device: str) -> None:
-    """Check that the model and the step encoder can be had, then load the (shared) encoder on
-    ``rewards.device`` or ``device`` with ``rewards.max_cached_completions``.
-
-    A hub id must be in the Hugging Face cache or the hub must answer; when everything needed is
-    cached but the hub does not answer, huggingface_hub switches to offline mode (no retries on
-    every file). Raises ``ModelNotAvailableError`` naming the config key (``model.name_or_path`` /
-    ``rewards.encoder``) and how to give a local path.
-    """
+    """Check that the model and the step encoder can be had (a local folder, in the hub cache, or the hub answers
+    one probe; all cached but no hub: offline mode), then load the (shared) encoder on ``rewards.device`` or
+    ``device``. Raises ``ModelNotAvailableError`` naming the config key and how to give a local path."""
     from huggingface_hub import constants
 
     from cpr.matching import OFFLINE_ENCODER_ALIAS, get_encoder
@@ -142,10 +131,8 @@ def preflight(cfg: ExperimentConfig, device: str) -> None:
 
 
 def process_group_timeout(cfg: Any, phases: Mapping[str, Any] | None = None) -> float:
-    """The process group's timeout (seconds) for a run of ``cfg``: the largest ``ddp_timeout`` of its phases
-    (``phases`` of :func:`cpr.training.build.build_phases`, built from ``cfg`` when not given) and of
-    ``warm_start.extra`` (``TrainingArguments``' default 1800 where unset), which the trainers would use if they
-    created the group (cpr creates it before them)."""
+    """The process group's timeout (seconds) for a run of ``cfg``: the largest ``ddp_timeout`` of its phases (built
+    from ``cfg`` when not given) and of ``warm_start.extra`` (``TrainingArguments``' default where unset)."""
     from transformers import TrainingArguments
 
     from cpr.training.build import build_phases
@@ -159,16 +146,13 @@ def process_group_timeout(cfg: Any, phases: Mapping[str, Any] | None = None) -> 
 
 
 def check_launch(cfg: Any, phases: Mapping[str, Any] | None = None) -> None:
-    """Refuse, before anything loads, launcher settings that would fail later with another library's message;
-    a phase's settings are those of ``phases`` (:func:`cpr.training.build.build_phases`, built from ``cfg`` when
-    not given).
+    """Refuse, before anything loads, launcher settings that would fail later with another library's message
+    (``phases`` built from ``cfg`` when not given).
 
     Raises:
-        ConfigError: ``ACCELERATE_USE_CPU`` with a DeepSpeed launch (plain DDP around a ZeRO-partitioned
-            model); under DeepSpeed, accelerate's ``mixed_precision`` (``ACCELERATE_MIXED_PRECISION``) unlike
-            the ``bf16`` / ``fp16`` of a trainer of the run (the warm start's follows the model's dtype on a GPU;
-            a phase's, named by the key that sets it); ``training.use_vllm`` with image-size limits vLLM would
-            not use (:func:`cpr.training.vllm.check_vllm_pixels`) or without an importable ``vllm``.
+        ConfigError: ``ACCELERATE_USE_CPU`` with a DeepSpeed launch; under DeepSpeed, accelerate's
+            ``mixed_precision`` unlike the ``bf16`` / ``fp16`` of a trainer of the run; ``training.use_vllm`` with
+            image-size limits vLLM would not use, or without an importable ``vllm``.
     """
     import torch
 

@@ -1,9 +1,4 @@
-"""The closing report of a run: its adapters side by side on the test split, and the bucket mix of training.
-
-:func:`compare_stages` scores the ``evaluation.compare`` stages (``untrained``, ``warm_start``, a phase's
-handed-on adapter) like the final evaluation into ``final_eval/stages/<stage>/<benchmark>/``;
-:func:`bucket_mix` reads the buckets a phase trained on from its ``scored_completions.jsonl``.
-"""
+"""The closing report of a run: its adapters side by side on the test split, and the bucket mix of training."""
 
 from __future__ import annotations
 
@@ -31,11 +26,8 @@ COLUMNS = (("Acc", "accuracy", 1), ("Match F1", "match_f1", 3), ("P", "precision
 
 
 def stage_adapter(stage: str, summary: Mapping[str, Any]) -> str | None:
-    """The adapter folder of ``stage`` in a run's ``summary`` (``None`` for ``untrained``).
-
-    Raises:
-        ConfigError: a stage the run did not produce (field ``evaluation.compare``).
-    """
+    """The adapter folder of ``stage`` in a run's ``summary`` (``None`` for ``untrained``); ``ConfigError``
+    (``evaluation.compare``) for a stage the run did not produce."""
     if stage == UNTRAINED:
         return None
     if stage == WARM_START and summary.get("warm_start_adapter"):
@@ -48,16 +40,10 @@ def stage_adapter(stage: str, summary: Mapping[str, Any]) -> str | None:
 
 def compare_stages(cfg: ExperimentConfig, splits: Any, summary: Mapping[str, Any], run_dir: str | Path, *,
                    templates: Any = None, model_path: str | None = None) -> list[dict[str, Any]]:
-    """Score each stage of ``evaluation.compare`` on the test split and return the table's rows.
-
-    Returns:
-        One row per stage, then ``final`` (the run's final evaluation, from ``summary["final_eval"]``):
-        ``{"stage", "adapter", "benchmark", <the benchmark's overall summary>}`` per test benchmark
-        (accuracy in percent, the rest in [0, 1]); ``[]`` on processes other than the main one.
-
-    Raises:
-        ConfigError: a stage whose adapter the summary does not hold (:func:`stage_adapter`).
-    """
+    """Score each stage of ``evaluation.compare`` on the test split (into ``final_eval/stages/<stage>/``) and
+    return the table's rows, then ``final``'s: ``{"stage", "adapter", "benchmark", <overall summary>}`` per test
+    benchmark (accuracy in percent, the rest in [0, 1]); ``[]`` on processes other than the main one. Raises
+    ``ConfigError`` as :func:`stage_adapter`."""
     from cpr.training.evaluate import final_evaluation
 
     rows = []
@@ -68,29 +54,19 @@ def compare_stages(cfg: ExperimentConfig, splits: Any, summary: Mapping[str, Any
         rows += [{"stage": stage, "adapter": adapter, "benchmark": b, **overall} for b, overall in scored.items()]
     if not rows:
         return []
-    final = summary.get("final_adapter")
-    rows += [{"stage": "final", "adapter": final, "benchmark": b, **overall}
+    rows += [{"stage": "final", "adapter": summary.get("final_adapter"), "benchmark": b, **overall}
              for b, overall in (summary.get("final_eval") or {}).items()]
     return rows
 
 
 def chance_accuracy(records: Sequence[Record]) -> float:
     """Expected accuracy (percent) of a uniform guess among the options; a free-form record counts 0."""
-    if not records:
-        return 0.0
-    return 100.0 * sum(1 / len(r.options) for r in records if r.options) / len(records)
+    return 100.0 * sum(1 / len(r.options) for r in records if r.options) / len(records) if records else 0.0
 
 
 def bucket_mix(phase_dir: str | Path, difficulty: Mapping[str, str], steps: int, parts: int = 3) -> list[dict[str, float]]:
-    """Share (percent) of each difficulty bucket among the prompts a phase trained on, in ``parts``
-    equal spans of its ``steps`` optimizer steps (spans without a scored completion are left out).
-
-    Reads the completions of one reward function (the first in ``scored_completions.jsonl``); a
-    phase whose rewards score no steps (``format`` + ``accuracy``) gives ``[]``.
-
-    Raises:
-        ConfigError: a scored completion of a record not in ``difficulty``.
-    """
+    """Share (percent) of each difficulty bucket among the prompts a phase trained on, in ``parts`` equal spans of
+    its ``steps``; ``ConfigError`` for a scored completion of a record not in ``difficulty``."""
     rows = read_log(Path(phase_dir) / "scored_completions.jsonl")
     if not rows or steps < 1:
         return []

@@ -28,9 +28,8 @@ LAST_STEP_ADAPTER = "last_step_adapter"
 def select_best(
     cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, templates: Any, model_path: str
 ) -> dict[str, Any]:
-    """Score every complete checkpoint of the phase and its final adapter with ``crystal`` on the validation
-    split (greedy, training prompt, ``rewards.answer_mode``) and pick the highest ``phase.select_metric``,
-    ties to the later step. Every process generates its share; the main process scores and writes.
+    """Score every complete checkpoint of the phase and its final adapter with ``crystal`` on the validation split
+    (greedy, training prompt) and pick the highest ``phase.select_metric``, ties to the later step.
 
     Returns:
         The contents of ``<phase>/selection.json``: ``{"metric", "answer_mode", "n_validation", "picked",
@@ -81,19 +80,11 @@ def select_best(
 
 
 def install_selected(phase_dir: str | Path, picked: str | Path, last_step: int) -> dict[str, str] | None:
-    """Make the phase's ``adapter/`` folder the selected adapter ``picked`` (a ``checkpoint-N`` of the phase):
-    each file of the final adapter folder is replaced by the checkpoint's file of that name (the adapter's
-    weights and config; the processor files are the same), written as ``adapter.partial`` and moved into
-    place. The last step's adapter stays where it is when ``checkpoint-<last_step>`` is complete; otherwise
-    the final adapter folder is first moved to :data:`LAST_STEP_ADAPTER`, so nothing trained is lost. Call it
-    on the main process; ``picked`` being ``adapter/`` itself changes nothing.
-
-    Returns:
-        ``{"adapter_from": picked, "last_step_adapter": the folder holding the last step}``, or ``None`` when
-        ``picked`` is the final adapter.
-
-    Raises:
-        ConfigError: ``picked`` holds no LoRA adapter (``adapter_config.json``).
+    """Make the phase's ``adapter/`` folder the selected adapter ``picked`` (a ``checkpoint-N``; its adapter files
+    over the final adapter's, written as ``adapter.partial`` and moved into place), on the main process. Unless
+    ``checkpoint-<last_step>`` is complete, the final adapter is first moved to :data:`LAST_STEP_ADAPTER`.
+    Returns ``{"adapter_from", "last_step_adapter"}``, or ``None`` when ``picked`` is the final adapter; raises
+    ``ConfigError`` when ``picked`` holds no LoRA adapter.
     """
     phase_dir, picked = Path(phase_dir), Path(picked)
     adapter = phase_dir / "adapter"

@@ -36,16 +36,11 @@ _SAME_NAME = ("max_steps", "num_train_epochs", "learning_rate", "per_device_trai
 
 @dataclass
 class SFTSettings:
-    """Settings of a supervised LoRA run: ``trl.SFTConfig`` fields of the same name with cpr's defaults,
-    plus ``warmup_ratio`` (``SFTConfig.warmup_steps``: transformers 5 reads a value below 1 as a ratio),
-    ``gradient_checkpointing`` (``SFTConfig.activation_checkpointing``; ``None``: on when CUDA is
-    available), ``check_lengths`` (measure every example first: :func:`check_example_lengths`) and
-    ``extra`` (other ``SFTConfig`` fields, passed as given).
-
-    ``max_steps`` -1 trains ``num_train_epochs`` epochs; ``max_length`` counts image tokens too
-    (``None``: no truncation); ``save_strategy`` sets intermediate checkpoints only (the adapter is
-    always saved); ``completion_only_loss`` puts the loss on the JSON completion only. The M3CoT
-    baseline uses batch sizes 2, 4 or 8, learning rates 1e-6 to 8e-5 and ``max_length`` 512.
+    """Settings of a supervised LoRA run: ``trl.SFTConfig`` fields of the same name with cpr's defaults, plus
+    ``warmup_ratio`` (``SFTConfig.warmup_steps``: transformers 5 reads a value below 1 as a ratio),
+    ``gradient_checkpointing`` (``SFTConfig.activation_checkpointing``; ``None``: on with CUDA), ``check_lengths``
+    (:func:`check_example_lengths` first) and ``extra`` (other ``SFTConfig`` fields). ``max_length`` counts image
+    tokens too (``None``: no truncation). The M3CoT baseline: batch sizes 2-8, learning rates 1e-6 to 8e-5.
     """
 
     max_steps: int = -1
@@ -67,9 +62,8 @@ class SFTSettings:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self, prefix: str = "sft") -> None:
-        """Check every value; ``ConfigError`` with ``field=f"{prefix}.<key>"`` otherwise. ``extra`` must
-        name ``trl.SFTConfig`` fields other than this class's, ``output_dir``, ``warmup_steps`` and
-        ``activation_checkpointing``."""
+        """Check every value (``extra``: other ``trl.SFTConfig`` fields than those run_sft sets); ``ConfigError``
+        with ``field=f"{prefix}.<key>"`` otherwise."""
         from transformers.trainer_utils import SchedulerType
         from trl import SFTConfig
 
@@ -119,12 +113,8 @@ def _is_number(value: Any) -> bool:
 
 
 def to_sft_dataset(records: Sequence[Record], templates: PromptTemplates) -> datasets.Dataset:
-    """Records -> TRL's conversational prompt-completion dataset for vision-language SFT: a memory-mapped
-    ``datasets.Dataset`` with columns ``prompt`` (the GRPO training prompt), ``completion`` (one
-    assistant message, :func:`cpr.data.render_target`), ``images`` (decoded when read) and ``id``.
-
-    Raises ``InputError`` (``field="answer"``, the id named) for a record without an answer.
-    """
+    """Records -> TRL's conversational prompt-completion dataset (``prompt``, ``completion``, ``images``, ``id``).
+    Raises ``InputError`` (``field="answer"``, the id named) for a record without an answer."""
     from datasets import Json, List, Value
 
     data = records if isinstance(records, Records) else write_records(records)
@@ -143,11 +133,8 @@ def _sft_row(row: dict[str, Any], templates: PromptTemplates) -> dict[str, Any]:
 
 
 def example_lengths(dataset: datasets.Dataset, processor: ProcessorMixin) -> list[tuple[int, int, int]]:
-    """``(prompt_tokens, image_tokens, completion_tokens)`` of each row of :func:`to_sft_dataset`'s
-    output, as TRL's ``DataCollatorForVisionLanguageModeling`` builds it: TRL's
-    ``prepare_multimodal_messages`` and ``apply_chat_template``, then the processor on the prompt with
-    its images (image tokens expanded) and on the completion, without special tokens. ``image_tokens``
-    counts the processor's ``image_token_id`` in the prompt (0 when it has none)."""
+    """``(prompt_tokens, image_tokens, completion_tokens)`` of each row of :func:`to_sft_dataset`'s output, as
+    TRL's ``DataCollatorForVisionLanguageModeling`` builds it (image tokens expanded, no special tokens)."""
     from trl.data_utils import apply_chat_template, prepare_multimodal_messages
 
     image_token_id = getattr(processor, "image_token_id", None)
@@ -166,10 +153,8 @@ def example_lengths(dataset: datasets.Dataset, processor: ProcessorMixin) -> lis
 
 def check_example_lengths(dataset: datasets.Dataset, processor: ProcessorMixin, max_length: int, *,
                           prefix: str = "sft") -> list[tuple[int, int, int]]:
-    """:func:`example_lengths`, checked against ``max_length``; a warning (logger ``cpr.training.sft``)
-    counts the examples that will lose the end of their completion. Raises ``ConfigError``
-    (``field=f"{prefix}.max_length"``, naming the first such record) when a prompt alone takes
-    ``max_length`` tokens or more."""
+    """:func:`example_lengths`, with a warning counting the examples that will lose the end of their completion.
+    Raises ``ConfigError`` (``<prefix>.max_length``, naming the first) for a prompt of ``max_length`` or more."""
     lengths = example_lengths(dataset, processor)
     ids = dataset["id"]
     if too_long := [(i, p, n) for i, (p, n, _) in enumerate(lengths) if p >= max_length]:
@@ -192,9 +177,7 @@ def check_example_lengths(dataset: datasets.Dataset, processor: ProcessorMixin, 
 
 
 def build_sft_config(settings: SFTSettings, output_dir: str | Path, model: Any) -> Any:
-    """The ``trl.SFTConfig`` :func:`run_sft` trains with (``settings`` valid): without CUDA ``use_cpu``
-    and no mixed precision, with CUDA ``bf16`` / ``fp16`` following the model's dtype; ``settings.extra``
-    is applied last, so it can override these."""
+    """The ``trl.SFTConfig`` :func:`run_sft` trains with (precision: :func:`sft_precision`)."""
     import torch
     from trl import SFTConfig
 
@@ -225,8 +208,6 @@ def _sft_trainer_class() -> type:
     from cpr.trl_internals import name_base_model
 
     class NamedBaseSFTTrainer(SFTTrainer):
-        """``trl.SFTTrainer`` whose model card names the base model."""
-
         def create_model_card(self, *args: Any, **kwargs: Any) -> None:  # noqa: D102
             super().create_model_card(*args, **kwargs)
             name_base_model(self)
@@ -239,16 +220,8 @@ def run_sft(
     settings: SFTSettings, output_dir: str | Path, *, peft_config: peft.PeftConfig | None = None,
     callbacks: Sequence[TrainerCallback] = (), prefix: str = "sft", resume_from_checkpoint: str | Path | None = None,
 ) -> Path:
-    """Train a LoRA adapter on ``records`` (each with an answer) with ``trl.SFTTrainer`` and save it.
-
-    ``model`` is a vision-language model with ``peft_config`` (:func:`cpr.models.build_lora_config`) or a
-    ``peft.PeftModel`` with a trainable adapter. ``output_dir`` receives checkpoints (each marked complete),
-    ``trainer_state.json`` and the adapter; ``resume_from_checkpoint`` continues from one of those checkpoints.
-    ``prefix``: the config section its settings come from, in error fields.
-
-    Returns:
-        ``output_dir / "adapter"`` (the adapter and the processor files, for
-        ``peft.PeftModel.from_pretrained``); the trained model is left in eval mode.
+    """Train a LoRA adapter on ``records`` with ``trl.SFTTrainer`` (``model`` with ``peft_config``, or a
+    ``peft.PeftModel`` with a trainable adapter) and return ``output_dir / "adapter"`` (model left in eval mode).
 
     Raises:
         ConfigError: invalid settings (fields ``<prefix>.<key>``); neither ``peft_config`` nor a
@@ -266,15 +239,14 @@ def run_sft(
         raise InputError("no training records for SFT")
     is_peft = isinstance(model, PeftModel)
     if peft_config is None and not is_peft:
-        problem = "run_sft trains a LoRA adapter: pass peft_config (cpr.models.build_lora_config) or a PeftModel"
-    elif peft_config is not None and is_peft:
-        problem = "the model is already a PeftModel: pass peft_config=None to keep training its adapter"
-    elif is_peft and not any(p.requires_grad for p in model.parameters()):
-        problem = "the PeftModel has no trainable parameters; load it with PeftModel.from_pretrained(..., is_trainable=True)"
-    else:
-        problem = None
-    if problem:
-        raise ConfigError(problem, field="lora")
+        raise ConfigError("run_sft trains a LoRA adapter: pass peft_config (cpr.models.build_lora_config) or a "
+                          "PeftModel", field="lora")
+    if peft_config is not None and is_peft:
+        raise ConfigError("the model is already a PeftModel: pass peft_config=None to keep training its adapter",
+                          field="lora")
+    if is_peft and not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError("the PeftModel has no trainable parameters; load it with PeftModel.from_pretrained(..., "
+                          "is_trainable=True)", field="lora")
     output_dir = Path(output_dir)
     dataset = to_sft_dataset(records, templates)
     if settings.check_lengths and settings.max_length is not None:

@@ -1,9 +1,5 @@
-"""Training, validation and test records of an experiment.
-
-Where a config gives no validation (or test) dataset, a share of the training records is held out,
-stratified by difficulty bucket and seeded: the held-out mix matches the training mix, and the same
-seed holds out the same records.
-"""
+"""Training, validation and test records of an experiment; without a validation (or test) dataset a seeded share
+of the training records is held out, stratified by difficulty bucket."""
 
 from __future__ import annotations
 
@@ -43,8 +39,7 @@ def load_sources(sources: Sequence[DataSourceConfig], data: DataConfig, *, key: 
 
     Raises:
         InputError: invalid records or an id present in two datasets.
-        ConfigError: a source refuses its settings (an unknown option, a bad split); the field is the config
-            key (``<key>[i].options``, ``<key>[i].split``) and the path ``config_path``, the YAML file.
+        ConfigError: a source refuses its settings (field ``<key>[i].<setting>``, path ``config_path``).
     """
     buckets = data.bucket_config
     out: list[Records] = []
@@ -117,8 +112,7 @@ def load_splits(data: DataConfig, seed_offset: int = 0, *, config_path: str | No
 
 
 def load_run_data(cfg: ExperimentConfig) -> tuple[DataSplits, PromptTemplates]:
-    """The splits (:func:`load_splits`, errors naming ``cfg``'s YAML file) and prompt templates of a run: what the
-    run loads before anything trains, and what ``cpr train --check`` loads to validate the data the same way."""
+    """The splits and prompt templates of a run, as the run and ``cpr train --check`` load them."""
     from cpr.data import load_templates
 
     return load_splits(cfg.data, config_path=cfg.config_path), load_templates(cfg.data.prompts)

@@ -1,9 +1,5 @@
-"""vLLM generation settings in training (``training.use_vllm``).
-
-TRL's vLLM path does not suppress the image placeholder tokens (TRL issue 3847), so they go into vLLM's
-``bad_words`` through ``GRPOConfig.generation_kwargs``. vLLM re-processes images with the loaded model's own
-processor (TRL 1.16 gives it no ``mm_processor_kwargs``), so :func:`check_vllm_pixels` refuses other pixel
-limits. docs/training.md, "vLLM generation".
+"""vLLM generation settings in training (``training.use_vllm``; docs/training.md, "vLLM generation"): the image
+placeholder tokens banned (TRL issue 3847), other pixel limits than the model's own refused.
 """
 
 from __future__ import annotations
@@ -25,8 +21,7 @@ def placeholder_tokens(model_config: Any, tokenizer: Any) -> list[str]:
 
 def vllm_generation_kwargs(model_config: Any, tokenizer: Any, generation_kwargs: Mapping[str, Any] | None = None
                            ) -> dict[str, Any]:
-    """A copy of ``generation_kwargs`` whose ``bad_words`` (vLLM ``SamplingParams``) lists its own words, then
-    the :func:`placeholder_tokens` not among them. Also usable for vLLM outside TRL."""
+    """A copy of ``generation_kwargs`` with :func:`placeholder_tokens` added to its (vLLM) ``bad_words``."""
     kwargs = dict(generation_kwargs or {})
     words = list(kwargs.get("bad_words") or [])
     kwargs["bad_words"] = words + [t for t in placeholder_tokens(model_config, tokenizer) if t not in words]
@@ -43,12 +38,7 @@ def _limits(image_processor: Any, family: str) -> dict[str, Any]:
 def vllm_image_limits(model_path: str, min_pixels: int | None, max_pixels: int | None,
                       trust_remote_code: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(what vLLM uses, what the trainer uses)``: the image-size limits of the image processor saved with
-    ``model_path`` (vLLM loads it) and those of the same processor under :func:`cpr.models.apply_pixel_limits`
-    (Qwen2.5-VL: ``min_pixels`` / ``max_pixels``; InternVL: ``min_patches`` / ``max_patches``).
-
-    Raises:
-        ModelNotAvailableError: the model's processor is neither local nor downloadable.
-    """
+    ``model_path`` and under :func:`cpr.models.apply_pixel_limits`. Raises ``ModelNotAvailableError``."""
     from transformers import AutoImageProcessor
 
     from cpr.models import _not_available, apply_pixel_limits, detect_family, resolve_model_path
@@ -65,14 +55,11 @@ def vllm_image_limits(model_path: str, min_pixels: int | None, max_pixels: int |
 
 
 def check_vllm_pixels(cfg: Any, modes: set[str]) -> None:
-    """Refuse ``training.use_vllm`` when vLLM would process images with other limits than the trainer
-    (module docstring): ``model.min_pixels`` / ``max_pixels`` must be the model folder's own. ``modes``: the
-    ``vllm_mode`` of each phase with ``use_vllm`` (``colocate`` / ``server``; empty: nothing to check).
+    """Refuse ``training.use_vllm`` (``modes``: each phase's ``vllm_mode``) when vLLM would process images with
+    other limits than the trainer (TRL 1.16 gives it no ``mm_processor_kwargs``).
 
     Raises:
-        ConfigError: one line (field ``model.max_pixels``) saying what vLLM would use, what the config
-            asks for, and how to give vLLM the same (colocate: a model folder saved with these limits;
-            server: also serve that folder, or start ``trl vllm-serve`` with ``--mm-processor-kwargs``).
+        ConfigError: one line saying what vLLM would use, what the config asks for, and how to give vLLM the same.
         ModelNotAvailableError: see :func:`vllm_image_limits`.
     """
     import json

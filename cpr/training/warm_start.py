@@ -1,9 +1,6 @@
-"""The supervised LoRA warm start before GRPO (:func:`cpr.training.sft.run_sft` on the training records'
-target JSON, so that a model that never writes the output format earns rewards at all), and
-:func:`train_lora` (the SFT baseline is a run of the warm start alone). Output folder: ``checkpoint-N/``
-(every ``warm_start.save_steps``, marked complete as a phase's: :mod:`cpr.training.checkpoints`; a resumed
-warm start continues from the last complete one), ``adapter/``, ``trainer_state.json`` and
-``warm_start_done.json`` (written once the adapter is saved)."""
+"""The supervised LoRA warm start before GRPO (:func:`cpr.training.sft.run_sft` on the training records' target
+JSON, so that a model that never writes the output format earns rewards at all), and :func:`train_lora` (the SFT
+baseline is a run of the warm start alone)."""
 
 from __future__ import annotations
 
@@ -30,8 +27,8 @@ WARM_START_DONE = "warm_start_done.json"
 
 
 def warm_start_finished(adapter: Path, done: Path) -> bool:
-    """Whether an earlier run's warm-start adapter is whole: its marker ``done`` exists, or (runs from
-    before the marker) ``adapter`` holds an ``adapter_config.json`` and weights whose safetensors header reads."""
+    """Whether an earlier run's warm-start adapter is whole: its marker ``done`` exists, or (a run without the
+    marker) ``adapter`` holds its config and weights whose safetensors header reads."""
     if done.is_file():
         return True
     weights = adapter / "adapter_model.safetensors"
@@ -49,14 +46,8 @@ def warm_start_finished(adapter: Path, done: Path) -> bool:
 
 def train_lora(cfg: ExperimentConfig, settings: Any, out_dir: str | Path, records: Sequence[Any], *, templates: Any,
                model_path: str, resume_from_checkpoint: str | Path | None = None) -> Path:
-    """Train a new LoRA adapter (``cfg.lora``) on ``records`` with :func:`cpr.training.sft.run_sft`
-    (``settings``: its :class:`~cpr.training.sft.SFTSettings`) into ``out_dir``, on
-    ``model_path`` with the GRPO training prompt of ``templates``, continuing from ``resume_from_checkpoint``
-    (a ``checkpoint-N`` folder of ``out_dir``) when given; the model is then released.
-
-    Returns the adapter folder (``<out_dir>/adapter``). Raises what ``run_sft`` raises (setting errors name
-    ``warm_start.<key>``), and ``TrainingOutOfMemoryError`` naming the warm start (:func:`cpr.training.oom.explain_oom`).
-    """
+    """Train a new LoRA adapter (``cfg.lora``) on ``records`` with :func:`cpr.training.sft.run_sft` into ``out_dir``
+    and return ``<out_dir>/adapter``. Raises as ``run_sft`` (fields ``warm_start.<key>``), or out of memory."""
     from cpr.training.oom import explain_oom
     from cpr.training.sft import run_sft
 
@@ -78,10 +69,7 @@ def teacher_records(records: Sequence[Record], step_keep: float, seed: int) -> l
     (``warm_start.step_keep``): a model trained on them states some of the facts and leaves the others out, as
     the CRYSTAL paper's base models do (arXiv 2603.13099, Table 4: Qwen2.5-VL-3B step precision 0.898, recall
     0.347; CPR-Curriculum raises the recall to 0.493), and only a reward on the steps (Match F1, CPR) pays for
-    the ones it leaves out. Each record keeps each step with
-    probability ``step_keep`` and at least one (drawn again until one is kept), the kept steps in their order,
-    the answer unchanged; the draw is fixed by ``(seed, record id)``, the same on every process and run.
-    ``step_keep`` 1.0 returns the records as given. Rewards and evaluation always use the full reference."""
+    the ones it leaves out. Each record keeps at least one step, in order, drawn by ``(seed, record id)``."""
     if step_keep >= 1.0:
         return list(records)
     out = []
@@ -100,13 +88,8 @@ def teacher_records(records: Sequence[Record], step_keep: float, seed: int) -> l
 
 def run_warm_start(cfg: ExperimentConfig, splits: DataSplits | None, out_dir: str | Path, *, templates: Any = None,
                    model_path: str | None = None, resume: bool = False) -> Path:
-    """Run ``cfg``'s warm start into ``out_dir`` and return ``<out_dir>/adapter``: a seeded subset of
-    ``warm_start.max_records`` training records (all when unset), :func:`warm_start_settings`; with
-    ``resume``, an adapter :func:`warm_start_finished` accepts is reused, else training continues from the last
-    complete checkpoint (:func:`cpr.training.checkpoints.prepare_resume`; later ones are moved aside) and ends
-    with the adapter of an uninterrupted warm start (tests/test_reliability_resume.py). ``splits``, ``templates`` and
-    ``model_path`` default to those of ``cfg``. Raises ``ConfigError`` (invalid settings) or
-    ``TrainingOutOfMemoryError`` (naming the ``warm_start`` settings to lower)."""
+    """Run ``cfg``'s warm start into ``out_dir`` and return ``<out_dir>/adapter`` (``resume``: a finished adapter
+    reused, else from the last complete checkpoint). Raises ``ConfigError`` or ``TrainingOutOfMemoryError``."""
     from cpr.data import load_templates
     from cpr.distributed import process_state
     from cpr.evaluation import subset
