@@ -381,6 +381,8 @@ def test_overrides_index_lists_replace_mappings_and_name_a_bad_one(tmp_path):
 @pytest.mark.parametrize(("change", "key", "message"), [
     (("warm_start.max_steps", 0), "warm_start.max_steps", "must be a positive integer or -1"),
     (("warm_start.extra", {"max_step": 3}), "warm_start.extra.max_step", "not a cpr.training.sft.SFTSettings field"),
+    (("warm_start.extra", {"max_steps": 3}), "warm_start.extra.max_steps", "set by warm_start.max_steps, not in extra"),
+    (("warm_start.extra", {"seed": 3}), "warm_start.extra.seed", "set by the run's seed, not in extra"),
     (("model.dtype", "int8"), "model.dtype", "unknown dtype 'int8'"),
     (("evaluation.benchmarks", [{"name": "mmmu"}]), "evaluation.benchmarks[0].name", "unknown benchmark 'mmmu'"),
     (("data.on_invalid", "ignore"), "data.on_invalid", "must be 'error' or 'skip', got 'ignore'"),

@@ -175,11 +175,14 @@ def warm_start_settings(cfg: ExperimentConfig) -> Any:
 
     if cfg._warm_start_settings is None:
         ws = cfg.warm_start
-        settings = SFTSettings(
+        own = dict(
             max_steps=ws.max_steps, learning_rate=ws.learning_rate, per_device_train_batch_size=ws.per_device_train_batch_size,
             max_length=ws.max_length, warmup_ratio=ws.warmup_ratio, seed=cfg.seed, logging_steps=max(1, ws.max_steps // 20),
-            save_strategy="steps", save_steps=ws.save_steps or max(1, ws.max_steps // 4), report_to="none", **ws.extra,
-        )
+            save_strategy="steps", save_steps=ws.save_steps or max(1, ws.max_steps // 4), report_to="none")
+        for key in sorted(set(ws.extra) & set(own)):
+            where = "the run's seed" if key == "seed" else f"warm_start.{key}" if key in type(ws).model_fields else "the warm start"
+            raise ConfigError(f"set by {where}, not in extra", field=f"warm_start.extra.{key}")
+        settings = SFTSettings(**own, **ws.extra)
         settings.validate(prefix="warm_start")
         cfg._warm_start_settings = settings
     return cfg._warm_start_settings
