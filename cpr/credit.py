@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 #: Values of a phase's ``credit`` setting.
@@ -33,11 +35,8 @@ class CompletionCredit:
     """The reward of one completion split over its parts (what a step-scoring reward function keeps).
 
     Attributes:
-        text: the completion text the reward function parsed.
         format: :attr:`cpr.steps.ParsedCompletion.format` (``"none"``: unparsable).
-        steps: the parsed steps, in completion order.
-        answer: the parsed answer.
-        step_rewards: reward of each step, in the reward's units.
+        step_rewards: reward of each parsed step, in the reward's units.
         matched: whether each step matched a reference step with credit > 0.
         answer_reward: the answer span's reward (the completion's answer term).
     """
@@ -148,17 +147,6 @@ def part_char_spans(credit: CompletionCredit) -> list[tuple[int, int] | None]:
 # --------------------------------------------------------------------------- characters of the tokens
 
 
-def _common_prefix(a: str, b: str) -> int:
-    if b.startswith(a):
-        return len(a)
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def token_char_spans(tokenizer: Any, ids: Sequence[int], text: str | None = None) -> list[tuple[int, int]] | None:
     """Character span ``[start, end)`` in ``decode(ids, skip_special_tokens=True)`` of each token of ``ids``.
 
@@ -188,7 +176,7 @@ def token_char_spans(tokenizer: Any, ids: Sequence[int], text: str | None = None
     prefixes = tokenizer.batch_decode([ids[:t + 1] for t in range(len(ids))], skip_special_tokens=True)
     out, end = [], 0
     for p in prefixes:
-        new = max(end, _common_prefix(p, decoded))
+        new = max(end, len(os.path.commonprefix([p, decoded])))
         out.append((end, new))
         end = new
     return out
@@ -223,11 +211,7 @@ def normalised_group(rewards: Sequence[Sequence[float] | None]) -> list[list[flo
 def suffix_sums(values: Sequence[float]) -> list[float]:
     """``out[k] = sum(values[k:])``: the process advantage of part ``k``'s tokens (the parts ending at or
     after them)."""
-    out, total = [0.0] * len(values), 0.0
-    for k in range(len(values) - 1, -1, -1):
-        total += values[k]
-        out[k] = total
-    return out
+    return list(accumulate(reversed(values), initial=0.0))[:0:-1]
 
 
 def process_advantages(rewards: Sequence[Sequence[float] | None], group_size: int) -> list[list[float] | None]:
@@ -318,10 +302,9 @@ def check_credit(credit: Any, weight: Any, reward_funcs: Sequence[Any], *, loss_
                           "sequence by its advantage's sign)", field=f"{training}.off_policy_mask_threshold")
 
 
-def batch_token_advantages(
-    credits: Sequence[CompletionCredit], completion_ids: Any, completion_mask: Any, advantages: Any, tokenizer: Any,
-    *, group_size: int, weight: float, gather: Any = None, process_index: int = 0,
-) -> tuple[Any, dict[str, float]]:
+def batch_token_advantages(credits: Sequence[CompletionCredit], completion_ids: Any, completion_mask: Any,
+                           advantages: Any, tokenizer: Any, *, group_size: int, weight: float,
+                           gather: Any = None, process_index: int = 0) -> tuple[Any, dict[str, float]]:
     """The ``(B, T)`` token advantages of this process's rows of a generation batch, and the metrics to log.
 
     Args:

@@ -133,16 +133,9 @@ def pair_credit(similarity: float, threshold: float, full: float | None) -> floa
 
 
 def guarded_scores(
-    predicted: Sequence[Sequence[str]],
-    references: Sequence[Sequence[str]],
-    prompts: Sequence[Sequence[str]],
-    *,
-    encoder: StepEncoder,
-    guard: GuardSettings,
-    threshold: float,
-    alpha: float,
-    matching: str = "greedy",
-    step_credit: list[tuple[float, ...]] | None = None,
+    predicted: Sequence[Sequence[str]], references: Sequence[Sequence[str]],
+    prompts: Sequence[Sequence[str]], *, encoder: StepEncoder, guard: GuardSettings, threshold: float,
+    alpha: float, matching: str = "greedy", step_credit: list[tuple[float, ...]] | None = None,
 ) -> tuple[list[StepScores], dict[str, float]]:
     """Step scores of a batch under ``guard`` with one encoder call, as :func:`cpr.matching.score_batch`;
     ``prompts``: per sample the :func:`prompt_pieces`. ``step_credit`` receives, per sample, each predicted
@@ -159,11 +152,9 @@ def guarded_scores(
         ConfigError: an unknown ``matching``.
         TypeError: a step that is not a string (from the encoder).
     """
-    table, index = encoder.embedding_table([
-        ([t for ref in references for t in ref], True),
-        ([t for pieces in prompts for t in pieces], True),
-        ([t for pred in predicted for t in pred], False),
-    ])
+    table, index = encoder.embedding_table([([t for ref in references for t in ref], True),
+                                            ([t for pieces in prompts for t in pieces], True),
+                                            ([t for pred in predicted for t in pred], False)])
     full = guard.full_credit_similarity
     scores: list[StepScores] = []
     n_steps = n_dup = n_prompted = n_restated = 0

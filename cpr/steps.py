@@ -54,14 +54,11 @@ _TRAILING_COMMA_RE = re.compile(r'("(?:[^"\\]|\\.)*")|,(?=[ \t\r\n]*[\]}])', re.
 _STEP_MARK_RE = re.compile(
     r"(?:^[ \t]*(?:[-*•][ \t]*)?(?:\*\*)?\(?\d{1,4}[.)](?:\*\*)?[ \t]+"
     r"|(?:^|(?<=\s))(?:[-*•][ \t]*)?(?:\*\*)?step[ \t]*\d{1,4}[ \t]*(?:\*\*)?[ \t]*[:.)\-–][ \t]*(?:\*\*)?)",
-    re.IGNORECASE | re.MULTILINE,
-)
+    re.IGNORECASE | re.MULTILINE)
 _BULLET_RE = re.compile(r"[ \t]*[-*•][ \t]+")
 # "Answer:" / "Final answer:" line, markdown emphasis and heading marks allowed around it.
-_ANSWER_LINE_RE = re.compile(
-    r"[ \t#>*_]*(?:final[ \t]+)?answer[ \t]*(?:\*\*|__)?[ \t]*[:：][ \t]*(?:\*\*|__)?[ \t]*(.*)",
-    re.IGNORECASE,
-)
+_ANSWER_LINE_RE = re.compile(r"[ \t#>*_]*(?:final[ \t]+)?answer[ \t]*(?:\*\*|__)?[ \t]*[:：][ \t]*"
+                             r"(?:\*\*|__)?[ \t]*(.*)", re.IGNORECASE)
 
 
 def parse_completion(text: str) -> ParsedCompletion:
@@ -199,8 +196,7 @@ def _repair(span: str) -> str:
 
 
 def _json_span(text: str) -> dict | None:
-    first = text.find("{")
-    last = text.rfind("}")
+    first, last = text.find("{"), text.rfind("}")
     if first == -1 or last <= first:
         return None
     obj = _loads(_repair(text[first: last + 1]), strict=False)
