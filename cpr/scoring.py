@@ -319,15 +319,13 @@ def pass_at_k(scorings: Sequence[Sequence[Mapping[str, Any]]]) -> float | None:
         scorings[0])
 
 
-def score_records(
-    references: Sequence[Mapping[str, Any]], completions: Mapping[str, str], settings: ScoringSettings
-) -> dict[str, Any]:
-    """Score completions against reference records (the report ``cpr score`` writes).
+def score_records(references: Sequence[Mapping[str, Any]], completions: Mapping[str, str],
+                  settings: ScoringSettings) -> dict[str, Any]:
+    """Score completions against reference records (the report ``cpr score`` writes), all steps embedded in
+    one encoder call.
 
     Args:
-        references: reference records (validated with :func:`validate_reference`).
         completions: id -> completion text; a reference without one counts as missing.
-        settings: encoder (all steps embedded in one model call), tau, alpha, matching, answer mode.
 
     Returns:
         ``{"config", "summary": summarize(samples), "samples"}``, one row (:data:`SAMPLE_KEYS`) per
@@ -349,11 +347,9 @@ def score_records(
     if extra:
         raise InputError("prediction has no reference record", record_id=extra[0], field="id")
     parsed = {rid: parse_completion(text) for rid, text in completions.items()}
-    scores = score_batch(
-        [list(parsed[r["id"]].steps) if r["id"] in parsed else [] for r in refs],
-        [r["reference_steps"] for r in refs],
-        encoder=settings.get_encoder(), threshold=settings.threshold, alpha=settings.alpha, matching=settings.matching,
-    )
+    scores = score_batch([list(parsed[r["id"]].steps) if r["id"] in parsed else [] for r in refs],
+                         [r["reference_steps"] for r in refs], encoder=settings.get_encoder(),
+                         threshold=settings.threshold, alpha=settings.alpha, matching=settings.matching)
     samples = []
     for ref, sc in zip(refs, scores, strict=True):
         pc = parsed.get(ref["id"])
@@ -369,10 +365,8 @@ def score_records(
     return {"config": config, "summary": summarize(samples), "samples": samples}
 
 
-def score_sampled_records(
-    references: Sequence[Mapping[str, Any]], samples: Mapping[str, Mapping[int, str]], settings: ScoringSettings,
-    *, path: str | Path | None = None,
-) -> dict[str, Any]:
+def score_sampled_records(references: Sequence[Mapping[str, Any]], samples: Mapping[str, Mapping[int, str]],
+                          settings: ScoringSettings, *, path: str | Path | None = None) -> dict[str, Any]:
     """Score ``k`` sampled completions per reference: each sample index alone with :func:`score_records`.
 
     Args:
