@@ -149,13 +149,11 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
                   f"{run_value}, the resolution the {'adapter' if cfg is not None else 'model'} was trained at",
                   file=sys.stderr)
         out[key] = pick(key, None)
-    out["dtype"] = pick("dtype", "auto")
-    out["attn_implementation"] = pick("attn_implementation", None)
-    out["trust_remote_code"] = bool((values or {}).get("trust_remote_code", False))
-    out["prompts"] = pick("prompts", None)
-    for key, default in (("prompt_mode", "eval"), ("max_new_tokens", 256), ("batch_size", 8)):
+    for key, default in (("dtype", "auto"), ("attn_implementation", None), ("prompts", None),
+                         ("prompt_mode", "eval"), ("max_new_tokens", 256), ("batch_size", 8),
+                         ("backend", "auto")):
         out[key] = pick(key, default)
-    out["backend"] = pick("backend", "auto")
+    out["trust_remote_code"] = bool((values or {}).get("trust_remote_code", False))
     out["decoding"] = _decoding(args, (values or {}).get("decoding"), taken)
     scoring = {key: pick(key, default) for key, default in SCORING_DEFAULTS.items()}
     with flag_errors():
@@ -239,14 +237,14 @@ def _load(args: argparse.Namespace, settings: dict[str, Any], max_images: int) -
         path, adapter = checked_model_path(model, adapter, args.allow_base_mismatch)
         processor = AutoProcessor.from_pretrained(path, padding_side="left")
         apply_pixel_limits(processor, detect_family(path), **pixels)
-        return None, processor, VLLMGenerator(
-            path, processor, adapter=adapter, max_new_tokens=settings["max_new_tokens"],
-            max_images_per_prompt=max_images, mm_processor_kwargs={k: v for k, v in pixels.items() if v is not None} or None,
-        )
-    model, processor = load_model_for_eval(
-        model, adapter, device=args.device, dtype=settings["dtype"], allow_base_mismatch=args.allow_base_mismatch,
-        attn_implementation=settings["attn_implementation"], trust_remote_code=settings["trust_remote_code"], **pixels,
-    )
+        mm_kwargs = {k: v for k, v in pixels.items() if v is not None} or None
+        return None, processor, VLLMGenerator(path, processor, adapter=adapter,
+                                              max_new_tokens=settings["max_new_tokens"],
+                                              max_images_per_prompt=max_images, mm_processor_kwargs=mm_kwargs)
+    model, processor = load_model_for_eval(model, adapter, device=args.device, dtype=settings["dtype"],
+                                           allow_base_mismatch=args.allow_base_mismatch,
+                                           attn_implementation=settings["attn_implementation"],
+                                           trust_remote_code=settings["trust_remote_code"], **pixels)
     return model, processor, None
 
 

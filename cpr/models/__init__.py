@@ -27,10 +27,8 @@ FAMILIES = ("qwen2_5_vl", "internvl")
 
 _LM = r"(?:.*\.)?language_model\.layers\.\d+\.(?:self_attn\.(?:q|k|v|o)_proj|mlp\.(?:gate|up|down)_proj)"
 _VISION = {
-    "qwen2_5_vl": (
-        r"(?:.*\.)?visual\.blocks\.\d+\.(?:attn\.(?:qkv|proj)|mlp\.(?:gate|up|down)_proj)"
-        r"|(?:.*\.)?visual\.merger\.mlp\.(?:0|2)"
-    ),
+    "qwen2_5_vl": (r"(?:.*\.)?visual\.blocks\.\d+\.(?:attn\.(?:qkv|proj)|mlp\.(?:gate|up|down)_proj)"
+                   r"|(?:.*\.)?visual\.merger\.mlp\.(?:0|2)"),
     "internvl": (
         r"(?:.*\.)?vision_tower\.encoder\.layer\.\d+\.(?:attention\.(?:q_proj|k_proj|v_proj|projection_layer)"
         r"|mlp\.fc[12])|(?:.*\.)?multi_modal_projector\.linear_[12]"
@@ -49,10 +47,9 @@ def hub_hint(name: str, key: str = "the model path") -> str:
 def _not_available(name: str, what: str, err: BaseException) -> ModelNotAvailableError:
     first = (str(err).strip().splitlines() or [type(err).__name__])[0]
     offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"} else ""
-    return ModelNotAvailableError(
-        f"{what} {name!r} is not available: it is not a local folder and could not be fetched from the Hugging Face "
-        f"Hub{offline} ({type(err).__name__}: {first[:300]}); {hub_hint(name)}"
-    )
+    return ModelNotAvailableError(f"{what} {name!r} is not available: it is not a local folder and could not "
+                                  f"be fetched from the Hugging Face Hub{offline} ({type(err).__name__}: "
+                                  f"{first[:300]}); {hub_hint(name)}")
 
 
 def resolve_model_path(model_name_or_path: str | Path) -> str:
@@ -276,10 +273,8 @@ def base_fingerprint(name_or_path: str | Path) -> str | None:
     return h.hexdigest()[:16]
 
 
-def check_adapter_base(
-    adapter: str | Path, base: str | Path | None = None, *, allow_mismatch: bool = False, field: str = "adapter",
-    override: str = "--allow-base-mismatch",
-) -> str | None:
+def check_adapter_base(adapter: str | Path, base: str | Path | None = None, *, allow_mismatch: bool = False,
+                       field: str = "adapter", override: str = "--allow-base-mismatch") -> str | None:
     """Refuse to put a LoRA adapter on another base model than its own, the ``base_model_name_or_path``
     of its ``adapter_config.json`` (it would give garbage); every place that loads an adapter calls it.
 
@@ -308,11 +303,8 @@ def check_adapter_base(
         why = f"config, tokenizer or weights differ: fingerprint {theirs} vs {mine}"
     else:
         given = Path(str(base)).expanduser().resolve()
-        if (
-            str(recorded) == str(base)
-            or Path(recorded).expanduser().resolve() == given
-            or "models--" + str(recorded).replace("/", "--") in given.parts
-        ):
+        if (str(recorded) == str(base) or Path(recorded).expanduser().resolve() == given
+                or "models--" + str(recorded).replace("/", "--") in given.parts):
             return recorded
         why = "the names differ and the recorded base is not here to compare"
     message = (

@@ -45,10 +45,8 @@ def standard_messages(templates: PromptTemplates | None, prompt_mode: str) -> An
                                                       [open_image(ref) for ref in record.images])
 
 
-def score_step_records(
-    records: Sequence[Record], completions: Mapping[str, str], settings: ScoringSettings, extra: Any, name: str,
-    groups: dict[str, tuple[Any, Sequence[str]]],
-) -> dict[str, Any]:
+def score_step_records(records: Sequence[Record], completions: Mapping[str, str], settings: ScoringSettings,
+                       extra: Any, name: str, groups: dict[str, tuple[Any, Sequence[str]]]) -> dict[str, Any]:
     """Metrics dict of a benchmark scored like ``cpr score``: :func:`cpr.scoring.score_records` on the
     records' REFS rows, summaries per group kind (``kind -> (key function, groups listed first)``),
     sample rows extended with ``extra(record)``.
@@ -79,12 +77,7 @@ def score_crystal(records: Sequence[Record], completions: Mapping[str, str], set
 
 
 CRYSTAL = Benchmark(
-    name="crystal",
-    default_source="crystal",
+    name="crystal", default_source="crystal",
     description="CRYSTAL format: Acc, Match F1, P, R, Steps, LIS, Ord. F1 overall, per source and difficulty",
-    columns=TABLE_COLUMNS,
-    group_kinds=("source", "difficulty"),
-    messages=standard_messages,
-    references=lambda records: [reference_row(r) for r in records],
-    score=score_crystal,
-)
+    columns=TABLE_COLUMNS, group_kinds=("source", "difficulty"), messages=standard_messages,
+    references=lambda records: [reference_row(r) for r in records], score=score_crystal)
