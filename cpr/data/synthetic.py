@@ -114,16 +114,9 @@ def make_item(seed: int, split: str, index: int) -> Record:
         question, options = "Which colour has the most cells?", names
         winner = max(names, key=counts.__getitem__)
         steps = [_cells_fact(counts[c], c) for c in names] + [f"{winner.capitalize()} has the most cells."]
-    return Record(
-        id=f"grid-s{seed}-{split}-{index}",
-        images=[render(cells)],
-        question=question,
-        options=options,
-        answer=OPTION_LETTERS[target],
-        reference_steps=steps,
-        source="synthetic",
-        meta={"kind": kind, "cells": "".join(c[0] for c in cells), "counts": counts},
-    )
+    return Record(id=f"grid-s{seed}-{split}-{index}", images=[render(cells)], question=question,
+                  options=options, answer=OPTION_LETTERS[target], reference_steps=steps, source="synthetic",
+                  meta={"kind": kind, "cells": "".join(c[0] for c in cells), "counts": counts})
 
 
 def generate(size: int, *, seed: int = 0, split: str = "train") -> Iterator[Record]:
