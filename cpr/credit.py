@@ -271,10 +271,8 @@ def check_credit(credit: Any, weight: Any, reward_funcs: Sequence[Any], *, loss_
 
     Raises:
         ConfigError: an unknown ``credit``, a weight that is not a finite number >= 0, or with ``step``: no
-            step-scoring reward function (``cpr``, ``step_f1``), a sequence-level loss (``vespo``) or TRL's
-            off-policy sequence mask (both decide per sequence from the advantage's sign), or dynamic sampling
-            (its batch mixes groups of several generation rounds, while the step credit read is the last
-            round's). Names the key under ``field``'s parent.
+            step-scoring reward function, a sequence-level loss (``vespo``), TRL's off-policy sequence mask or
+            dynamic sampling (the messages say why). Names the key under ``field``'s parent.
     """
     from cpr.errors import ConfigError, check_choice
 

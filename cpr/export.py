@@ -30,10 +30,8 @@ def _run_files(run_dir: Path, adapter: str | None) -> tuple[Path, str | None, st
         raise InputError(f"malformed JSON ({e.msg} at line {e.lineno})", path=summary_file) from None
     final = summary.get("final_adapter") if summary.get("status") == "finished" else None
     if adapter is None and not final:
-        raise InputError(
-            f"the run has no final adapter (status {summary.get('status')!r}); pass a checkpoint with --adapter",
-            path=summary_file, field="final_adapter",
-        )
+        raise InputError(f"the run has no final adapter (status {summary.get('status')!r}); pass a "
+                         "checkpoint with --adapter", path=summary_file, field="final_adapter")
     config, table = (f.read_text(encoding="utf-8") if f.is_file() else None
                      for f in (run_dir / "config.yaml", final_eval_dir(run_dir, "test") / "metrics.md"))
     return Path(adapter or final), config, table, str(summary.get("run_name") or run_dir.name)

@@ -1,17 +1,9 @@
 """Guarded step scoring for training rewards (Match F1 that repetition, restatement and loose matches
-cannot inflate) and the hack monitors; docs/reward-hacking.md gives the measured defaults. The
-matcher of :mod:`cpr.matching` is kept, with three switchable changes (:class:`GuardSettings`):
-
-* ``duplicates``: with ``d_j`` the largest similarity of predicted step ``j`` to another step of its
-  completion, a step with ``d_j >= duplicate_threshold`` may match reference step ``r`` only if
-  ``S[j, r] >= d_j``; every copy still counts in the precision denominator.
-* ``restatement``: with ``q(x)`` the largest similarity of a step to the prompt pieces
-  (:func:`prompt_pieces`), ``S[p, r]`` is scaled by ``clip((max(S[p, r], q(r)) + m - q(p)) / m, 0, 1)``,
-  ``m = restatement_margin``.
-* ``full_credit_similarity`` (``f``): a match is worth ``min(1, (S - tau) / (f - tau))``; ``None``: 1.
-
-Precision and recall are then the summed credit over ``n_pred`` / ``n_ref``; F1, LIS and Ordered F1 as
-in the paper. ``guard: paper`` (all off) gives :func:`cpr.matching.score_batch` bit for bit.
+cannot inflate) and the hack monitors. The matcher of :mod:`cpr.matching` is kept, with three switchable
+changes (:class:`GuardSettings`; the rules, their formulas and measured defaults: docs/reward-hacking.md,
+"What the guard changes"). Precision and recall are then the summed credit over ``n_pred`` / ``n_ref``;
+F1, LIS and Ordered F1 as in the paper. ``guard: paper`` (all off) gives :func:`cpr.matching.score_batch`
+bit for bit.
 """
 
 from __future__ import annotations

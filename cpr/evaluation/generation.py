@@ -118,9 +118,8 @@ class Generated:
 
 
 class TransformersGenerator:
-    """Batched generation with ``model.generate``: greedy (``generator(batch)``) or sampled (:meth:`sample`).
-
-    Runs in eval mode under ``torch.no_grad()`` with ``use_cache=True`` and restores the model's mode.
+    """Batched generation with ``model.generate``: greedy (``generator(batch)``) or sampled (:meth:`sample`),
+    in eval mode under ``torch.no_grad()`` with ``use_cache=True`` (the model's mode restored).
 
     Args:
         model: a transformers vision-language model, a ``PeftModel`` around one, or a trainer's unwrapped model.

@@ -57,14 +57,11 @@ def score_step_records(records: Sequence[Record], completions: Mapping[str, str]
     report = score_records([reference_row(r) for r in records],
                            {r.id: completions[r.id] for r in records if r.id in completions}, settings)
     samples = report["samples"]
-    return {
-        "benchmark": name,
-        "overall": report["summary"],
-        "groups": {kind: grouped(records, samples, key, summarize, first=first) for kind, (key, first) in groups.items()},
-        "formats": format_counts(samples),
-        "scoring": report["config"],
-        "samples": [{**s, **extra(r)} for r, s in zip(records, samples, strict=True)],
-    }
+    return {"benchmark": name, "overall": report["summary"],
+            "groups": {kind: grouped(records, samples, key, summarize, first=first)
+                       for kind, (key, first) in groups.items()},
+            "formats": format_counts(samples), "scoring": report["config"],
+            "samples": [{**s, **extra(r)} for r, s in zip(records, samples, strict=True)]}
 
 
 def score_crystal(records: Sequence[Record], completions: Mapping[str, str], settings: ScoringSettings) -> dict[str, Any]:
