@@ -248,14 +248,6 @@ def _load(args: argparse.Namespace, settings: dict[str, Any], max_images: int) -
     return model, processor, None
 
 
-def _taken_line(settings: dict[str, Any]) -> str:
-    """The line naming the settings taken from the adapter's run or the exported model's settings file."""
-    shown = ", ".join(f"{k} {v}" if not (k == "prompts" and settings["cfg"] is None) else "prompts (the run's templates)"
-                      for k, v in settings["taken"].items())
-    source = "the adapter's run" if settings["cfg"] is not None else "the exported model's settings"
-    return f"cpr eval: from {source} ({settings['recorded']}): {shown} (a flag overrides each)"
-
-
 def run(args: argparse.Namespace) -> int:
     """Load the records and the model, generate (resuming), score, and write the report files."""
     from dataclasses import asdict
@@ -296,8 +288,12 @@ def run(args: argparse.Namespace) -> int:
     if not records:
         raise InputError(f"no records to evaluate (source {source})", path=data or None)
     templates = load_templates(settings["prompts"])
-    if settings["taken"]:
-        print(_taken_line(settings), file=sys.stderr)
+    if settings["taken"]:  # the settings taken from the adapter's run or the exported model's settings file
+        shown = ", ".join("prompts (the run's templates)" if k == "prompts" and settings["cfg"] is None
+                          else f"{k} {v}" for k, v in settings["taken"].items())
+        source = "the adapter's run" if settings["cfg"] is not None else "the exported model's settings"
+        print(f"cpr eval: from {source} ({settings['recorded']}): {shown} (a flag overrides each)",
+              file=sys.stderr)
     out = Path(args.output)
     prompts = settings["prompts"]
     config = {"model": settings["model"], "adapter": settings["adapter"], "min_pixels": settings["min_pixels"],

@@ -277,15 +277,6 @@ def lucky_guess_rate(samples: Sequence[Mapping[str, Any]]) -> float | None:
     return 100.0 * sum(bool(s["correct"]) and float(s["match_f1"]) < LUCKY_GUESS_F1 for s in samples) / len(samples)
 
 
-def _aligned(scorings: Sequence[Sequence[Mapping[str, Any]]]) -> None:
-    if not scorings:
-        raise ValueError("no scorings of samples")
-    ids = [str(s["id"]) for s in scorings[0]]
-    for j, rows in enumerate(scorings):
-        if [str(s["id"]) for s in rows] != ids:
-            raise ValueError(f"the scoring of sample {j} lists other ids than that of sample 0")
-
-
 def mean_at_k(summaries: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """mean@k: each numeric key of the ``k`` summaries (one per sample index, over the same items; ``n``
     left out) averaged over the samples. Equal to the mean over items of each item's mean over its k
@@ -309,7 +300,12 @@ def pass_at_k(scorings: Sequence[Sequence[Mapping[str, Any]]]) -> float | None:
     Raises:
         ValueError: no scorings, or scorings listing different ids.
     """
-    _aligned(scorings)
+    if not scorings:
+        raise ValueError("no scorings of samples")
+    ids = [str(s["id"]) for s in scorings[0]]
+    for j, rows in enumerate(scorings):
+        if [str(s["id"]) for s in rows] != ids:
+            raise ValueError(f"the scoring of sample {j} lists other ids than that of sample 0")
     if not scorings[0] or any("correct" not in s for rows in scorings for s in rows):
         return None
     return 100.0 * sum(any(bool(rows[i]["correct"]) for rows in scorings) for i in range(len(scorings[0]))) / len(

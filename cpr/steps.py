@@ -67,7 +67,8 @@ def parse_completion(text: str) -> ParsedCompletion:
     if not isinstance(text, str):
         raise TypeError(f"parse_completion expects str, got {type(text).__name__}")
 
-    whole = _loads(_strip_fence(text.strip()))
+    fence = _FENCE_RE.match(stripped := text.strip())
+    whole = _loads(fence.group(1).strip() if fence is not None else stripped)
     json_valid = _is_schema_valid(whole)
     if _is_schema_object(whole) and (parsed := _from_object(whole, "json", json_valid)):
         return parsed
@@ -137,11 +138,6 @@ def split_step_lines(block: str) -> tuple[str, ...]:
 
 def _clean(items: Any) -> tuple[str, ...]:
     return tuple(s for s in (str(x).strip() for x in items) if s)
-
-
-def _strip_fence(text: str) -> str:
-    m = _FENCE_RE.match(text)
-    return m.group(1).strip() if m is not None else text
 
 
 def _loads(text: str, *, strict: bool = True) -> Any:
