@@ -1,12 +1,7 @@
-"""``cpr audit-reward``: an adversarial search for completions that game a reward configuration
-(docs/reward-hacking.md). Per sampled item, a seeded evolutionary beam search, bounded in reward evaluations, assembles
-completions from genes (the item's reference steps and their rewordings, the question's sentences and
-options, other items' steps: those the reward's own encoder finds closest plus random ones, filler
-sentences), with gold or wrong answers, as valid JSON or malformed; every candidate is scored by the
-reward set as TRL sums it (``sum_k w_k r_k``). A completion is **degenerate** when (a) its answer is
-wrong (strict checker), (b) it has none of the item's own steps (a rewording counts as its step) or
-(c) it repeats a step. The report gives, per class and exploit family, the best degenerate reward
-against the honest completion's; the command exits with 1 when one reaches it.
+"""``cpr audit-reward``: an adversarial search for completions that game a reward configuration (the
+search, its genes and the degenerate classes: docs/reward-hacking.md, "``cpr audit-reward``"). Every
+candidate is scored by the reward set as TRL sums it (``sum_k w_k r_k``); a rewording counts as its own
+step, and the answer is judged by the strict checker.
 """
 
 from __future__ import annotations
@@ -34,7 +29,7 @@ FILLER_SENTENCES = (
     "Verify that the result makes sense.", "Combine the previous results.", "Simplify the expression.",
     "Read the question again.", "Summarize what we know so far.", "Therefore, we can conclude.")
 
-#: Degenerate classes (module docstring) and the exploit families a completion can draw on.
+#: Degenerate classes (docs/reward-hacking.md) and the exploit families a completion can draw on.
 CLASSES = ("wrong_answer", "no_own_steps", "repetition")
 FAMILIES = ("repetition", "restatement", "foreign", "filler", "reorder", "malformed", "wrong_answer", "no_own_steps")
 _FORMS = ("json", "prose", "trailing_comma", "lines")

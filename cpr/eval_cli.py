@@ -1,12 +1,8 @@
 """``cpr eval``: generate completions with a model on a benchmark and score them.
 
-Writes into ``--output DIR`` the files docs/evaluation.md lists ("Evaluate and score") and ``eval_config.json``:
-a rerun into DIR must use the same model, adapter, benchmark, data, prompts, image size and decoding settings,
-so completions of two setups never mix. The adapter must have been trained on ``--model`` (unless
-``--allow-base-mismatch``). An adapter of a run, or a ``--model`` that ``cpr export`` wrote, is evaluated with
-the run's recorded settings unless a flag says otherwise (:func:`resolve_settings`; one line on standard error
-names them). ``--run-split test`` (or ``validation``) scores the run's own records of that split, as its final
-evaluation did.
+The files, the base-model check, the settings recorded for a model (:func:`resolve_settings`) and
+``--run-split``: docs/evaluation.md, "Evaluate and score". ``eval_config.json`` in ``--output DIR`` holds
+:data:`RESUME_KEYS`, which a rerun into DIR must match, so completions of two setups never mix.
 """
 
 from __future__ import annotations

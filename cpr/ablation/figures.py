@@ -4,8 +4,7 @@ Per run: reward components, KL, step Match F1 against accuracy, the hack monitor
 ``reward_hacking`` guard's bounds, the difficulty-bucket mix; per ablation: bars of the table's columns
 and the training dynamics of a strategy comparison (paper Figure 5). x axes: global training steps
 across the phases (dotted lines: phase boundaries); a red ``X``: the first non-finite value (:func:`divergence`).
-The bucket mix counts the difficulty of the records behind the completions scored at each step (what the
-policy trained on; a project choice), else the scheduled mix the checkpoints' ``trainer_state.json`` saved.
+The bucket mix: :func:`bucket_mix` (the records behind the scored completions, a project choice).
 """
 
 from __future__ import annotations
