@@ -52,7 +52,6 @@ class AnswerCheck:
     """Outcome of :func:`check_answer`.
 
     Attributes:
-        correct: whether the prediction counts as correct.
         match_type: the deciding rule: ``"invalid"`` (a non-answer); strict ``"choice" | "yes_no" |
             "numeric" | "math" | "exact"``; crystal-metrics' ``"numeric_exact" | "numeric_rounded" |
             "numeric_mismatch" | "yes_no" | "choice" | "exact"``.

@@ -278,23 +278,22 @@ def check_credit(credit: Any, weight: Any, reward_funcs: Sequence[Any], *, loss_
 
     check_choice(credit, CREDIT_MODES, field)
     parent = field.rpartition(".")[0]
-    key = f"{parent}.credit_weight" if parent else "credit_weight"
+    prefix = f"{parent}." if parent else ""
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
-        raise ConfigError(f"must be a finite number >= 0, got {weight!r}", field=key)
+        raise ConfigError(f"must be a finite number >= 0, got {weight!r}", field=f"{prefix}credit_weight")
     if credit != "step":
         return
     if not any(getattr(f, "scores_steps", False) for f in reward_funcs):
         raise ConfigError(f"credit: step needs a reward function that scores steps (cpr, step_f1); the phase has "
                           f"{[getattr(f, '__name__', f) for f in reward_funcs]}", field=field)
-    training = f"{parent}.training" if parent else "training"
+    training = f"{prefix}training"
     if loss_type not in TOKEN_LOSS_TYPES:
         raise ConfigError(f"credit: step needs a token-level loss ({', '.join(TOKEN_LOSS_TYPES)}), got {loss_type!r}",
                           field=f"{training}.loss_type")
     if dynamic_sampling:
-        key = f"{parent}.dynamic_sampling.enabled" if parent else "dynamic_sampling.enabled"
         raise ConfigError("credit: step cannot be combined with dynamic sampling yet: the step credit it reads is "
                           "the last generation round's, while a dynamically sampled batch mixes groups of several "
-                          "rounds; turn one of them off", field=key)
+                          "rounds; turn one of them off", field=f"{prefix}dynamic_sampling.enabled")
     if off_policy_mask_threshold is not None:
         raise ConfigError("credit: step cannot be combined with the off-policy sequence mask (it keeps or drops a "
                           "sequence by its advantage's sign)", field=f"{training}.off_policy_mask_threshold")

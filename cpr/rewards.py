@@ -1,12 +1,9 @@
 """Reward functions for TRL's ``GRPOTrainer``: format, accuracy, step Match F1 and CPR
 (docs/method.md section 4), the reward sets of the paper's strategies, and a registry.
 
-Each has TRL's signature ``f(prompts, completions, **columns) -> list[float | None]`` (``None``: no
-reward, TRL's convention); the dataset columns ``answer``, ``reference_steps``, ``options``,
-``question`` arrive aligned with the completions, and ``log_metric`` gets :data:`LOGGED_METRICS` and
-``rewards/<name>/none_frac``. Step F1 is scored by :mod:`cpr.guarded_matching` (``guard: paper`` = the paper's
-Match F1) with one shared encoder and one encode call per batch. A parse failure is a low reward; an
-encoder exception propagates with context.
+Signature, columns and logged metrics: docs/rewards.md, "Using the reward functions in code". Step F1 is
+scored by :mod:`cpr.guarded_matching` (``guard: paper`` = the paper's Match F1) with one shared encoder and
+one encode call per batch. A parse failure is a low reward; an encoder exception propagates with context.
 """
 
 from __future__ import annotations
@@ -179,16 +176,12 @@ def _is_number(value: Any) -> bool:
 
 
 class RewardFunction:
-    """Base class: a named, picklable callable with TRL's reward signature.
-
-    Subclasses implement :meth:`score`. ``__name__`` is the registry name (TRL's
-    ``rewards/<name>/mean`` log keys). Every returned value must be a number in ``[low, high]``, NaN or Inf
-    (passed on: the divergence guard's ``nan`` condition acts on it) or ``None`` (no reward); another value
-    raises ``CprError`` naming the reward; ``none_count`` is the number of ``None`` in the last call's output (the
-    divergence guard reads it, so a ``None`` is not taken for a NaN). A class that scores reasoning
-    steps sets ``needs_encoder`` (the launch's preflight then loads ``rewards.encoder``); one whose
-    constructor takes ``**settings`` lists the names it takes there in ``settings_fields``
-    (:class:`StepF1Reward`: the step fields of :class:`cpr.scoring.ScoringSettings`).
+    """Base class: a named, picklable callable with TRL's reward signature (docs/rewards.md, "Writing your
+    own reward function"). Subclasses implement :meth:`score`; ``__name__`` is the registry name. A value
+    outside ``[low, high]`` or not a number raises ``CprError`` naming the reward; NaN / Inf and ``None``
+    pass (``none_count``: the ``None`` of the last call, which the divergence guard reads). A class that
+    scores steps sets ``needs_encoder`` (the preflight loads ``rewards.encoder``); one whose constructor
+    takes ``**settings`` lists their names in ``settings_fields``.
     """
 
     name: str = ""

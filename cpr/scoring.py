@@ -5,10 +5,9 @@ matched (:mod:`cpr.matching`). The summary has the CRYSTAL paper's Table 2 colum
 (accuracy in percent, Steps a count, the rest in [0, 1]; docs/method.md sections 2-3). A missing or unparsable
 prediction gets crystal-metrics' empty-prediction scores (P = R = F1 = Ordered F1 = 0, LIS 1) and a wrong answer.
 
-Inputs (JSON lines): REFS ``id``, ``question`` (optional), ``answer`` (string or number), ``reference_steps``
-(non-empty list of non-blank strings), ``options`` (optional, lettered A, B, ...); PREDS ``id``, ``completion``.
-Ids are compared as strings. An evaluation's completions are scored with its recorded settings
-(:func:`resolve_scoring`); sampled ones give mean@k and ``pass_at_k`` (:func:`score_sampled_records`).
+Inputs (JSON lines, ids compared as strings): :func:`validate_reference`, :func:`load_predictions`. An
+evaluation's completions are scored with its recorded settings (:func:`resolve_scoring`), sampled ones as
+:func:`score_sampled_records`.
 """
 
 from __future__ import annotations
