@@ -1,8 +1,7 @@
 """CRYSTAL-format benchmark: the paper's Table 2 columns (docs/method.md section 3) overall, per source
 and per difficulty, scored by :func:`cpr.scoring.score_records` (``cpr score``'s scorer).
 
-Records may come from any adapter. The per-source group is the CRYSTAL item's own ``source``
-(``meta["source"]``: MathVision, ScienceQA, ...), else the adapter name. ``references.jsonl`` rows are
+Records may come from any adapter (per-source groups: :func:`source_of`). ``references.jsonl`` rows are
 ``cpr score``'s REFS records plus ``source`` and ``difficulty`` (which ``cpr score`` ignores).
 """
 

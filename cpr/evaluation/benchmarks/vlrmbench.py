@@ -14,10 +14,9 @@ number or a "none" string, or a top-level list of numbers; (2) "none" answers (`
 (``steps 2 and 4``, ``STEP3``); (4) a bare list of numbers (``2, 4``, ``[2, 4]``, ``2 and 4``);
 (5) else unparsable.
 
-Score (a documented choice): F1 of the predicted set P against the gold set G, ``2|P & G| / (|P| + |G|)``;
-both empty gives 1.0 (the model rightly says no step is wrong); numbers outside the steps stay in P; an
-unparsable or missing completion scores 0. Reported: mean F1 and the share of parsable completions
-(``parsed``, percent), overall and per task.
+Score (a choice, docs/choices.md): :func:`set_f1` of the predicted and gold sets (numbers outside the steps
+stay in the predicted set; an unparsable or missing completion scores 0); reported: mean F1 and the percent
+``parsed``, overall and per task.
 """
 
 from __future__ import annotations
@@ -210,7 +209,8 @@ def parse_erroneous_steps(text: str) -> tuple[frozenset[int] | None, str]:
 
 
 def set_f1(predicted: frozenset[int] | set[int], gold: frozenset[int] | set[int]) -> float:
-    """F1 of a predicted step set against the gold set; 1.0 when both are empty (module docstring)."""
+    """F1 of a predicted step set P against the gold set G, ``2|P & G| / (|P| + |G|)``; 1.0 when both are
+    empty (the model rightly says no step is wrong)."""
     if not predicted and not gold:
         return 1.0
     return 2.0 * len(set(predicted) & set(gold)) / (len(predicted) + len(gold))
