@@ -243,10 +243,9 @@ def run_ablation(ab: Ablation, *, only: Sequence[str] = (), resume: bool = False
 
 
 def commands(ab: Ablation, only: Sequence[str] = ()) -> list[str]:
-    """``--list``'s lines: per run (those in ``only``, else all), in order, a comment with what it runs (its recipe
-    with one ``--set`` per override; ``@X`` for a run starting from run X's adapter until X finished) and the
-    command ``--only NAME --resume`` of this tool, which starts the run, continues it after a crash and skips it
-    once finished (run it again as it is); then ``--table-only``."""
+    """``--list``'s lines (docs/ablations.md): per run (those in ``only``, else all), in order, a comment with
+    its recipe and ``--set`` overrides (``@X`` until run X finished) and its ``--only NAME --resume`` command;
+    then ``--table-only``."""
     launcher, config = shlex.split(ab.launcher), ab.path or "ABLATION.yaml"
     lines = ["# runs, in order (one that starts from another run's adapter needs that run finished); each command "
              "starts its run, continues it when run again after a crash, and skips it once finished"]
