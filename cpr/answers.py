@@ -52,7 +52,6 @@ class AnswerCheck:
     """Outcome of :func:`check_answer`.
 
     Attributes:
-        correct: whether the prediction counts as correct.
         match_type: the deciding rule: ``"invalid"`` (a non-answer); strict ``"choice" | "yes_no" |
             "numeric" | "math" | "exact"``; crystal-metrics' ``"numeric_exact" | "numeric_rounded" |
             "numeric_mismatch" | "yes_no" | "choice" | "exact"``.
@@ -65,9 +64,8 @@ class AnswerCheck:
     normalized_reference: str
 
 
-def check_answer(
-    prediction: str, reference: str, *, options: Sequence[str] = (), question: str = "", mode: str = "strict"
-) -> AnswerCheck:
+def check_answer(prediction: str, reference: str, *, options: Sequence[str] = (), question: str = "",
+                 mode: str = "strict") -> AnswerCheck:
     """Judge a predicted final answer (e.g. ``ParsedCompletion.answer``) against the ``reference``: a
     letter (``"B"``), a letter with its option (``"B (60°)"``), an option text, a number / LaTeX value
     or text. ``options``: option texts lettered A, B, ... (at most 26); ``question``: its text (options
@@ -117,9 +115,8 @@ _CR_NUMBER = re.compile(r"-?\d+\.?\d*")
 _CR_SINGLE_LETTER = re.compile(r"[a-z]")
 # Letter patterns on normalised text. The normaliser deletes "(" and ")", so crystal-metrics'
 # parenthesised patterns can never match and are left out; the order of the others is kept.
-_CR_LETTER_PATTERNS = tuple(
-    re.compile(p) for p in (r"^([a-z])\.", r"option\s+([a-z])", r"choice\s+([a-z])", r"answer\s+is\s+([a-z])")
-)
+_CR_LETTER_PATTERNS = tuple(re.compile(p) for p in (r"^([a-z])\.", r"option\s+([a-z])", r"choice\s+([a-z])",
+                                                    r"answer\s+is\s+([a-z])"))
 _CR_OPTION = re.compile(r"([A-Z])\)\s*([^\n]+)")
 _CR_YES_NO = ("yes", "no", "true", "false")
 _CR_YES_WORDS = ("yes", "true", "correct", "affirmative")
@@ -222,13 +219,8 @@ _YES_TOKENS = frozenset({"yes", "true"})
 _NO_TOKENS = frozenset({"no", "false"})
 
 _PREFIX = re.compile(r"(?:the\s+)?(?:final\s+|correct\s+)?answer\b(?:\s+is\b)?\s*[:：]?\s*", re.IGNORECASE)
-_WRAPPERS = (
-    re.compile(r"\$\$(.*)\$\$", re.DOTALL),
-    re.compile(r"\$(.*)\$", re.DOTALL),
-    re.compile(r"\\\((.*)\\\)", re.DOTALL),
-    re.compile(r"\\\[(.*)\\\]", re.DOTALL),
-    re.compile(r"\\boxed\s*\{(.*)\}", re.DOTALL),
-)
+_WRAPPERS = tuple(re.compile(p, re.DOTALL) for p in (
+    r"\$\$(.*)\$\$", r"\$(.*)\$", r"\\\((.*)\\\)", r"\\\[(.*)\\\]", r"\\boxed\s*\{(.*)\}"))
 _ARTICLE = re.compile(r"(?:a|an|the)\s+")
 
 # Letter forms (matched in full on the cleaned answer, after an optional "option"/"choice").
@@ -361,10 +353,8 @@ def _check_choice(pred: str, ref_letter: str, ref_text: str | None, options: lis
     form = _letter_form(pred)
     pred_letter: str | None = None
     if form is not None and (not options or _letter_index(form.letter) < len(options)):
-        if options:
-            text = options[_letter_index(form.letter)]
-        else:
-            text = ref_text if form.letter == ref_letter else None
+        text = (options[_letter_index(form.letter)] if options
+                else ref_text if form.letter == ref_letter else None)
         # text after the letter must agree with that option, or (option unknown) name no other letter
         if form.rest and not (
             _values_equal(form.rest, text).correct if text is not None
@@ -421,10 +411,8 @@ _EXTRACTION = (LatexExtractionConfig(boxed_match_priority=-1, normalization_conf
 _SHOWN = dataclasses.replace(_NORMALIZATION, malformed_operators=False, nits=False)
 
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:\s*/\s*\d+)?\s*%?")
-_NUMBER_WITH_UNIT = re.compile(
-    r"([-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:\s*/\s*\d+)?\s*%?)\s*"
-    r"([^\W\d_](?:[^\W\d_]|[ .'/\-])*?(?:\^\s*\{?\s*[23]\s*\}?|[23²³])?)"
-)
+_NUMBER_WITH_UNIT = re.compile(r"([-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:\s*/\s*\d+)?\s*%?)\s*"
+                               r"([^\W\d_](?:[^\W\d_]|[ .'/\-])*?(?:\^\s*\{?\s*[23]\s*\}?|[23²³])?)")
 _UNIT_WORD = re.compile(r"[^\W\d_]+")
 _ONE_LETTER_UNITS = frozenset("m g s l h K N J W V L".split())
 _NOT_UNIT_WORDS = frozenset(
@@ -483,13 +471,10 @@ def _math_value(text: str, reference: _MathValue | None) -> _MathValue | None:
         return None
     if reference is None:
         return value if all(len(w) == 1 or w in _FUNCTION_NAMES for w in value.words) else None
-    allowed = (
-        value.commands <= _ALWAYS_ALLOWED_COMMANDS | reference.commands
-        and value.words <= reference.words
-        and ("!" not in value.text or "!" in reference.text)
-        and (not is_relation(value.expr) or is_relation(reference.expr))
-        and (not isinstance(value.expr, (Set, Tuple)) or isinstance(reference.expr, (Set, Tuple)))
-    )
+    allowed = (value.commands <= _ALWAYS_ALLOWED_COMMANDS | reference.commands
+               and value.words <= reference.words and ("!" not in value.text or "!" in reference.text)
+               and (not is_relation(value.expr) or is_relation(reference.expr))
+               and (not isinstance(value.expr, (Set, Tuple)) or isinstance(reference.expr, (Set, Tuple))))
     return value if allowed else None
 
 

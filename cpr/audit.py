@@ -1,12 +1,7 @@
-"""``cpr audit-reward``: an adversarial search for completions that game a reward configuration
-(docs/reward-hacking.md). Per sampled item, a seeded evolutionary beam search, bounded in reward evaluations, assembles
-completions from genes (the item's reference steps and their rewordings, the question's sentences and
-options, other items' steps: those the reward's own encoder finds closest plus random ones, filler
-sentences), with gold or wrong answers, as valid JSON or malformed; every candidate is scored by the
-reward set as TRL sums it (``sum_k w_k r_k``). A completion is **degenerate** when (a) its answer is
-wrong (strict checker), (b) it has none of the item's own steps (a rewording counts as its step) or
-(c) it repeats a step. The report gives, per class and exploit family, the best degenerate reward
-against the honest completion's; the command exits with 1 when one reaches it.
+"""``cpr audit-reward``: an adversarial search for completions that game a reward configuration (the
+search, its genes and the degenerate classes: docs/reward-hacking.md, "``cpr audit-reward``"). Every
+candidate is scored by the reward set as TRL sums it (``sum_k w_k r_k``); a rewording counts as its own
+step, and the answer is judged by the strict checker.
 """
 
 from __future__ import annotations
@@ -28,15 +23,13 @@ FILLER_SENTENCES = (
     "Let me think about this step by step.", "First, look at the image carefully.",
     "We need to find the answer to the question.", "Consider all the information given.",
     "Let's analyze the problem.", "This step is important for the solution.",
-    "Now we move on to the next step.",
-    "Check the calculation again.", "Use the information from the figure.", "Identify the relevant values.",
-    "Apply the appropriate formula.", "Compare the options carefully.", "Recall the relevant definition.",
-    "Organize the known quantities.", "Verify that the result makes sense.", "Combine the previous results.",
-    "Simplify the expression.", "Read the question again.", "Summarize what we know so far.",
-    "Therefore, we can conclude.",
-)
+    "Now we move on to the next step.", "Check the calculation again.",
+    "Use the information from the figure.", "Identify the relevant values.", "Apply the appropriate formula.",
+    "Compare the options carefully.", "Recall the relevant definition.", "Organize the known quantities.",
+    "Verify that the result makes sense.", "Combine the previous results.", "Simplify the expression.",
+    "Read the question again.", "Summarize what we know so far.", "Therefore, we can conclude.")
 
-#: Degenerate classes (module docstring) and the exploit families a completion can draw on.
+#: Degenerate classes (docs/reward-hacking.md) and the exploit families a completion can draw on.
 CLASSES = ("wrong_answer", "no_own_steps", "repetition")
 FAMILIES = ("repetition", "restatement", "foreign", "filler", "reorder", "malformed", "wrong_answer", "no_own_steps")
 _FORMS = ("json", "prose", "trailing_comma", "lines")
@@ -83,14 +76,11 @@ def exploit_completions(item: AuditItem, other: AuditItem) -> dict[str, list[str
     repeated to the reference's length, near-duplicate rewordings of one step, option texts as steps (items
     with options), 15 filler sentences plus one true step, and ``other``'s reference steps."""
     steps, m = list(item.reference_steps), len(item.reference_steps)
-    out = {
-        "question repeated": [item.question] * m,
-        "one step repeated": [steps[0]] * m,
-        "near-duplicate rewordings": [steps[0], *reworded(steps[0])][:m],
-        "option texts": [o for o in item.options if o.strip()],
-        "15 fillers + one true step": [*FILLER_SENTENCES[:15], steps[0]],
-        "another item's steps": list(other.reference_steps),
-    }
+    out = {"question repeated": [item.question] * m, "one step repeated": [steps[0]] * m,
+           "near-duplicate rewordings": [steps[0], *reworded(steps[0])][:m],
+           "option texts": [o for o in item.options if o.strip()],
+           "15 fillers + one true step": [*FILLER_SENTENCES[:15], steps[0]],
+           "another item's steps": list(other.reference_steps)}
     return {k: v for k, v in out.items() if v}
 
 
@@ -149,14 +139,12 @@ def _pool(
             picked += top
             cover.append(("foreign", 0, top[0]))
         picked += rng.sample(foreign, min(8, len(foreign)))
-    return {
-        "own": [("own", k, s) for k, s in enumerate(own)],
-        "reworded": [("reworded", k, r) for k, s in enumerate(own) for r in rng.sample(reworded(s), 3)],
-        "question": [("question", 0, p) for p in pieces if p not in known],
-        "option": [("option", 0, o) for o in item.options if o.strip() and o not in known],
-        "foreign": [("foreign", 0, s) for s in dict.fromkeys(picked)],
-        "filler": [("filler", 0, s) for s in FILLER_SENTENCES],
-    }, cover
+    return {"own": [("own", k, s) for k, s in enumerate(own)],
+            "reworded": [("reworded", k, r) for k, s in enumerate(own) for r in rng.sample(reworded(s), 3)],
+            "question": [("question", 0, p) for p in pieces if p not in known],
+            "option": [("option", 0, o) for o in item.options if o.strip() and o not in known],
+            "foreign": [("foreign", 0, s) for s in dict.fromkeys(picked)],
+            "filler": [("filler", 0, s) for s in FILLER_SENTENCES]}, cover
 
 
 def _answers(item: AuditItem, others: Sequence[AuditItem], rng: random.Random) -> dict[str, bool]:
@@ -169,10 +157,8 @@ def _answers(item: AuditItem, others: Sequence[AuditItem], rng: random.Random) -
         cands.append(str(int(float(item.answer.replace(",", ""))) + 1))
     except ValueError:
         pass
-    return {
-        a: not check_answer(a, item.answer, options=item.options, question=item.question, mode="strict").correct
-        for a in dict.fromkeys(cands)
-    }
+    return {a: not check_answer(a, item.answer, options=item.options, question=item.question,
+                                mode="strict").correct for a in dict.fromkeys(cands)}
 
 
 def _seeds(item: AuditItem, pool: dict[str, list[Gene]], cover: list[Gene], other: AuditItem) -> list[_Cand]:
@@ -230,10 +216,8 @@ def _mutate(c: _Cand, pool: dict[str, list[Gene]], answers: Sequence[str], rng: 
     return _Cand(tuple(steps), c.answer, c.form)
 
 
-def _search(
-    item: AuditItem, others: Sequence[AuditItem], foreign: Sequence[str], score: Callable, encoder: Any,
-    *, budget: int, beam: int, seed: int,
-) -> dict[str, Any]:
+def _search(item: AuditItem, others: Sequence[AuditItem], foreign: Sequence[str], score: Callable,
+            encoder: Any, *, budget: int, beam: int, seed: int) -> dict[str, Any]:
     rng = random.Random(f"{seed}:{item.id}")
     pool, cover = _pool(item, foreign, encoder, rng)
     wrong = _answers(item, others, rng)
@@ -281,16 +265,9 @@ def _search(
             "evaluations": len(seen), "best": {k: show(*v) for k, v in sorted(best.items())}}
 
 
-def audit(
-    items: Sequence[AuditItem],
-    pool_items: Sequence[AuditItem],
-    score: Callable[[list[str], AuditItem], list[float]],
-    encoder: Any,
-    *,
-    budget: int = 300,
-    beam: int = 8,
-    seed: int = 0,
-) -> dict[str, Any]:
+def audit(items: Sequence[AuditItem], pool_items: Sequence[AuditItem],
+          score: Callable[[list[str], AuditItem], list[float]], encoder: Any, *, budget: int = 300,
+          beam: int = 8, seed: int = 0) -> dict[str, Any]:
     """Search every item of ``items`` (module docstring) and summarise. ``pool_items``: every loaded item
     (other items' steps and answers); ``score(texts, item)``: total reward of each completion text;
     ``encoder``: the reward's :class:`cpr.matching.StepEncoder` (picks the closest foreign steps);
@@ -312,12 +289,9 @@ def audit(
     summary = {}
     for fam in dict.fromkeys([*CLASSES, *FAMILIES]):
         found = [(r["best"][fam], r["honest_reward"]) for r in results if fam in r["best"]]
-        summary[fam] = {
-            "items": len(found),
-            "reaching_honest": sum(b["reaches_honest"] for b, _ in found),
-            "max_reward": max((b["reward"] for b, _ in found), default=None),
-            "max_gap": max((b["reward"] - h for b, h in found), default=None),
-        }
+        summary[fam] = {"items": len(found), "reaching_honest": sum(b["reaches_honest"] for b, _ in found),
+                        "max_reward": max((b["reward"] for b, _ in found), default=None),
+                        "max_gap": max((b["reward"] - h for b, h in found), default=None)}
     found = sum(any(r["best"][c]["reaches_honest"] for c in CLASSES if c in r["best"]) for r in results)
     return {"items": results, "summary": summary, "exploits_found": found}
 
@@ -347,11 +321,9 @@ def markdown_report(report: dict[str, Any]) -> str:
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``audit-reward`` command to ``cpr``'s sub-parsers and set its ``func``."""
     p = subparsers.add_parser(
-        "audit-reward",
-        help="search for completions that game a reward configuration",
+        "audit-reward", help="search for completions that game a reward configuration",
         description="Adversarial search against a reward configuration: reports, per exploit family, the best "
-        "reward a degenerate completion reaches against the honest completion's; exit code 1 when one reaches it.",
-    )
+        "reward a degenerate completion reaches against the honest completion's; exit code 1 when one reaches it.")
     p.add_argument("--config", type=Path, help="experiment YAML: its rewards section and a phase's reward set")
     p.add_argument("--phase", help="phase of --config whose rewards are audited (default: its last phase)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a --config value")

@@ -13,15 +13,9 @@ from cpr.errors import error_exit_code, run_command
 __all__ = ["COMMANDS", "build_parser", "error_exit_code", "main", "run_command"]
 
 # command name -> module defining register(subparsers)
-COMMANDS: dict[str, str] = {
-    "score": "cpr.scoring",
-    "data": "cpr.data.cli",
-    "train": "cpr.training.cli",
-    "eval": "cpr.eval_cli",
-    "ablate": "cpr.ablation",
-    "audit-reward": "cpr.audit",
-    "export": "cpr.export",
-}
+COMMANDS: dict[str, str] = {"score": "cpr.scoring", "data": "cpr.data.cli", "train": "cpr.training.cli",
+                            "eval": "cpr.eval_cli", "ablate": "cpr.ablation", "audit-reward": "cpr.audit",
+                            "export": "cpr.export"}
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 #: Values of a phase's ``credit`` setting.
@@ -33,11 +35,8 @@ class CompletionCredit:
     """The reward of one completion split over its parts (what a step-scoring reward function keeps).
 
     Attributes:
-        text: the completion text the reward function parsed.
         format: :attr:`cpr.steps.ParsedCompletion.format` (``"none"``: unparsable).
-        steps: the parsed steps, in completion order.
-        answer: the parsed answer.
-        step_rewards: reward of each step, in the reward's units.
+        step_rewards: reward of each parsed step, in the reward's units.
         matched: whether each step matched a reference step with credit > 0.
         answer_reward: the answer span's reward (the completion's answer term).
     """
@@ -148,17 +147,6 @@ def part_char_spans(credit: CompletionCredit) -> list[tuple[int, int] | None]:
 # --------------------------------------------------------------------------- characters of the tokens
 
 
-def _common_prefix(a: str, b: str) -> int:
-    if b.startswith(a):
-        return len(a)
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def token_char_spans(tokenizer: Any, ids: Sequence[int], text: str | None = None) -> list[tuple[int, int]] | None:
     """Character span ``[start, end)`` in ``decode(ids, skip_special_tokens=True)`` of each token of ``ids``.
 
@@ -188,7 +176,7 @@ def token_char_spans(tokenizer: Any, ids: Sequence[int], text: str | None = None
     prefixes = tokenizer.batch_decode([ids[:t + 1] for t in range(len(ids))], skip_special_tokens=True)
     out, end = [], 0
     for p in prefixes:
-        new = max(end, _common_prefix(p, decoded))
+        new = max(end, len(os.path.commonprefix([p, decoded])))
         out.append((end, new))
         end = new
     return out
@@ -223,11 +211,7 @@ def normalised_group(rewards: Sequence[Sequence[float] | None]) -> list[list[flo
 def suffix_sums(values: Sequence[float]) -> list[float]:
     """``out[k] = sum(values[k:])``: the process advantage of part ``k``'s tokens (the parts ending at or
     after them)."""
-    out, total = [0.0] * len(values), 0.0
-    for k in range(len(values) - 1, -1, -1):
-        total += values[k]
-        out[k] = total
-    return out
+    return list(accumulate(reversed(values), initial=0.0))[:0:-1]
 
 
 def process_advantages(rewards: Sequence[Sequence[float] | None], group_size: int) -> list[list[float] | None]:
@@ -287,41 +271,37 @@ def check_credit(credit: Any, weight: Any, reward_funcs: Sequence[Any], *, loss_
 
     Raises:
         ConfigError: an unknown ``credit``, a weight that is not a finite number >= 0, or with ``step``: no
-            step-scoring reward function (``cpr``, ``step_f1``), a sequence-level loss (``vespo``) or TRL's
-            off-policy sequence mask (both decide per sequence from the advantage's sign), or dynamic sampling
-            (its batch mixes groups of several generation rounds, while the step credit read is the last
-            round's). Names the key under ``field``'s parent.
+            step-scoring reward function, a sequence-level loss (``vespo``), TRL's off-policy sequence mask or
+            dynamic sampling (the messages say why). Names the key under ``field``'s parent.
     """
     from cpr.errors import ConfigError, check_choice
 
     check_choice(credit, CREDIT_MODES, field)
     parent = field.rpartition(".")[0]
-    key = f"{parent}.credit_weight" if parent else "credit_weight"
+    prefix = f"{parent}." if parent else ""
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
-        raise ConfigError(f"must be a finite number >= 0, got {weight!r}", field=key)
+        raise ConfigError(f"must be a finite number >= 0, got {weight!r}", field=f"{prefix}credit_weight")
     if credit != "step":
         return
     if not any(getattr(f, "scores_steps", False) for f in reward_funcs):
         raise ConfigError(f"credit: step needs a reward function that scores steps (cpr, step_f1); the phase has "
                           f"{[getattr(f, '__name__', f) for f in reward_funcs]}", field=field)
-    training = f"{parent}.training" if parent else "training"
+    training = f"{prefix}training"
     if loss_type not in TOKEN_LOSS_TYPES:
         raise ConfigError(f"credit: step needs a token-level loss ({', '.join(TOKEN_LOSS_TYPES)}), got {loss_type!r}",
                           field=f"{training}.loss_type")
     if dynamic_sampling:
-        key = f"{parent}.dynamic_sampling.enabled" if parent else "dynamic_sampling.enabled"
         raise ConfigError("credit: step cannot be combined with dynamic sampling yet: the step credit it reads is "
                           "the last generation round's, while a dynamically sampled batch mixes groups of several "
-                          "rounds; turn one of them off", field=key)
+                          "rounds; turn one of them off", field=f"{prefix}dynamic_sampling.enabled")
     if off_policy_mask_threshold is not None:
         raise ConfigError("credit: step cannot be combined with the off-policy sequence mask (it keeps or drops a "
                           "sequence by its advantage's sign)", field=f"{training}.off_policy_mask_threshold")
 
 
-def batch_token_advantages(
-    credits: Sequence[CompletionCredit], completion_ids: Any, completion_mask: Any, advantages: Any, tokenizer: Any,
-    *, group_size: int, weight: float, gather: Any = None, process_index: int = 0,
-) -> tuple[Any, dict[str, float]]:
+def batch_token_advantages(credits: Sequence[CompletionCredit], completion_ids: Any, completion_mask: Any,
+                           advantages: Any, tokenizer: Any, *, group_size: int, weight: float,
+                           gather: Any = None, process_index: int = 0) -> tuple[Any, dict[str, float]]:
     """The ``(B, T)`` token advantages of this process's rows of a generation batch, and the metrics to log.
 
     Args:

@@ -77,6 +77,4 @@ def check_shared_output_dir(out: Any, state: Any) -> None:
         raise ConfigError(
             f"output_dir {out} is not shared by every process: process {', '.join(blind)} does not see the file "
             f"the main process wrote there; a multi-node run needs output_dir on a filesystem every node mounts "
-            f"at the same path (NFS, Lustre, ...)",
-            field="output_dir",
-        )
+            f"at the same path (NFS, Lustre, ...)", field="output_dir")

@@ -24,10 +24,8 @@ class InputError(CprError, ValueError):
     known. The string form is ``"<path>:<line> (id <record_id>) field '<field>': <message>"`` without
     the unknown parts (``"line <line>"`` without a path)."""
 
-    def __init__(
-        self, message: str, *, path: str | Path | None = None, line: int | None = None,
-        record_id: str | None = None, field: str | None = None,
-    ) -> None:
+    def __init__(self, message: str, *, path: str | Path | None = None, line: int | None = None,
+                 record_id: str | None = None, field: str | None = None) -> None:
         self.message = message
         self.path = str(path) if path is not None else None
         self.line, self.record_id, self.field = line, record_id, field
@@ -98,10 +96,8 @@ class _DeepSpeedCpuNotice(logging.Filter):
 
 
 def quiet_deepspeed_cpu_notice() -> None:
-    """Drop DeepSpeed's warning "Setting accelerator to CPU. If you have GPU ..." unless the launch uses DeepSpeed
-    (``ACCELERATE_USE_DEEPSPEED``): accelerate and transformers import DeepSpeed, where it is installed, whenever
-    a model is trained or saved, so on a machine without CUDA every such command opened with it. A filter on
-    DeepSpeed's logger (``"DeepSpeed"``), installed once; DeepSpeed's other messages pass."""
+    """Drop DeepSpeed's warning "Setting accelerator to CPU. ..." (logged on every CUDA-less machine where
+    accelerate imports DeepSpeed) unless the launch uses DeepSpeed: a filter on its logger, installed once."""
     logger = logging.getLogger("DeepSpeed")
     if not any(isinstance(f, _DeepSpeedCpuNotice) for f in logger.filters):
         logger.addFilter(_DeepSpeedCpuNotice())
@@ -110,9 +106,8 @@ def quiet_deepspeed_cpu_notice() -> None:
 def run_command(prog: str, func: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> int:
     """Run a command's ``func(args)`` and return its exit code (``None`` counts as 0). A
     :class:`~cpr.errors.CprError` is printed as one line ``"<prog>: error: <message>"`` on standard
-    error and gives :func:`error_exit_code`; Ctrl-C (``KeyboardInterrupt``) gives exit code 130 and, unless the run
-    already said so (:class:`RunInterrupted`), the line ``"<prog>: interrupted"``, no traceback.
-    Used by ``cpr`` and the recipes, which also quiet DeepSpeed's CPU notice (:func:`quiet_deepspeed_cpu_notice`)."""
+    error and gives :func:`error_exit_code`; Ctrl-C gives exit code 130 and, unless the run already said so
+    (:class:`RunInterrupted`), the line ``"<prog>: interrupted"``."""
     quiet_deepspeed_cpu_notice()
     try:
         return int(func(args) or 0)

@@ -1,12 +1,8 @@
 """``cpr eval``: generate completions with a model on a benchmark and score them.
 
-Writes into ``--output DIR`` the files docs/evaluation.md lists ("Evaluate and score") and ``eval_config.json``:
-a rerun into DIR must use the same model, adapter, benchmark, data, prompts, image size and decoding settings,
-so completions of two setups never mix. The adapter must have been trained on ``--model`` (unless
-``--allow-base-mismatch``). An adapter of a run, or a ``--model`` that ``cpr export`` wrote, is evaluated with
-the run's recorded settings unless a flag says otherwise (:func:`resolve_settings`; one line on standard error
-names them). ``--run-split test`` (or ``validation``) scores the run's own records of that split, as its final
-evaluation did.
+The files, the base-model check, the settings recorded for a model (:func:`resolve_settings`) and
+``--run-split``: docs/evaluation.md, "Evaluate and score". ``eval_config.json`` in ``--output DIR`` holds
+:data:`RESUME_KEYS`, which a rerun into DIR must match, so completions of two setups never mix.
 """
 
 from __future__ import annotations
@@ -149,13 +145,11 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
                   f"{run_value}, the resolution the {'adapter' if cfg is not None else 'model'} was trained at",
                   file=sys.stderr)
         out[key] = pick(key, None)
-    out["dtype"] = pick("dtype", "auto")
-    out["attn_implementation"] = pick("attn_implementation", None)
-    out["trust_remote_code"] = bool((values or {}).get("trust_remote_code", False))
-    out["prompts"] = pick("prompts", None)
-    for key, default in (("prompt_mode", "eval"), ("max_new_tokens", 256), ("batch_size", 8)):
+    for key, default in (("dtype", "auto"), ("attn_implementation", None), ("prompts", None),
+                         ("prompt_mode", "eval"), ("max_new_tokens", 256), ("batch_size", 8),
+                         ("backend", "auto")):
         out[key] = pick(key, default)
-    out["backend"] = pick("backend", "auto")
+    out["trust_remote_code"] = bool((values or {}).get("trust_remote_code", False))
     out["decoding"] = _decoding(args, (values or {}).get("decoding"), taken)
     scoring = {key: pick(key, default) for key, default in SCORING_DEFAULTS.items()}
     with flag_errors():
@@ -239,23 +233,15 @@ def _load(args: argparse.Namespace, settings: dict[str, Any], max_images: int) -
         path, adapter = checked_model_path(model, adapter, args.allow_base_mismatch)
         processor = AutoProcessor.from_pretrained(path, padding_side="left")
         apply_pixel_limits(processor, detect_family(path), **pixels)
-        return None, processor, VLLMGenerator(
-            path, processor, adapter=adapter, max_new_tokens=settings["max_new_tokens"],
-            max_images_per_prompt=max_images, mm_processor_kwargs={k: v for k, v in pixels.items() if v is not None} or None,
-        )
-    model, processor = load_model_for_eval(
-        model, adapter, device=args.device, dtype=settings["dtype"], allow_base_mismatch=args.allow_base_mismatch,
-        attn_implementation=settings["attn_implementation"], trust_remote_code=settings["trust_remote_code"], **pixels,
-    )
+        mm_kwargs = {k: v for k, v in pixels.items() if v is not None} or None
+        return None, processor, VLLMGenerator(path, processor, adapter=adapter,
+                                              max_new_tokens=settings["max_new_tokens"],
+                                              max_images_per_prompt=max_images, mm_processor_kwargs=mm_kwargs)
+    model, processor = load_model_for_eval(model, adapter, device=args.device, dtype=settings["dtype"],
+                                           allow_base_mismatch=args.allow_base_mismatch,
+                                           attn_implementation=settings["attn_implementation"],
+                                           trust_remote_code=settings["trust_remote_code"], **pixels)
     return model, processor, None
-
-
-def _taken_line(settings: dict[str, Any]) -> str:
-    """The line naming the settings taken from the adapter's run or the exported model's settings file."""
-    shown = ", ".join(f"{k} {v}" if not (k == "prompts" and settings["cfg"] is None) else "prompts (the run's templates)"
-                      for k, v in settings["taken"].items())
-    source = "the adapter's run" if settings["cfg"] is not None else "the exported model's settings"
-    return f"cpr eval: from {source} ({settings['recorded']}): {shown} (a flag overrides each)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -298,8 +284,12 @@ def run(args: argparse.Namespace) -> int:
     if not records:
         raise InputError(f"no records to evaluate (source {source})", path=data or None)
     templates = load_templates(settings["prompts"])
-    if settings["taken"]:
-        print(_taken_line(settings), file=sys.stderr)
+    if settings["taken"]:  # the settings taken from the adapter's run or the exported model's settings file
+        shown = ", ".join("prompts (the run's templates)" if k == "prompts" and settings["cfg"] is None
+                          else f"{k} {v}" for k, v in settings["taken"].items())
+        source = "the adapter's run" if settings["cfg"] is not None else "the exported model's settings"
+        print(f"cpr eval: from {source} ({settings['recorded']}): {shown} (a flag overrides each)",
+              file=sys.stderr)
     out = Path(args.output)
     prompts = settings["prompts"]
     config = {"model": settings["model"], "adapter": settings["adapter"], "min_pixels": settings["min_pixels"],

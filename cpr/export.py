@@ -30,10 +30,8 @@ def _run_files(run_dir: Path, adapter: str | None) -> tuple[Path, str | None, st
         raise InputError(f"malformed JSON ({e.msg} at line {e.lineno})", path=summary_file) from None
     final = summary.get("final_adapter") if summary.get("status") == "finished" else None
     if adapter is None and not final:
-        raise InputError(
-            f"the run has no final adapter (status {summary.get('status')!r}); pass a checkpoint with --adapter",
-            path=summary_file, field="final_adapter",
-        )
+        raise InputError(f"the run has no final adapter (status {summary.get('status')!r}); pass a "
+                         "checkpoint with --adapter", path=summary_file, field="final_adapter")
     config, table = (f.read_text(encoding="utf-8") if f.is_file() else None
                      for f in (run_dir / "config.yaml", final_eval_dir(run_dir, "test") / "metrics.md"))
     return Path(adapter or final), config, table, str(summary.get("run_name") or run_dir.name)
@@ -114,18 +112,9 @@ def export_merged(adapter: str | Path, output: str | Path, *, base: str | None =
     return output
 
 
-def _run_eval_settings(run_config: Path | None) -> dict[str, Any] | None:
-    """:func:`cpr.training.evaluate.eval_settings` of the run of ``run_config``; ``None`` without one."""
-    from cpr.training.config import read_run_config
-    from cpr.training.evaluate import eval_settings
-
-    if run_config is None or not run_config.is_file():
-        return None
-    return eval_settings(read_run_config(run_config), self_contained=True)
-
-
 def _run(args: argparse.Namespace) -> int:
-    from cpr.training.evaluate import EVAL_SETTINGS_FILE, run_of_adapter
+    from cpr.training.config import read_run_config
+    from cpr.training.evaluate import EVAL_SETTINGS_FILE, eval_settings, run_of_adapter
 
     config_yaml = table = name = None
     if args.run:
@@ -136,7 +125,9 @@ def _run(args: argparse.Namespace) -> int:
         run_config = run_of_adapter(adapter)
     else:
         raise InputError("pass a run folder (--run) or an adapter folder (--adapter)", field="--run")
-    settings = _run_eval_settings(run_config)
+    settings = None  # how the adapter's run evaluates, when it belongs to one
+    if run_config is not None and run_config.is_file():
+        settings = eval_settings(read_run_config(run_config), self_contained=True)
     out = export_merged(adapter, args.output, base=args.base, dtype=args.dtype, name=name, config_yaml=config_yaml,
                         table=table, overwrite=args.overwrite, eval_settings=settings)
     print(f"merged {adapter} into its base model -> {out}")
@@ -149,11 +140,9 @@ def _run(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add ``cpr export`` to the ``cpr`` command line."""
     p = subparsers.add_parser(
-        "export",
-        help="merge a run's LoRA adapter into its base model and write a folder to serve",
+        "export", help="merge a run's LoRA adapter into its base model and write a folder to serve",
         description="Merge a run's final LoRA adapter (or any adapter) into the base model it was trained on and "
-        "write model, processor and a model card (the run's config and final table) for transformers and vLLM.",
-    )
+        "write model, processor and a model card (the run's config and final table) for transformers and vLLM.")
     p.add_argument("--run", help="a run folder (its summary.json names the final adapter)")
     p.add_argument("--adapter", help="an adapter folder (a checkpoint-N, or instead of the run's final adapter)")
     p.add_argument("--base", help="the base model; default: the one the adapter records (another one is refused)")

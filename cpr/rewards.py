@@ -1,12 +1,9 @@
 """Reward functions for TRL's ``GRPOTrainer``: format, accuracy, step Match F1 and CPR
 (docs/method.md section 4), the reward sets of the paper's strategies, and a registry.
 
-Each has TRL's signature ``f(prompts, completions, **columns) -> list[float | None]`` (``None``: no
-reward, TRL's convention); the dataset columns ``answer``, ``reference_steps``, ``options``,
-``question`` arrive aligned with the completions, and ``log_metric`` gets :data:`LOGGED_METRICS` and
-``rewards/<name>/none_frac``. Step F1 is scored by :mod:`cpr.guarded_matching` (``guard: paper`` = the paper's
-Match F1) with one shared encoder and one encode call per batch. A parse failure is a low reward; an
-encoder exception propagates with context.
+Signature, columns and logged metrics: docs/rewards.md, "Using the reward functions in code". Step F1 is
+scored by :mod:`cpr.guarded_matching` (``guard: paper`` = the paper's Match F1) with one shared encoder and
+one encode call per batch. A parse failure is a low reward; an encoder exception propagates with context.
 """
 
 from __future__ import annotations
@@ -28,10 +25,8 @@ from cpr.scoring import STEP_FIELDS, ScoringSettings
 from cpr.steps import ParsedCompletion, completion_text, parse_completion
 
 #: Metric names passed to TRL's ``log_metric`` (averaged by TRL over a logging step).
-LOGGED_METRICS = (
-    "format/valid_rate", "answer/accuracy", "steps/precision", "steps/recall", "steps/match_f1", "steps/lis",
-    "cpr/discrimination", *MONITORS,
-)
+LOGGED_METRICS = ("format/valid_rate", "answer/accuracy", "steps/precision", "steps/recall", "steps/match_f1",
+                  "steps/lis", "cpr/discrimination", *MONITORS)
 
 _recorder: Callable[[list[dict[str, Any]]], None] | None = None
 
@@ -72,10 +67,8 @@ def _column(kwargs: Mapping[str, Any], name: str, n: int, default: Any = ..., re
     values = kwargs.get(name)
     if values is None:
         if required:
-            raise CprError(
-                f"reward function needs the dataset column '{name}' (got columns: "
-                f"{sorted(k for k in kwargs if not k.startswith(('trainer_', 'log_')))})"
-            )
+            raise CprError(f"reward function needs the dataset column '{name}' (got columns: "
+                           f"{sorted(k for k in kwargs if not k.startswith(('trainer_', 'log_')))})")
         return [default] * n
     if len(values := list(values)) != n:
         raise CprError(f"column '{name}' has {len(values)} values for {n} completions")
@@ -102,10 +95,8 @@ def _as_steps(ref: Any, row: int) -> list[str]:
     return steps
 
 
-def _step_scores(
-    parsed: Sequence[ParsedCompletion], kwargs: Mapping[str, Any], settings: ScoringSettings,
-    step_credit: list[tuple[float, ...]] | None = None,
-) -> list[StepScores]:
+def _step_scores(parsed: Sequence[ParsedCompletion], kwargs: Mapping[str, Any], settings: ScoringSettings,
+                 step_credit: list[tuple[float, ...]] | None = None) -> list[StepScores]:
     from accelerate import PartialState
 
     n = len(parsed)
@@ -142,12 +133,10 @@ def _log(kwargs: Mapping[str, Any], metrics: Mapping[str, float]) -> None:
 
 
 def _answer_metrics(parsed: Sequence[ParsedCompletion], correct: Sequence[bool]) -> dict[str, float]:
-    return {
-        "answer/accuracy": _mean([1.0 if c else 0.0 for c in correct]),
-        # unparsable, empty or a non-answer
-        "hacking/non_answer_rate": _mean([1.0 if p.format == "none" or is_non_answer(p.answer) else 0.0
-                                          for p in parsed]),
-    }
+    # non-answer: unparsable, empty or a non-answer
+    return {"answer/accuracy": _mean([1.0 if c else 0.0 for c in correct]),
+            "hacking/non_answer_rate": _mean([1.0 if p.format == "none" or is_non_answer(p.answer) else 0.0
+                                              for p in parsed])}
 
 
 def _step_metrics(scores: Sequence[StepScores]) -> dict[str, float]:
@@ -165,14 +154,11 @@ def _record(kwargs: Mapping[str, Any], name: str, rewards: Sequence[float], corr
     step = int(getattr(state, "global_step", 0)) + 1 if state is not None else None
     ids = kwargs.get("id") or [None] * len(rewards)
     texts = [completion_text(c) for c in completions]
-    _recorder([
-        {"step": step, "id": ids[i], "reward_function": name, "reward": float(rewards[i]),
-         "correct": None if correct is None else bool(correct[i]),
-         **{k: getattr(s, k) for k in ("match_f1", "precision", "recall", "lis", "n_pred")},
-         "format": parsed[i].format, "completion": texts[i][:RECORDED_COMPLETION_CHARS],
-         "completion_chars": len(texts[i])}
-        for i, s in enumerate(scores)
-    ])
+    _recorder([{"step": step, "id": ids[i], "reward_function": name, "reward": float(rewards[i]),
+                "correct": None if correct is None else bool(correct[i]),
+                **{k: getattr(s, k) for k in ("match_f1", "precision", "recall", "lis", "n_pred")},
+                "format": parsed[i].format, "completion": texts[i][:RECORDED_COMPLETION_CHARS],
+                "completion_chars": len(texts[i])} for i, s in enumerate(scores)])
 
 
 # --------------------------------------------------------------------------- the reward functions
@@ -190,16 +176,12 @@ def _is_number(value: Any) -> bool:
 
 
 class RewardFunction:
-    """Base class: a named, picklable callable with TRL's reward signature.
-
-    Subclasses implement :meth:`score`. ``__name__`` is the registry name (TRL's
-    ``rewards/<name>/mean`` log keys). Every returned value must be a number in ``[low, high]``, NaN or Inf
-    (passed on: the divergence guard's ``nan`` condition acts on it) or ``None`` (no reward); another value
-    raises ``CprError`` naming the reward; ``none_count`` is the number of ``None`` in the last call's output (the
-    divergence guard reads it, so a ``None`` is not taken for a NaN). A class that scores reasoning
-    steps sets ``needs_encoder`` (the launch's preflight then loads ``rewards.encoder``); one whose
-    constructor takes ``**settings`` lists the names it takes there in ``settings_fields``
-    (:class:`StepF1Reward`: the step fields of :class:`cpr.scoring.ScoringSettings`).
+    """Base class: a named, picklable callable with TRL's reward signature (docs/rewards.md, "Writing your
+    own reward function"). Subclasses implement :meth:`score`; ``__name__`` is the registry name. A value
+    outside ``[low, high]`` or not a number raises ``CprError`` naming the reward; NaN / Inf and ``None``
+    pass (``none_count``: the ``None`` of the last call, which the divergence guard reads). A class that
+    scores steps sets ``needs_encoder`` (the preflight loads ``rewards.encoder``); one whose constructor
+    takes ``**settings`` lists their names in ``settings_fields``.
     """
 
     name: str = ""
@@ -214,9 +196,8 @@ class RewardFunction:
     def __name__(self) -> str:  # TRL's get_callable_name reads __name__
         return self.name
 
-    def __call__(
-        self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (), **kwargs: Any
-    ) -> list[float | None]:
+    def __call__(self, prompts: Sequence[Any] | None = None, completions: Sequence[Any] = (),
+                 **kwargs: Any) -> list[float | None]:
         rewards = self.score(list(completions), kwargs)
         self.none_count = sum(r is None for r in rewards)
         for i, r in enumerate(rewards):
@@ -226,9 +207,8 @@ class RewardFunction:
                 raise CprError(f"reward '{self.name}' produced {r!r} ({type(r).__name__}) for completion {i}; a "
                                "reward is a number or None")
             if math.isfinite(r) and not self.low - 1e-9 <= r <= self.high + 1e-9:  # NaN / Inf: the guard's (guards.nan)
-                raise CprError(
-                    f"reward '{self.name}' produced {r!r} for completion {i}, outside [{self.low}, {self.high}]"
-                )
+                raise CprError(f"reward '{self.name}' produced {r!r} for completion {i}, outside "
+                               f"[{self.low}, {self.high}]")
         if rewards:
             _log(kwargs, {f"rewards/{self.name}/none_frac": self.none_count / len(rewards)})
         return rewards
@@ -342,15 +322,9 @@ class CPRReward(StepF1Reward):
 
     name = "cpr"
 
-    def __init__(
-        self,
-        answer_weight: float = 0.65,
-        step_weight: float = 0.35,
-        wrong_answer_scale: float = 0.3,
-        answer_mode: str = "strict",
-        ordered: bool = False,
-        **settings: Any,
-    ) -> None:
+    def __init__(self, answer_weight: float = 0.65, step_weight: float = 0.35,
+                 wrong_answer_scale: float = 0.3, answer_mode: str = "strict", ordered: bool = False,
+                 **settings: Any) -> None:
         for key, value in (("answer_weight", answer_weight), ("step_weight", step_weight),
                            ("wrong_answer_scale", wrong_answer_scale)):
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -378,11 +352,9 @@ class CPRReward(StepF1Reward):
         correct = _correctness(parsed, kwargs, self.answer_mode)
         credit: list[tuple[float, ...]] = []
         scores = _step_scores(parsed, kwargs, self.settings, credit)
-        rewards = [
-            cpr_value(c, s.ordered_f1 if self.ordered else s.match_f1, self.answer_weight, self.step_weight,
-                      self.wrong_answer_scale)
-            for c, s in zip(correct, scores, strict=True)
-        ]
+        f1 = [s.ordered_f1 if self.ordered else s.match_f1 for s in scores]
+        rewards = [cpr_value(c, f, self.answer_weight, self.step_weight, self.wrong_answer_scale)
+                   for c, f in zip(correct, f1, strict=True)]
         self._keep_credit(completions, parsed, scores, credit, correct)
         metrics = {"format/valid_rate": _mean([1.0 if p.json_valid else 0.0 for p in parsed]),
                    **_answer_metrics(parsed, correct), **_step_metrics(scores)}
@@ -396,12 +368,8 @@ class CPRReward(StepF1Reward):
 
 
 #: name -> reward function class
-REWARD_FUNCTIONS: dict[str, type[RewardFunction]] = {
-    "format": FormatReward,
-    "accuracy": AccuracyReward,
-    "step_f1": StepF1Reward,
-    "cpr": CPRReward,
-}
+REWARD_FUNCTIONS: dict[str, type[RewardFunction]] = {"format": FormatReward, "accuracy": AccuracyReward,
+                                                     "step_f1": StepF1Reward, "cpr": CPRReward}
 
 #: name -> weighted list of (reward function name, default weight): the paper's strategies
 REWARD_SETS: dict[str, list[tuple[str, float]]] = {
@@ -423,12 +391,10 @@ def register_reward_function(cls: type[RewardFunction]) -> type[RewardFunction]:
 
 
 def import_reward_modules(entries: Sequence[str], *, field: str = "modules") -> list[ModuleType]:
-    """Import the modules of reward functions named by ``entries`` (a config's ``reward_modules``), so that
-    their :func:`register_reward_function` calls fill the registry: a path ending in ``.py`` is imported from
-    that file as module ``<file stem>`` (its folder is not put on ``sys.path``), anything else is a module name
-    imported from ``sys.path`` (``PYTHONPATH``, e.g. ``my_package.rewards``). Importing an entry again (another
-    config naming it, an ``import`` of the same file) gives the module already imported; errors raised by the
-    module's own code propagate.
+    """Import the modules named by ``entries`` (a config's ``reward_modules``) so that their
+    :func:`register_reward_function` calls fill the registry: a path ending in ``.py`` as module
+    ``<file stem>`` (its folder is not put on ``sys.path``), anything else by module name from ``sys.path``.
+    An entry imported again gives the module already imported.
 
     Raises:
         ConfigError: field ``<field>[i]``: a file that does not exist, a module not found, or a file whose
@@ -497,19 +463,14 @@ def get_reward_function(name: str, *, shared: Mapping[str, Any] | None = None, *
             (names its key).
     """
     if name not in REWARD_FUNCTIONS:
-        raise ConfigError(
-            f"unknown reward function {name!r}; known: {sorted(REWARD_FUNCTIONS)} "
-            f"(weighted sets: {sorted(REWARD_SETS)})",
-            field="rewards",
-        )
+        raise ConfigError(f"unknown reward function {name!r}; known: {sorted(REWARD_FUNCTIONS)} "
+                          f"(weighted sets: {sorted(REWARD_SETS)})", field="rewards")
     cls = REWARD_FUNCTIONS[name]
     takes = reward_parameters(cls)
     if takes is not None:
         for key in sorted(set(params) - takes):
-            raise ConfigError(
-                f"reward function {name!r} takes no parameter {key!r}; it takes: {', '.join(sorted(takes)) or 'none'}",
-                field=f"rewards.{name}.{key}",
-            )
+            raise ConfigError(f"reward function {name!r} takes no parameter {key!r}; it takes: "
+                              f"{', '.join(sorted(takes)) or 'none'}", field=f"rewards.{name}.{key}")
     given = {k: v for k, v in dict(shared or {}).items() if takes is None or k in takes}
     try:
         return cls(**{**given, **params})
@@ -517,12 +478,9 @@ def get_reward_function(name: str, *, shared: Mapping[str, Any] | None = None, *
         raise ConfigError(f"invalid parameter for reward {name!r}: {e}", field=f"rewards.{name}") from None
 
 
-def get_reward_set(
-    names: str | Sequence[str],
-    weights: Sequence[float] | None = None,
-    params: Mapping[str, Mapping[str, Any]] | None = None,
-    **shared: Any,
-) -> tuple[list[RewardFunction], list[float]]:
+def get_reward_set(names: str | Sequence[str], weights: Sequence[float] | None = None,
+                   params: Mapping[str, Mapping[str, Any]] | None = None,
+                   **shared: Any) -> tuple[list[RewardFunction], list[float]]:
     """Reward functions and weights (TRL's ``reward_funcs`` / ``reward_weights``) of ``names`` (a set of
     :data:`REWARD_SETS` or a list of :data:`REWARD_FUNCTIONS` names), with ``weights`` (default: the
     set's, or 1.0 each), per-function ``params`` (``{"cpr": {"answer_weight": 0.65}}``, each a parameter the
@@ -537,21 +495,17 @@ def get_reward_set(
             raise ConfigError(f"unknown reward set {names!r}; known: {sorted(REWARD_SETS)}", field="rewards")
         func_names, default_weights = [n for n, _ in REWARD_SETS[names]], [w for _, w in REWARD_SETS[names]]
     else:
-        func_names = list(names)
-        default_weights = [1.0] * len(func_names)
+        func_names, default_weights = list(names), [1.0] * len(names)
     weights = list(default_weights if weights is None else weights)
     if len(weights) != len(func_names):
-        raise ConfigError(
-            f"{len(weights)} reward weights for {len(func_names)} reward functions {func_names}",
-            field="reward_weights",
-        )
+        raise ConfigError(f"{len(weights)} reward weights for {len(func_names)} reward functions "
+                          f"{func_names}", field="reward_weights")
     for i, w in enumerate(weights):
         if not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
             raise ConfigError(f"weight {i} must be a finite number >= 0, got {w!r}", field="reward_weights")
     params = dict(params or {})
     if unknown := set(params) - set(func_names):
-        raise ConfigError(
-            f"parameters given for reward functions not in use: {sorted(unknown)}", field="reward_params"
-        )
+        raise ConfigError(f"parameters given for reward functions not in use: {sorted(unknown)}",
+                          field="reward_params")
     funcs = [get_reward_function(n, shared=shared, **dict(params.get(n, {}))) for n in func_names]
     return funcs, [float(w) for w in weights]

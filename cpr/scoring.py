@@ -5,10 +5,9 @@ matched (:mod:`cpr.matching`). The summary has the CRYSTAL paper's Table 2 colum
 (accuracy in percent, Steps a count, the rest in [0, 1]; docs/method.md sections 2-3). A missing or unparsable
 prediction gets crystal-metrics' empty-prediction scores (P = R = F1 = Ordered F1 = 0, LIS 1) and a wrong answer.
 
-Inputs (JSON lines): REFS ``id``, ``question`` (optional), ``answer`` (string or number), ``reference_steps``
-(non-empty list of non-blank strings), ``options`` (optional, lettered A, B, ...); PREDS ``id``, ``completion``.
-Ids are compared as strings. An evaluation's completions are scored with its recorded settings
-(:func:`resolve_scoring`); sampled ones give mean@k and ``pass_at_k`` (:func:`score_sampled_records`).
+Inputs (JSON lines, ids compared as strings): :func:`validate_reference`, :func:`load_predictions`. An
+evaluation's completions are scored with its recorded settings (:func:`resolve_scoring`), sampled ones as
+:func:`score_sampled_records`.
 """
 
 from __future__ import annotations
@@ -144,10 +143,8 @@ def validate_reference(record: Any, *, path: str | Path | None = None, line: int
     """Check one reference record; return ``{"id", "question", "answer", "reference_steps", "options"}``.
 
     Raises:
-        InputError: not an object; a missing or invalid ``id``; ``answer`` missing, blank or not a
-            string / number; ``reference_steps`` missing, not a list, empty, or with a non-string or
-            blank step; ``question`` not a string; ``options`` not a list of at most 26 strings
-            (file, line, id and field named).
+        InputError: not an object, or an invalid ``id``, ``answer``, ``reference_steps`` (a non-empty
+            list of non-blank strings), ``question`` or ``options`` (at most 26 strings); location named.
     """
     if not isinstance(record, dict):
         raise InputError(f"expected a JSON object, got {type(record).__name__}", path=path, line=line)
@@ -209,11 +206,10 @@ def load_predictions(path: str | Path, *, skip_truncated_tail: bool = False) -> 
     completions: dict[str, str] = {}
     lines: dict[str, int] = {}
     for line, obj, rid in _objects(path, skip_truncated_tail=skip_truncated_tail):
-        if "completion" not in obj:
-            raise InputError("missing", path=path, line=line, record_id=rid, field="completion")
-        if not isinstance(obj["completion"], str):
-            raise InputError(f"must be a string, got {type(obj['completion']).__name__}", path=path, line=line,
-                             record_id=rid, field="completion")
+        if not isinstance(obj.get("completion"), str):
+            what = ("missing" if "completion" not in obj
+                    else f"must be a string, got {type(obj['completion']).__name__}")
+            raise InputError(what, path=path, line=line, record_id=rid, field="completion")
         completions[rid], lines[rid] = obj["completion"], line
     return completions, lines
 
@@ -280,15 +276,6 @@ def lucky_guess_rate(samples: Sequence[Mapping[str, Any]]) -> float | None:
     return 100.0 * sum(bool(s["correct"]) and float(s["match_f1"]) < LUCKY_GUESS_F1 for s in samples) / len(samples)
 
 
-def _aligned(scorings: Sequence[Sequence[Mapping[str, Any]]]) -> None:
-    if not scorings:
-        raise ValueError("no scorings of samples")
-    ids = [str(s["id"]) for s in scorings[0]]
-    for j, rows in enumerate(scorings):
-        if [str(s["id"]) for s in rows] != ids:
-            raise ValueError(f"the scoring of sample {j} lists other ids than that of sample 0")
-
-
 def mean_at_k(summaries: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """mean@k: each numeric key of the ``k`` summaries (one per sample index, over the same items; ``n``
     left out) averaged over the samples. Equal to the mean over items of each item's mean over its k
@@ -312,22 +299,25 @@ def pass_at_k(scorings: Sequence[Sequence[Mapping[str, Any]]]) -> float | None:
     Raises:
         ValueError: no scorings, or scorings listing different ids.
     """
-    _aligned(scorings)
+    if not scorings:
+        raise ValueError("no scorings of samples")
+    ids = [str(s["id"]) for s in scorings[0]]
+    for j, rows in enumerate(scorings):
+        if [str(s["id"]) for s in rows] != ids:
+            raise ValueError(f"the scoring of sample {j} lists other ids than that of sample 0")
     if not scorings[0] or any("correct" not in s for rows in scorings for s in rows):
         return None
     return 100.0 * sum(any(bool(rows[i]["correct"]) for rows in scorings) for i in range(len(scorings[0]))) / len(
         scorings[0])
 
 
-def score_records(
-    references: Sequence[Mapping[str, Any]], completions: Mapping[str, str], settings: ScoringSettings
-) -> dict[str, Any]:
-    """Score completions against reference records (the report ``cpr score`` writes).
+def score_records(references: Sequence[Mapping[str, Any]], completions: Mapping[str, str],
+                  settings: ScoringSettings) -> dict[str, Any]:
+    """Score completions against reference records (the report ``cpr score`` writes), all steps embedded in
+    one encoder call.
 
     Args:
-        references: reference records (validated with :func:`validate_reference`).
         completions: id -> completion text; a reference without one counts as missing.
-        settings: encoder (all steps embedded in one model call), tau, alpha, matching, answer mode.
 
     Returns:
         ``{"config", "summary": summarize(samples), "samples"}``, one row (:data:`SAMPLE_KEYS`) per
@@ -349,11 +339,9 @@ def score_records(
     if extra:
         raise InputError("prediction has no reference record", record_id=extra[0], field="id")
     parsed = {rid: parse_completion(text) for rid, text in completions.items()}
-    scores = score_batch(
-        [list(parsed[r["id"]].steps) if r["id"] in parsed else [] for r in refs],
-        [r["reference_steps"] for r in refs],
-        encoder=settings.get_encoder(), threshold=settings.threshold, alpha=settings.alpha, matching=settings.matching,
-    )
+    scores = score_batch([list(parsed[r["id"]].steps) if r["id"] in parsed else [] for r in refs],
+                         [r["reference_steps"] for r in refs], encoder=settings.get_encoder(),
+                         threshold=settings.threshold, alpha=settings.alpha, matching=settings.matching)
     samples = []
     for ref, sc in zip(refs, scores, strict=True):
         pc = parsed.get(ref["id"])
@@ -369,16 +357,13 @@ def score_records(
     return {"config": config, "summary": summarize(samples), "samples": samples}
 
 
-def score_sampled_records(
-    references: Sequence[Mapping[str, Any]], samples: Mapping[str, Mapping[int, str]], settings: ScoringSettings,
-    *, path: str | Path | None = None,
-) -> dict[str, Any]:
+def score_sampled_records(references: Sequence[Mapping[str, Any]], samples: Mapping[str, Mapping[int, str]],
+                          settings: ScoringSettings, *, path: str | Path | None = None) -> dict[str, Any]:
     """Score ``k`` sampled completions per reference: each sample index alone with :func:`score_records`.
 
     Args:
         samples: id -> {sample index -> completion}; every id holds the indices 0..k-1 (an id without
-            samples counts as k missing predictions).
-        path: the completions file, named in errors.
+            samples counts as k missing predictions); ``path``: the file named in errors.
 
     Returns:
         ``{"config", "samples_per_item": k, "summary", "samples"}``: ``summary`` is ``n``, mean@k of every

@@ -54,14 +54,11 @@ _TRAILING_COMMA_RE = re.compile(r'("(?:[^"\\]|\\.)*")|,(?=[ \t\r\n]*[\]}])', re.
 _STEP_MARK_RE = re.compile(
     r"(?:^[ \t]*(?:[-*•][ \t]*)?(?:\*\*)?\(?\d{1,4}[.)](?:\*\*)?[ \t]+"
     r"|(?:^|(?<=\s))(?:[-*•][ \t]*)?(?:\*\*)?step[ \t]*\d{1,4}[ \t]*(?:\*\*)?[ \t]*[:.)\-–][ \t]*(?:\*\*)?)",
-    re.IGNORECASE | re.MULTILINE,
-)
+    re.IGNORECASE | re.MULTILINE)
 _BULLET_RE = re.compile(r"[ \t]*[-*•][ \t]+")
 # "Answer:" / "Final answer:" line, markdown emphasis and heading marks allowed around it.
-_ANSWER_LINE_RE = re.compile(
-    r"[ \t#>*_]*(?:final[ \t]+)?answer[ \t]*(?:\*\*|__)?[ \t]*[:：][ \t]*(?:\*\*|__)?[ \t]*(.*)",
-    re.IGNORECASE,
-)
+_ANSWER_LINE_RE = re.compile(r"[ \t#>*_]*(?:final[ \t]+)?answer[ \t]*(?:\*\*|__)?[ \t]*[:：][ \t]*"
+                             r"(?:\*\*|__)?[ \t]*(.*)", re.IGNORECASE)
 
 
 def parse_completion(text: str) -> ParsedCompletion:
@@ -70,7 +67,8 @@ def parse_completion(text: str) -> ParsedCompletion:
     if not isinstance(text, str):
         raise TypeError(f"parse_completion expects str, got {type(text).__name__}")
 
-    whole = _loads(_strip_fence(text.strip()))
+    fence = _FENCE_RE.match(stripped := text.strip())
+    whole = _loads(fence.group(1).strip() if fence is not None else stripped)
     json_valid = _is_schema_valid(whole)
     if _is_schema_object(whole) and (parsed := _from_object(whole, "json", json_valid)):
         return parsed
@@ -142,11 +140,6 @@ def _clean(items: Any) -> tuple[str, ...]:
     return tuple(s for s in (str(x).strip() for x in items) if s)
 
 
-def _strip_fence(text: str) -> str:
-    m = _FENCE_RE.match(text)
-    return m.group(1).strip() if m is not None else text
-
-
 def _loads(text: str, *, strict: bool = True) -> Any:
     """``json.loads``, ``None`` when it did not decode (ValueError, RecursionError)."""
     if not text:
@@ -199,8 +192,7 @@ def _repair(span: str) -> str:
 
 
 def _json_span(text: str) -> dict | None:
-    first = text.find("{")
-    last = text.rfind("}")
+    first, last = text.find("{"), text.rfind("}")
     if first == -1 or last <= first:
         return None
     obj = _loads(_repair(text[first: last + 1]), strict=False)

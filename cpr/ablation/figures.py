@@ -4,8 +4,7 @@ Per run: reward components, KL, step Match F1 against accuracy, the hack monitor
 ``reward_hacking`` guard's bounds, the difficulty-bucket mix; per ablation: bars of the table's columns
 and the training dynamics of a strategy comparison (paper Figure 5). x axes: global training steps
 across the phases (dotted lines: phase boundaries); a red ``X``: the first non-finite value (:func:`divergence`).
-The bucket mix counts the difficulty of the records behind the completions scored at each step (what the
-policy trained on; a project choice), else the scheduled mix the checkpoints' ``trainer_state.json`` saved.
+The bucket mix: :func:`bucket_mix` (the records behind the scored completions, a project choice).
 """
 
 from __future__ import annotations
@@ -222,16 +221,14 @@ def difficulty_by_id(run: RunFolder) -> dict[str, str]:
     Raises:
         InputError: no ``config.yaml`` with a data section, or data that does not load.
     """
-    from cpr.training.config_sections import DataConfig, DataSourceConfig
+    from cpr.training.config_sections import DataConfig
     from cpr.training.splits import load_splits
 
     if not run.config or not isinstance(run.config.get("data"), dict):
         raise InputError("no config.yaml with a data section: the records' buckets are unknown", path=run.path)
-    raw = dict(run.config["data"])
+    raw = run.config["data"]
     try:
-        for key in ("train", "validation", "test"):
-            raw[key] = [DataSourceConfig(**src) for src in raw.get(key) or []]
-        data = DataConfig(**raw)
+        data = DataConfig(**{**raw, **{key: raw.get(key) or [] for key in ("train", "validation", "test")}})
     except ValueError as e:  # a key the data section does not have (pydantic's ValidationError)
         raise InputError(f"invalid data section: {' '.join(str(e).split())}", path=run.path / "config.yaml", field="data") from None
     splits = load_splits(data)

@@ -15,11 +15,8 @@ An ablation file (``recipes/configs/ablation_*.yaml``, ``reproduce_*.yaml``; :cl
       - {name: aw0.65_sw0.35, label: 0.65/0.35, set: {phase_settings.cpr.init_adapter: "@phase1"}}
 
 Run X is ``recipes/<recipe>.py --config <base_config> --set <set> --set <X's set>`` (with ``output_dir``
-and ``run_name``), run in this process (:func:`cpr.training.experiment.run_experiment`; ``sft_lora``:
-:func:`cpr.ablation.lora_sft.run_sft_baseline`). ``"@X"`` is the adapter run X ended with (its
-``summary.json``'s ``final_adapter``): a shared warm start or phase 1 is an earlier run. ``phases: []``
-scores the warm start (``warm_start.enabled``) or the model as loaded. A finished or diverged run is
-skipped (its ``config.yaml`` must match), an unfinished one continues with ``--resume``.
+and ``run_name``), run in this process; ``"@X"`` and ``phases: []``: docs/ablations.md. A finished or
+diverged run is skipped (its ``config.yaml`` must match), an unfinished one continues with ``--resume``.
 """
 
 from __future__ import annotations
@@ -246,10 +243,9 @@ def run_ablation(ab: Ablation, *, only: Sequence[str] = (), resume: bool = False
 
 
 def commands(ab: Ablation, only: Sequence[str] = ()) -> list[str]:
-    """``--list``'s lines: per run (those in ``only``, else all), in order, a comment with what it runs (its recipe
-    with one ``--set`` per override; ``@X`` for a run starting from run X's adapter until X finished) and the
-    command ``--only NAME --resume`` of this tool, which starts the run, continues it after a crash and skips it
-    once finished (run it again as it is); then ``--table-only``."""
+    """``--list``'s lines (docs/ablations.md): per run (those in ``only``, else all), in order, a comment with
+    its recipe and ``--set`` overrides (``@X`` until run X finished) and its ``--only NAME --resume`` command;
+    then ``--table-only``."""
     launcher, config = shlex.split(ab.launcher), ab.path or "ABLATION.yaml"
     lines = ["# runs, in order (one that starts from another run's adapter needs that run finished); each command "
              "starts its run, continues it when run again after a crash, and skips it once finished"]

@@ -1,10 +1,6 @@
-"""Difficulty buckets (easy / medium / hard) for the CPR-Curriculum (docs/method.md section 6, a **choice**).
-
-A source with its own difficulty field is bucketed by a table on that field (MATH-Vision ``level``
-1-2 / 3 / 4-5, TabMWP ``grade`` 1-4 / 5-6 / 7-8, ScienceQA ``grade`` 1-4 / 5-8 / 9-12); any other
-source by its number of reference steps, easy <= 10 < medium <= 18 < hard (fitted to CRYSTAL's
-published step counts and mix: docs/data.md; the generated ``synthetic`` source, 1, 3 or 4 steps an
-item: easy <= 1 < medium <= 3 < hard). YAML form, every key optional (a ``fields`` entry
+"""Difficulty buckets (easy / medium / hard) for the CPR-Curriculum (docs/method.md section 6, a **choice**):
+a table on a source's own difficulty field, else the number of reference steps (the tables, thresholds
+and their fit to CRYSTAL: docs/data.md section 5). YAML form, every key optional (a ``fields`` entry
 replaces that source's default table)::
 
     fields:
@@ -63,11 +59,11 @@ _DEFAULT_FIELDS = {
 
 
 def default_field_tables() -> dict[str, FieldBuckets]:
-    """The default per-source tables (module docstring)."""
+    """The default per-source tables (docs/data.md section 5)."""
     return {source: _parse_table(spec, f"buckets.fields.{source}") for source, spec in _DEFAULT_FIELDS.items()}
 
 
-#: Step thresholds of sources whose items are much shorter than CRYSTAL's (module docstring).
+#: Step thresholds of sources whose items are much shorter than CRYSTAL's (docs/data.md section 5).
 DEFAULT_STEPS_BY_SOURCE: dict[str, StepThresholds] = {"synthetic": StepThresholds(easy_max=1, medium_max=3)}
 
 

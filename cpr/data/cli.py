@@ -76,15 +76,9 @@ def inspect_command(args: argparse.Namespace) -> int:
     options = parse_options(args.option)
     templates = load_templates(args.templates)
     records, report = load_records_with_report(
-        args.source,
-        source_path(args.source, args.path, "--path"),
-        split=args.split,
-        on_invalid=args.on_invalid,
-        buckets=BucketConfig.from_yaml(args.buckets) if args.buckets else None,
-        limit=args.limit,
-        validate_images=not args.no_image_check,
-        options=options,
-    )
+        args.source, source_path(args.source, args.path, "--path"), split=args.split,
+        on_invalid=args.on_invalid, buckets=BucketConfig.from_yaml(args.buckets) if args.buckets else None,
+        limit=args.limit, validate_images=not args.no_image_check, options=options)
     print(report.summary())
     print(f"records: {len(records)}")
     counts = Counter(records.column("difficulty"))

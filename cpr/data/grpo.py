@@ -1,9 +1,5 @@
-"""Records -> the ``datasets.Dataset`` TRL's ``GRPOTrainer`` trains vision-language models on.
-
-Made by ``Dataset.map`` over the record dataset: a conversational ``prompt`` column, an ``images``
-column decoded to PIL only when a row is read (per batch), and the reward functions' columns (the
-TRL 1.16 format this follows: docs/data.md).
-"""
+"""Records -> the ``datasets.Dataset`` TRL's ``GRPOTrainer`` trains vision-language models on, made by
+``Dataset.map`` over the record dataset (the TRL 1.16 format it follows: docs/data.md section 6)."""
 
 from __future__ import annotations
 

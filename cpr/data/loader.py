@@ -49,11 +49,10 @@ def load_records(source: str, path: str | Path, **kwargs: Any) -> Records:
     return load_records_with_report(source, path, **kwargs)[0]
 
 
-def load_records_with_report(
-    source: str, path: str | Path, *, split: str | None = None, on_invalid: str = "error",
-    buckets: BucketConfig | None = None, limit: int | None = None, validate_images: bool = True,
-    options: Mapping[str, Any] | None = None,
-) -> tuple[Records, LoadReport]:
+def load_records_with_report(source: str, path: str | Path, *, split: str | None = None,
+                             on_invalid: str = "error", buckets: BucketConfig | None = None,
+                             limit: int | None = None, validate_images: bool = True,
+                             options: Mapping[str, Any] | None = None) -> tuple[Records, LoadReport]:
     """Load a dataset in its published layout as validated, bucketed records, with a :class:`LoadReport`.
 
     ``source`` names a registered adapter, ``options`` its options; ``path`` is a file, folder, saved dataset

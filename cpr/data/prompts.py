@@ -92,17 +92,15 @@ def user_text(record: Record, templates: PromptTemplates, *, mode: str = "train"
     """The text part of the user message for ``record``."""
     _, user = templates.for_mode(mode)
     context = templates.context.format(context=record.context) if record.context else ""
-    lines = "\n".join(
-        templates.option_line.format(letter=letter, text=text)
-        for letter, text in zip(option_letters(len(record.options)), record.options, strict=True)
-    )
+    letters = option_letters(len(record.options))
+    lines = "\n".join(templates.option_line.format(letter=letter, text=text)
+                      for letter, text in zip(letters, record.options, strict=True))
     options = templates.options.format(options=lines) if record.options else ""
     return user.format(question=record.question, context=context, options=options).strip()
 
 
-def build_messages(
-    record: Record, templates: PromptTemplates, *, mode: str = "train", include_images: bool = False
-) -> list[dict[str, Any]]:
+def build_messages(record: Record, templates: PromptTemplates, *, mode: str = "train",
+                   include_images: bool = False) -> list[dict[str, Any]]:
     """Conversational prompt: ``[{"role": "system", "content": [{"type": "text", "text": ...}]},
     {"role": "user", "content": [{"type": "image"}, ..., {"type": "text", "text": ...}]}]``.
 
@@ -114,10 +112,8 @@ def build_messages(
     system, _ = templates.for_mode(mode)
     images = [{"type": "image", **({"image": open_image(ref)} if include_images else {})} for ref in record.images]
     text = {"type": "text", "text": user_text(record, templates, mode=mode)}
-    return [
-        {"role": "system", "content": [{"type": "text", "text": system}]},
-        {"role": "user", "content": [*images, text]},
-    ]
+    return [{"role": "system", "content": [{"type": "text", "text": system}]},
+            {"role": "user", "content": [*images, text]}]
 
 
 def render_target(record: Record) -> str:

@@ -105,11 +105,8 @@ def open_image(ref: ImageRef) -> Image.Image:
 
 def write_records(records: Iterable[Record]) -> Records:
     """Write records, as they come, to an Arrow file in ``datasets``' temporary cache folder (deleted
-    at exit) and return them memory-mapped as :class:`Records`.
-
-    Images are stored as paths (files) or encoded bytes; at most :data:`WRITER_BATCH_SIZE` records
-    are held in memory. An error raised while iterating ``records`` propagates unchanged.
-    """
+    at exit) and return them memory-mapped as :class:`Records` (docs/data.md section 1). An error raised
+    while iterating ``records`` propagates unchanged."""
     from datasets import Dataset, Features, Json, List, Value
     from datasets import Image as ImageFeature
     from datasets.arrow_writer import ArrowWriter

@@ -1,12 +1,7 @@
-"""A generated visual-reasoning task a tiny model can learn on a CPU: counting colours on a grid.
-
-Each item is a 3 x 3 grid of solid red, green and blue cells (84 x 84 px, one Qwen2.5-VL image token a
-cell) with one of three multiple-choice questions (easy: how many red; medium: how many red or blue;
-hard: which colour has the most), three options each, and reference steps that state counts. Item ``i``
-of ``(seed, split)`` is drawn from a ``random.Random`` seeded by a SHA-256 of ``"{seed}/{split}/{i}"``
-and painted with ``ImageDraw.rectangle`` only, so items are bit-identical across runs and machines; a
-grid belongs to the split a SHA-256 of its cells picks (8 in 10 train, 1 validation, 1 test). The task
-and why it looks like this: docs/data.md section 7.
+"""A generated visual-reasoning task a tiny model can learn on a CPU: counting colours on a 3 x 3 grid
+(docs/data.md section 7). Item ``i`` of ``(seed, split)`` is drawn from a ``random.Random`` seeded by a
+SHA-256 of ``"{seed}/{split}/{i}"``; a grid belongs to the split a SHA-256 of its cells picks (8 in 10
+train, 1 validation, 1 test).
 """
 
 from __future__ import annotations
@@ -114,16 +109,9 @@ def make_item(seed: int, split: str, index: int) -> Record:
         question, options = "Which colour has the most cells?", names
         winner = max(names, key=counts.__getitem__)
         steps = [_cells_fact(counts[c], c) for c in names] + [f"{winner.capitalize()} has the most cells."]
-    return Record(
-        id=f"grid-s{seed}-{split}-{index}",
-        images=[render(cells)],
-        question=question,
-        options=options,
-        answer=OPTION_LETTERS[target],
-        reference_steps=steps,
-        source="synthetic",
-        meta={"kind": kind, "cells": "".join(c[0] for c in cells), "counts": counts},
-    )
+    return Record(id=f"grid-s{seed}-{split}-{index}", images=[render(cells)], question=question,
+                  options=options, answer=OPTION_LETTERS[target], reference_steps=steps, source="synthetic",
+                  meta={"kind": kind, "cells": "".join(c[0] for c in cells), "counts": counts})
 
 
 def generate(size: int, *, seed: int = 0, split: str = "train") -> Iterator[Record]:

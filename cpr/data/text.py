@@ -1,9 +1,5 @@
-"""Turning published solution prose into ordered reference steps.
-
-Sentences come from pysbd (a rule-based sentence boundary detector that keeps "e.g.", "Mr." and
-"3.5" whole). LaTeX math spans are replaced by opaque placeholders before pysbd sees the text and
-restored after, so a step never ends inside a formula; a display block stays whole inside the
-sentence that introduces it (a **choice**: docs/data.md).
+"""Turning published solution prose into ordered reference steps: pysbd sentences with LaTeX math spans
+kept whole (placeholders while pysbd runs; the rules, a **choice**: docs/data.md section 4).
 """
 
 from __future__ import annotations

@@ -61,7 +61,6 @@ class EvalCallback(TrainerCallback):
     :meth:`attach` with the trainer before ``train()``.
 
     Args:
-        eval_steps: evaluate every this many optimizer steps.
         generation: decoding settings (default greedy, 256 new tokens, the *training* prompt).
         output_dir: folder of the hook's files (default ``args.output_dir``).
         metric_for_best: ``"<benchmark>/<metric>"``, a key of that benchmark's overall summary (with
@@ -73,12 +72,11 @@ class EvalCallback(TrainerCallback):
             benchmark not evaluated or an unknown metric.
     """
 
-    def __init__(
-        self, benchmarks: Sequence[BenchmarkSpec], *, eval_steps: int, generation: GenerationSettings | None = None,
-        scoring: ScoringSettings | None = None, templates: PromptTemplates | None = None,
-        output_dir: str | Path | None = None, metric_for_best: str = "crystal/match_f1",
-        greater_is_better: bool = True, save_completions: bool = True,
-    ) -> None:
+    def __init__(self, benchmarks: Sequence[BenchmarkSpec], *, eval_steps: int,
+                 generation: GenerationSettings | None = None, scoring: ScoringSettings | None = None,
+                 templates: PromptTemplates | None = None, output_dir: str | Path | None = None,
+                 metric_for_best: str = "crystal/match_f1", greater_is_better: bool = True,
+                 save_completions: bool = True) -> None:
         if isinstance(eval_steps, bool) or not isinstance(eval_steps, int) or eval_steps < 1:
             raise ConfigError(f"must be a positive integer, got {eval_steps!r}", field="eval.eval_steps")
         names = [b.name for b in benchmarks]
@@ -95,14 +93,11 @@ class EvalCallback(TrainerCallback):
         if metric not in keys:
             raise ConfigError(f"{metric_for_best!r}: unknown metric {metric!r} (known: {', '.join(keys)})",
                               field="eval.metric_for_best")
-        self.benchmarks = list(benchmarks)
-        self.eval_steps = eval_steps
+        self.benchmarks, self.eval_steps, self.templates = list(benchmarks), eval_steps, templates
         self.generation = generation or GenerationSettings(prompt_mode="train", progress=False)
         self.scoring = scoring or ScoringSettings()
-        self.templates = templates
         self.output_dir = Path(output_dir) if output_dir is not None else None
-        self.metric_for_best = metric_for_best
-        self.greater_is_better = greater_is_better
+        self.metric_for_best, self.greater_is_better = metric_for_best, greater_is_better
         self.save_completions = save_completions
         self.trainer: Any = None
         self.best: dict[str, Any] | None = None

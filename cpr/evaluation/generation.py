@@ -8,11 +8,7 @@ Backends: :class:`TransformersGenerator` and :class:`VLLMGenerator` (vLLM's offl
 
 Resumability (:func:`generate_completions`): each finished batch is appended (fsync'ed), one ``{"id",
 "completion", "num_tokens", "finished"}`` line per prompt; a rerun skips the ids there, and a cut line is dropped.
-
-Sharding (``shard=process_state()``): in round ``r`` process ``k`` of ``N`` generates batch ``r * N + k`` of the
-batches one process would make (past the last, a padding batch it drops), so all processes call ``generate``
-equally often (ZeRO-3's lock-step ``synced_gpus``) and get the single-process completions; each round is
-gathered on every process and the main process appends it.
+Sharding over processes: :func:`sharded_rounds`.
 """
 
 from __future__ import annotations
@@ -122,14 +118,12 @@ class Generated:
 
 
 class TransformersGenerator:
-    """Batched generation with ``model.generate``: greedy (``generator(batch)``) or sampled (:meth:`sample`).
-
-    Runs in eval mode under ``torch.no_grad()`` with ``use_cache=True`` and restores the model's mode.
+    """Batched generation with ``model.generate``: greedy (``generator(batch)``) or sampled (:meth:`sample`),
+    in eval mode under ``torch.no_grad()`` with ``use_cache=True`` (the model's mode restored).
 
     Args:
         model: a transformers vision-language model, a ``PeftModel`` around one, or a trainer's unwrapped model.
         processor: its processor (tokenizer padding side ``"left"``, a pad token).
-        max_new_tokens: new-token budget.
         synced_gpus: ``generate``'s lock-step decoding (ZeRO-3 with several processes, as TRL's generation);
             every process must then call it equally often.
         repetition_penalty: ``generate``'s ``repetition_penalty``; ``None``: the model's ``generation_config``
@@ -148,15 +142,12 @@ class TransformersGenerator:
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos = processor.tokenizer.eos_token_id if eos is None else eos
         self.eos_ids = set() if eos is None else {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
-        self.synced_gpus = synced_gpus
-        self.repetition_penalty = repetition_penalty
-        self.calls = 0
+        self.synced_gpus, self.repetition_penalty, self.calls = synced_gpus, repetition_penalty, 0
 
     def _inputs(self, batch: Batch) -> Any:
-        return self.processor.apply_chat_template(
-            list(batch), add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt",
-            processor_kwargs={"padding": True},
-        )
+        return self.processor.apply_chat_template(list(batch), add_generation_prompt=True, tokenize=True,
+                                                  return_dict=True, return_tensors="pt",
+                                                  processor_kwargs={"padding": True})
 
     def __call__(self, batch: Batch) -> list[Generated]:
         """One greedy completion per conversation of ``batch``, in order."""
@@ -192,10 +183,9 @@ class TransformersGenerator:
         try:
             with torch.no_grad():
                 out = model.generate(
-                    **inputs, max_new_tokens=self.max_new_tokens, **decoding,
-                    use_cache=True, pad_token_id=self.processor.tokenizer.pad_token_id,
-                    synced_gpus=self.synced_gpus, suppress_tokens=None if image_token_id is None else [int(image_token_id)],
-                )
+                    **inputs, max_new_tokens=self.max_new_tokens, **decoding, use_cache=True,
+                    pad_token_id=self.processor.tokenizer.pad_token_id, synced_gpus=self.synced_gpus,
+                    suppress_tokens=None if image_token_id is None else [int(image_token_id)])
         finally:
             model.train(was_training)
         self.calls += 1
@@ -243,10 +233,8 @@ class VLLMGenerator:  # pragma: no cover - needs vLLM and a GPU
             rank = int(json.loads((Path(adapter) / "adapter_config.json").read_text(encoding="utf-8")).get("r", 16))
             kwargs.update(enable_lora=True, max_lora_rank=max(rank, 8))
             self.lora_request = LoRARequest("adapter", 1, str(adapter))
-        self.llm = LLM(**kwargs)
+        self.llm, self.processor, self.calls = LLM(**kwargs), processor, 0
         self.params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
-        self.processor = processor
-        self.calls = 0
 
     def _requests(self, batch: Batch) -> list[dict[str, Any]]:
         requests = []
@@ -316,11 +304,10 @@ def checked_model_path(model: str, adapter: str | None, allow_base_mismatch: boo
     return path, adapter
 
 
-def load_model_for_eval(
-    model: str, adapter: str | None = None, *, device: str | None = None, dtype: str = "auto",
-    min_pixels: int | None = None, max_pixels: int | None = None, allow_base_mismatch: bool = False,
-    attn_implementation: str | None = None, trust_remote_code: bool = False,
-) -> tuple[Any, Any]:
+def load_model_for_eval(model: str, adapter: str | None = None, *, device: str | None = None,
+                        dtype: str = "auto", min_pixels: int | None = None, max_pixels: int | None = None,
+                        allow_base_mismatch: bool = False, attn_implementation: str | None = None,
+                        trust_remote_code: bool = False) -> tuple[Any, Any]:
     """Load a model (a base or merged checkpoint, or an adapter folder) with an optional LoRA adapter
     (``peft.PeftModel``, not merged) and its processor (image size limits ``min_pixels`` /
     ``max_pixels``), in eval mode, gradient checkpointing off, on ``device`` (default CUDA if available);
@@ -347,12 +334,10 @@ def load_model_for_eval(
     return net.eval(), processor
 
 
-def generate_completions(
-    generator: Callable[[Batch], list[Generated]], records: Sequence[Record],
-    messages_fn: Callable[[Record], list[dict[str, Any]]], *, batch_size: int = 8,
-    output_path: str | Path | None = None, progress: bool = True, description: str = "generating",
-    shard: Any = None,
-) -> dict[str, str]:
+def generate_completions(generator: Callable[[Batch], list[Generated]], records: Sequence[Record],
+                         messages_fn: Callable[[Record], list[dict[str, Any]]], *, batch_size: int = 8,
+                         output_path: str | Path | None = None, progress: bool = True,
+                         description: str = "generating", shard: Any = None) -> dict[str, str]:
     """Generate a completion for every record, appending each finished batch to ``output_path``.
 
     Args:
@@ -361,7 +346,7 @@ def generate_completions(
         messages_fn: record -> conversational prompt with its images.
         output_path: JSON-lines file to resume from and append to; ``None`` keeps nothing.
         shard: :func:`cpr.distributed.process_state` when every process of a group calls this alike: each
-            generates its share (module docstring), the main process writes ``output_path``.
+            generates its share (:func:`sharded_rounds`), the main process writes ``output_path``.
 
     Returns:
         id -> completion for every record, those read back from the file included (on every process).
@@ -379,9 +364,8 @@ def generate_completions(
     ids = [r.id for r in records]
     if len(set(ids)) != len(ids):
         raise ValueError(f"duplicate record id {next(i for i in ids if ids.count(i) > 1)!r}")
-    done = {}
-    if output_path is not None and Path(output_path).is_file():
-        done = load_predictions(output_path, skip_truncated_tail=True)[0]
+    exists = output_path is not None and Path(output_path).is_file()
+    done = load_predictions(output_path, skip_truncated_tail=True)[0] if exists else {}
     results = {rid: done[rid] for rid in ids if rid in done}
     todo = [r for r in records if r.id not in done]
     batches = [todo[start: start + batch_size] for start in range(0, len(todo), batch_size)]

@@ -44,13 +44,12 @@ def subset(records: Sequence[Record], max_samples: int | None, seed: int = 0) ->
     return [r for k, r in enumerate(records) if k in keep]
 
 
-def evaluate_model(
-    model: Any, processor: Any, benchmark: str, records: Sequence[Record], *,
-    generation: GenerationSettings | None = None, scoring: ScoringSettings | None = None,
-    templates: PromptTemplates | None = None, out_dir: str | Path | None = None, label: str = "this model",
-    title: str | None = None, extra: Mapping[str, Any] | None = None, generator: Any = None, shard: Any = None,
-    paper_rows: bool = False,
-) -> dict[str, Any] | None:
+def evaluate_model(model: Any, processor: Any, benchmark: str, records: Sequence[Record], *,
+                   generation: GenerationSettings | None = None, scoring: ScoringSettings | None = None,
+                   templates: PromptTemplates | None = None, out_dir: str | Path | None = None,
+                   label: str = "this model", title: str | None = None,
+                   extra: Mapping[str, Any] | None = None, generator: Any = None, shard: Any = None,
+                   paper_rows: bool = False) -> dict[str, Any] | None:
     """Generate completions for ``records`` with ``model`` (plain, PEFT or a trainer's unwrapped model) or a
     ready ``generator`` (e.g. a :class:`~cpr.evaluation.generation.VLLMGenerator`), and score them on
     ``benchmark``. Defaults: greedy decoding of 256 new tokens, the paper's scoring, the packaged templates;
@@ -86,20 +85,16 @@ def evaluate_model(
     out = Path(out_dir) if out_dir is not None else None
     if out is not None and (shard is None or shard.is_main_process):
         atomic_write_jsonl(out / "references.jsonl", bench.references(records))
+    messages, decoding, samples = bench.messages(templates, generation.prompt_mode), generation.decoding, None
     completions = generate_completions(
-        generator, records, bench.messages(templates, generation.prompt_mode), batch_size=generation.batch_size,
+        generator, records, messages, batch_size=generation.batch_size, shard=shard,
         output_path=None if out is None else out / "completions.jsonl", progress=generation.progress,
-        description=f"{bench.name}: generating", shard=shard,
-    )
-    decoding = generation.decoding
-    samples = None
+        description=f"{bench.name}: generating")
     if decoding.sampled:  # every process of a shard samples its share too
         samples = generate_samples(
-            generator, records, bench.messages(templates, generation.prompt_mode), decoding,
-            batch_size=generation.batch_size, output_path=None if out is None else out / SAMPLED_COMPLETIONS,
-            progress=generation.progress, description=f"{bench.name}: sampling {decoding.samples} per item",
-            shard=shard,
-        )
+            generator, records, messages, decoding, batch_size=generation.batch_size, shard=shard,
+            output_path=None if out is None else out / SAMPLED_COMPLETIONS, progress=generation.progress,
+            description=f"{bench.name}: sampling {decoding.samples} per item")
     if shard is not None and not shard.is_main_process:
         return None
     metrics = bench.score(records, completions, scoring)

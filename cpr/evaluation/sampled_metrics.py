@@ -26,17 +26,13 @@ def sampled_key(key: str) -> str:
     return f"sampled_{key}"
 
 
-def generate_samples(
-    generator: Any, records: Sequence[Record], messages_fn: Callable[[Record], list[dict[str, Any]]],
-    decoding: DecodingSettings, *, batch_size: int = 8, output_path: str | Path | None = None, progress: bool = True,
-    description: str = "sampling", shard: Any = None,
-) -> dict[str, list[str]]:
+def generate_samples(generator: Any, records: Sequence[Record],
+                     messages_fn: Callable[[Record], list[dict[str, Any]]], decoding: DecodingSettings, *,
+                     batch_size: int = 8, output_path: str | Path | None = None, progress: bool = True,
+                     description: str = "sampling", shard: Any = None) -> dict[str, list[str]]:
     """``decoding.samples`` completions for every record with ``generator.sample(batch, decoding, seed)``
     (:meth:`cpr.evaluation.generation.TransformersGenerator.sample`), each finished batch appended to
-    ``output_path`` (module docstring). With ``shard`` (the process state, every process calling this alike)
-    the batches are shared out in rounds as :func:`cpr.evaluation.generation.generate_completions` does: each
-    process samples its batch of a round (a padding batch past the last, dropped), the rows are gathered,
-    and the main process alone writes ``output_path``.
+    ``output_path``; ``shard`` as :func:`cpr.evaluation.generation.generate_completions`.
 
     Returns:
         id -> its completions in sample order, those read back from the file included (on every process).

@@ -27,10 +27,8 @@ FAMILIES = ("qwen2_5_vl", "internvl")
 
 _LM = r"(?:.*\.)?language_model\.layers\.\d+\.(?:self_attn\.(?:q|k|v|o)_proj|mlp\.(?:gate|up|down)_proj)"
 _VISION = {
-    "qwen2_5_vl": (
-        r"(?:.*\.)?visual\.blocks\.\d+\.(?:attn\.(?:qkv|proj)|mlp\.(?:gate|up|down)_proj)"
-        r"|(?:.*\.)?visual\.merger\.mlp\.(?:0|2)"
-    ),
+    "qwen2_5_vl": (r"(?:.*\.)?visual\.blocks\.\d+\.(?:attn\.(?:qkv|proj)|mlp\.(?:gate|up|down)_proj)"
+                   r"|(?:.*\.)?visual\.merger\.mlp\.(?:0|2)"),
     "internvl": (
         r"(?:.*\.)?vision_tower\.encoder\.layer\.\d+\.(?:attention\.(?:q_proj|k_proj|v_proj|projection_layer)"
         r"|mlp\.fc[12])|(?:.*\.)?multi_modal_projector\.linear_[12]"
@@ -49,10 +47,9 @@ def hub_hint(name: str, key: str = "the model path") -> str:
 def _not_available(name: str, what: str, err: BaseException) -> ModelNotAvailableError:
     first = (str(err).strip().splitlines() or [type(err).__name__])[0]
     offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"} else ""
-    return ModelNotAvailableError(
-        f"{what} {name!r} is not available: it is not a local folder and could not be fetched from the Hugging Face "
-        f"Hub{offline} ({type(err).__name__}: {first[:300]}); {hub_hint(name)}"
-    )
+    return ModelNotAvailableError(f"{what} {name!r} is not available: it is not a local folder and could not "
+                                  f"be fetched from the Hugging Face Hub{offline} ({type(err).__name__}: "
+                                  f"{first[:300]}); {hub_hint(name)}")
 
 
 def resolve_model_path(model_name_or_path: str | Path) -> str:
@@ -120,13 +117,9 @@ def resolve_dtype(dtype: str, device: str) -> Any:
 
 
 def apply_pixel_limits(processor: Any, family: str, min_pixels: int | None, max_pixels: int | None) -> None:
-    """Set the image-size limits of a loaded processor in place (``None`` keeps the current value).
-
-    Qwen2.5-VL resizes each image so that its pixel count lies in ``[min_pixels, max_pixels]``
-    (``image_processor.size = {"shortest_edge": min, "longest_edge": max}`` in transformers 5).
-    InternVL cuts images into square tiles of the image processor's ``size``; its equivalent is the
-    tile count: ``max_patches = max(1, max_pixels // tile_area)``, ``min_patches = max(1,
-    ceil(min_pixels / tile_area))`` (an image of several tiles also gets a thumbnail tile).
+    """Set the image-size limits of a loaded processor in place (``None`` keeps the current value):
+    Qwen2.5-VL's pixel range ``image_processor.size`` (transformers 5), InternVL's tile counts
+    ``max_patches = max(1, max_pixels // tile_area)``, ``min_patches = max(1, ceil(min_pixels / tile_area))``.
     Raises ``ConfigError`` for non-positive limits, ``min_pixels > max_pixels``, or another family.
     """
     if min_pixels is None and max_pixels is None:
@@ -163,16 +156,11 @@ def load_model_and_processor(
     gradient_checkpointing: bool | None = None, attn_implementation: str | None = None, min_pixels: int | None = None,
     max_pixels: int | None = None, trust_remote_code: bool = False,
 ) -> tuple[Any, Any]:
-    """Load ``(model, processor)`` from a local folder or a hub id for GRPO training or evaluation.
+    """Load ``(model, processor)`` (module docstring) from a local folder or a hub id, the model in eval mode.
 
-    ``dtype``: ``"auto"`` or a name (:func:`resolve_dtype`). ``device``: where to put the model;
-    ``None`` leaves it on CPU for a trainer to place, the dtype and checkpointing defaults following
-    whether CUDA is available. ``gradient_checkpointing``: ``None`` is on for CUDA, off for CPU
-    (non-reentrant). ``min_pixels`` / ``max_pixels``: :func:`apply_pixel_limits`.
-    ``attn_implementation`` and ``trust_remote_code`` go to ``from_pretrained``.
-
-    The model is in eval mode; the processor pads on the left with a pad token (``<|endoftext|>``
-    where the vocabulary has it, else eos), mirrored onto the model's text and generation configs.
+    ``device`` ``None`` leaves the model on CPU for a trainer to place; the ``dtype`` (:func:`resolve_dtype`)
+    and ``gradient_checkpointing`` (non-reentrant) defaults follow whether CUDA is available. The pad token
+    is ``<|endoftext|>`` where the vocabulary has it, else eos, mirrored onto the model's configs.
     Raises ``ModelNotAvailableError`` when the model or processor is neither local nor downloadable,
     ``ConfigError`` for a bad dtype or pixel limit or a tokenizer without pad and eos tokens.
     """
@@ -220,14 +208,10 @@ def load_model_and_processor(
 
 
 def lora_target_modules(family: str, *, include_vision: bool = False) -> str:
-    """PEFT ``target_modules`` regex (PEFT ``re.fullmatch``-es it against full module names).
-
-    Default: the language model's decoder layers (``model.language_model.layers.N.self_attn.{q,k,v,o}_proj``
-    and ``.mlp.{gate,up,down}_proj``), never a vision module of the same name (Qwen2.5-VL's vision blocks
-    have ``mlp.gate_proj``, InternVL's ``attention.q_proj``). ``include_vision=True`` adds the vision
-    tower's linears and the projector (Qwen2.5-VL: ``model.visual.blocks.N.attn.{qkv,proj}``,
-    ``.mlp.*``, ``model.visual.merger.mlp.{0,2}``; InternVL: ``model.vision_tower.encoder.layer.N
-    .attention.*`` and ``.mlp.fc{1,2}``, ``model.multi_modal_projector.linear_{1,2}``).
+    """PEFT ``target_modules`` regex (PEFT ``re.fullmatch``-es it against full module names): the language
+    model's decoder layers' attention and MLP projections, never a vision module of the same name (Qwen2.5-VL
+    vision blocks have ``mlp.gate_proj``); ``include_vision=True`` adds the vision tower's linears and the
+    projector (the patterns: ``_LM``, ``_VISION``).
     Raises ``ConfigError`` (field ``family``) for a family other than :data:`FAMILIES`.
     """
     if family not in FAMILIES:
@@ -276,18 +260,14 @@ def base_fingerprint(name_or_path: str | Path) -> str | None:
     return h.hexdigest()[:16]
 
 
-def check_adapter_base(
-    adapter: str | Path, base: str | Path | None = None, *, allow_mismatch: bool = False, field: str = "adapter",
-    override: str = "--allow-base-mismatch",
-) -> str | None:
-    """Refuse to put a LoRA adapter on another base model than its own, the ``base_model_name_or_path``
-    of its ``adapter_config.json`` (it would give garbage); every place that loads an adapter calls it.
-
-    The two are the same when their :func:`base_fingerprint` agree or, where either is not at hand,
-    when their names are equal, the folders resolve to the same path, or ``base`` is a Hugging Face
-    cache snapshot of the recorded hub id (``.../models--Org--Name/snapshots/...``). ``base`` ``None``
-    only reads the recorded base; ``allow_mismatch`` warns instead of raising; ``field`` (the setting
-    that gave the adapter) and ``override`` (the one that sets ``allow_mismatch``) are named in the error.
+def check_adapter_base(adapter: str | Path, base: str | Path | None = None, *, allow_mismatch: bool = False,
+                       field: str = "adapter", override: str = "--allow-base-mismatch") -> str | None:
+    """Refuse to put a LoRA adapter on another base model than the ``base_model_name_or_path`` its
+    ``adapter_config.json`` records; every place that loads an adapter calls it. The two are the same when
+    their :func:`base_fingerprint` agree or, where either is not at hand, when their names or resolved
+    folders are equal or ``base`` is a Hugging Face cache snapshot of the recorded hub id. ``base`` ``None``
+    only reads the recorded base; ``allow_mismatch`` warns instead of raising; ``field`` and ``override``
+    (the settings that gave the adapter and that set ``allow_mismatch``) are named in the error.
 
     Returns the recorded base (``None`` when the adapter records none and ``base`` is given).
     Raises ``InputError`` without ``adapter_config.json`` or, ``base`` being ``None``, without a
@@ -308,11 +288,8 @@ def check_adapter_base(
         why = f"config, tokenizer or weights differ: fingerprint {theirs} vs {mine}"
     else:
         given = Path(str(base)).expanduser().resolve()
-        if (
-            str(recorded) == str(base)
-            or Path(recorded).expanduser().resolve() == given
-            or "models--" + str(recorded).replace("/", "--") in given.parts
-        ):
+        if (str(recorded) == str(base) or Path(recorded).expanduser().resolve() == given
+                or "models--" + str(recorded).replace("/", "--") in given.parts):
             return recorded
         why = "the names differ and the recorded base is not here to compare"
     message = (

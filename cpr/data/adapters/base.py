@@ -1,10 +1,5 @@
-"""What every source adapter shares: the raw row, the :class:`Adapter` interface, and small readers.
-
-An adapter reads a dataset in the layout its authors publish (:meth:`Adapter.rows`) and turns one
-raw row into a :class:`~cpr.data.records.Record` (:meth:`Adapter.convert`), raising
-:class:`~cpr.data.validation.RecordError` for a bad row and :class:`SkipRow` for a row it leaves out
-on purpose. The built-in layouts: docs/data.md.
-"""
+"""What every source adapter shares: the raw row, the :class:`Adapter` interface (docs/data.md section 1;
+the built-in layouts: section 3), and small readers."""
 
 from __future__ import annotations
 

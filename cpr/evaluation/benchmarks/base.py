@@ -33,7 +33,6 @@ class Benchmark:
     """A registry entry: how to prompt, score and report one benchmark.
 
     Attributes:
-        name: registry key.
         default_source: the ``load_records`` adapter ``cpr eval`` uses by default.
         description: one line for help texts and reports.
         columns: the report columns of every summary (``n`` comes first).

@@ -1,8 +1,7 @@
 """CRYSTAL-format benchmark: the paper's Table 2 columns (docs/method.md section 3) overall, per source
 and per difficulty, scored by :func:`cpr.scoring.score_records` (``cpr score``'s scorer).
 
-Records may come from any adapter. The per-source group is the CRYSTAL item's own ``source``
-(``meta["source"]``: MathVision, ScienceQA, ...), else the adapter name. ``references.jsonl`` rows are
+Records may come from any adapter (per-source groups: :func:`source_of`). ``references.jsonl`` rows are
 ``cpr score``'s REFS records plus ``source`` and ``difficulty`` (which ``cpr score`` ignores).
 """
 
@@ -45,10 +44,8 @@ def standard_messages(templates: PromptTemplates | None, prompt_mode: str) -> An
                                                       [open_image(ref) for ref in record.images])
 
 
-def score_step_records(
-    records: Sequence[Record], completions: Mapping[str, str], settings: ScoringSettings, extra: Any, name: str,
-    groups: dict[str, tuple[Any, Sequence[str]]],
-) -> dict[str, Any]:
+def score_step_records(records: Sequence[Record], completions: Mapping[str, str], settings: ScoringSettings,
+                       extra: Any, name: str, groups: dict[str, tuple[Any, Sequence[str]]]) -> dict[str, Any]:
     """Metrics dict of a benchmark scored like ``cpr score``: :func:`cpr.scoring.score_records` on the
     records' REFS rows, summaries per group kind (``kind -> (key function, groups listed first)``),
     sample rows extended with ``extra(record)``.
@@ -59,14 +56,11 @@ def score_step_records(
     report = score_records([reference_row(r) for r in records],
                            {r.id: completions[r.id] for r in records if r.id in completions}, settings)
     samples = report["samples"]
-    return {
-        "benchmark": name,
-        "overall": report["summary"],
-        "groups": {kind: grouped(records, samples, key, summarize, first=first) for kind, (key, first) in groups.items()},
-        "formats": format_counts(samples),
-        "scoring": report["config"],
-        "samples": [{**s, **extra(r)} for r, s in zip(records, samples, strict=True)],
-    }
+    return {"benchmark": name, "overall": report["summary"],
+            "groups": {kind: grouped(records, samples, key, summarize, first=first)
+                       for kind, (key, first) in groups.items()},
+            "formats": format_counts(samples), "scoring": report["config"],
+            "samples": [{**s, **extra(r)} for r, s in zip(records, samples, strict=True)]}
 
 
 def score_crystal(records: Sequence[Record], completions: Mapping[str, str], settings: ScoringSettings) -> dict[str, Any]:
@@ -79,12 +73,7 @@ def score_crystal(records: Sequence[Record], completions: Mapping[str, str], set
 
 
 CRYSTAL = Benchmark(
-    name="crystal",
-    default_source="crystal",
+    name="crystal", default_source="crystal",
     description="CRYSTAL format: Acc, Match F1, P, R, Steps, LIS, Ord. F1 overall, per source and difficulty",
-    columns=TABLE_COLUMNS,
-    group_kinds=("source", "difficulty"),
-    messages=standard_messages,
-    references=lambda records: [reference_row(r) for r in records],
-    score=score_crystal,
-)
+    columns=TABLE_COLUMNS, group_kinds=("source", "difficulty"), messages=standard_messages,
+    references=lambda records: [reference_row(r) for r in records], score=score_crystal)

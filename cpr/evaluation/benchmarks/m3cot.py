@@ -44,12 +44,7 @@ def score_m3cot(records: Sequence[Record], completions: Mapping[str, str], setti
 
 
 M3COT = Benchmark(
-    name="m3cot",
-    default_source="m3cot",
+    name="m3cot", default_source="m3cot",
     description="M3CoT: accuracy total / by domain / by topic, plus step metrics against the rationale",
-    columns=TABLE_COLUMNS,
-    group_kinds=("domain", "topic"),
-    messages=standard_messages,
-    references=lambda records: [{**reference_row(r), **_meta(r)} for r in records],
-    score=score_m3cot,
-)
+    columns=TABLE_COLUMNS, group_kinds=("domain", "topic"), messages=standard_messages,
+    references=lambda records: [{**reference_row(r), **_meta(r)} for r in records], score=score_m3cot)

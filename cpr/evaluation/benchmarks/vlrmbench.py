@@ -14,10 +14,9 @@ number or a "none" string, or a top-level list of numbers; (2) "none" answers (`
 (``steps 2 and 4``, ``STEP3``); (4) a bare list of numbers (``2, 4``, ``[2, 4]``, ``2 and 4``);
 (5) else unparsable.
 
-Score (a documented choice): F1 of the predicted set P against the gold set G, ``2|P & G| / (|P| + |G|)``;
-both empty gives 1.0 (the model rightly says no step is wrong); numbers outside the steps stay in P; an
-unparsable or missing completion scores 0. Reported: mean F1 and the share of parsable completions
-(``parsed``, percent), overall and per task.
+Score (a choice, docs/choices.md): :func:`set_f1` of the predicted and gold sets (numbers outside the steps
+stay in the predicted set; an unparsable or missing completion scores 0); reported: mean F1 and the percent
+``parsed``, overall and per task.
 """
 
 from __future__ import annotations
@@ -210,7 +209,8 @@ def parse_erroneous_steps(text: str) -> tuple[frozenset[int] | None, str]:
 
 
 def set_f1(predicted: frozenset[int] | set[int], gold: frozenset[int] | set[int]) -> float:
-    """F1 of a predicted step set against the gold set; 1.0 when both are empty (module docstring)."""
+    """F1 of a predicted step set P against the gold set G, ``2|P & G| / (|P| + |G|)``; 1.0 when both are
+    empty (the model rightly says no step is wrong)."""
     if not predicted and not gold:
         return 1.0
     return 2.0 * len(set(predicted) & set(gold)) / (len(predicted) + len(gold))
@@ -222,9 +222,8 @@ def _summarize(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "parsed": 100.0 * sum(s["predicted"] is not None for s in samples) / n}
 
 
-def score_vlrmbench(
-    records: Sequence[Record], completions: Mapping[str, str], settings: ScoringSettings | None = None
-) -> dict[str, Any]:
+def score_vlrmbench(records: Sequence[Record], completions: Mapping[str, str],
+                    settings: ScoringSettings | None = None) -> dict[str, Any]:
     """Metrics dict of the step-error tasks, overall and per task (``settings`` unused: no encoder).
     Sample rows: ``{"id", "task", "predicted" (sorted list or None), "gold", "f1", "format"}``; a missing
     completion scores 0 with format ``"missing"``.
@@ -240,14 +239,10 @@ def score_vlrmbench(
         samples.append({"id": record.id, "task": _task(record),
                         "predicted": sorted(predicted) if predicted is not None else None, "gold": gold,
                         "f1": set_f1(predicted, set(gold)) if predicted is not None else 0.0, "format": fmt})
-    return {
-        "benchmark": "vlrmbench",
-        "overall": _summarize(samples),
-        "groups": {"task": grouped(records, samples, _task, _summarize)},
-        "formats": format_counts(samples),
-        "scoring": {"metric": "step-error set F1 (both empty = 1.0)"},
-        "samples": samples,
-    }
+    return {"benchmark": "vlrmbench", "overall": _summarize(samples),
+            "groups": {"task": grouped(records, samples, _task, _summarize)},
+            "formats": format_counts(samples), "scoring": {"metric": "step-error set F1 (both empty = 1.0)"},
+            "samples": samples}
 
 
 def _messages(templates: Any, prompt_mode: str) -> Any:
@@ -256,15 +251,10 @@ def _messages(templates: Any, prompt_mode: str) -> Any:
 
 
 VLRMBENCH = Benchmark(
-    name="vlrmbench",
-    default_source="vlrmbench",
+    name="vlrmbench", default_source="vlrmbench",
     description="VLRMBench step-error tasks: F1 of the predicted erroneous steps, overall and per task",
-    columns=(("F1", "f1", 3), ("Parsed %", "parsed", 1)),
-    group_kinds=("task",),
-    messages=_messages,
+    columns=(("F1", "f1", 3), ("Parsed %", "parsed", 1)), group_kinds=("task",), messages=_messages,
     references=lambda records: [{"id": r.id, "task": _task(r), "question": r.question, "options": list(r.options),
                                  "steps": _shown_steps(r), "task_gt": _labels(r), "erroneous_steps": _gold(r)}
                                 for r in records],
-    score=score_vlrmbench,
-    references_format="vlrmbench",
-)
+    score=score_vlrmbench, references_format="vlrmbench")
