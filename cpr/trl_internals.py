@@ -17,6 +17,12 @@
 * ``_calculate_rewards(...)``: a round's reward matrix, gathered over the processes, which
   :func:`generate_and_score` returns with the batch (:func:`reward_matrix_hook`); dynamic sampling
   (:mod:`cpr.training.dynamic_sampling`) and the greedy baseline read it.
+* ``_generate_single_turn(prompt_ids, images, multimodal_fields, num_generations)``: the completions' token ids
+  (and vLLM's log-probabilities) of one round, routed to the trainer's ``generate_completions``
+  (:func:`single_turn_hook`), where guidance (:mod:`cpr.training.guidance`) puts in references or hints.
+* ``_get_per_token_logps_and_entropies(model, ...)``: the policy's ``(B, T)`` token log-probabilities, which
+  :func:`captured_logps` keeps from the forward pass of TRL's loss (:func:`logps_hook`), and the aggregation of
+  ``_compute_loss``'s per-token loss by ``loss_type`` (:func:`aggregate_token_loss`).
 * ``_tokenize_prompts(prompts)``: the token ids and images TRL's generation hands vLLM for conversational
   prompts (the greedy baseline decodes through the same engine, :func:`tokenize_prompts`).
 * ``trl.trainer.utils.split_pixel_values_by_grid`` / ``unsplit_pixel_values_by_grid``: the per-row split of a
@@ -30,6 +36,8 @@ they call TRL's own as ``GRPOTrainer.<hook>(trainer, ...)``.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +112,68 @@ def generate_and_score(trainer: Any, inputs: list[dict[str, Any]]) -> tuple[dict
 
     batch = GRPOTrainer._generate_and_score_completions(trainer, inputs)
     return batch, trainer._cpr_rewards
+
+
+def single_turn_hook(trainer: Any, prompt_ids: list[list[int]], images: Any, multimodal_fields: dict[str, Any],
+                     num_generations: int, has_tool_images: bool = False) -> tuple[list[list[int]], Any]:
+    """The ``_generate_single_turn`` override: ``trainer.generate_completions(...)`` with the same arguments."""
+    return trainer.generate_completions(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+
+
+def generate_single_turn(trainer: Any, prompt_ids: list[list[int]], images: Any, multimodal_fields: dict[str, Any],
+                         num_generations: int, has_tool_images: bool = False) -> tuple[list[list[int]], Any]:
+    """TRL's ``_generate_single_turn``: per prompt (token ids; one row per completion, a group's rows alike), the
+    completion's token ids (ending at the first eos token) and, under vLLM, the sampled tokens' log-probabilities
+    (``None`` otherwise)."""
+    from trl import GRPOTrainer
+
+    return GRPOTrainer._generate_single_turn(trainer, prompt_ids, images, multimodal_fields, num_generations,
+                                             has_tool_images)
+
+
+def logps_hook(trainer: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+    """The ``_get_per_token_logps_and_entropies`` override: TRL's ``(logps (B, T), entropies, aux_loss)``; inside
+    :func:`captured_logps` the log-probabilities are also kept."""
+    from trl import GRPOTrainer
+
+    out = GRPOTrainer._get_per_token_logps_and_entropies(trainer, model, *args, **kwargs)
+    if getattr(trainer, "_cpr_captured", None) is not None:
+        trainer._cpr_captured.append(out[0])
+    return out
+
+
+@contextlib.contextmanager
+def captured_logps(trainer: Any) -> Iterator[list[Any]]:
+    """A list that receives the ``(B, T)`` log-probabilities (with gradient) of every policy forward pass TRL runs
+    inside the block (the loss's: one)."""
+    trainer._cpr_captured = []
+    try:
+        yield trainer._cpr_captured
+    finally:
+        trainer._cpr_captured = None
+
+
+def aggregate_token_loss(trainer: Any, per_token_loss: Any, mask: Any, num_items_in_batch: Any = None) -> Any:
+    """A micro-batch's scalar loss from its ``(B, T)`` ``per_token_loss`` and loss ``mask``, aggregated as
+    ``GRPOTrainer._compute_loss`` aggregates its own for ``trainer.loss_type`` (``grpo``: mean over rows of each row's
+    token mean; ``bnpo``: token mean; ``dr_grpo``: sum / (B x max_completion_length); those three divided by the
+    gradient accumulation steps in training; ``dapo``: sum / the generation batch's ``num_items_in_batch`` per
+    process, times accumulation steps / ``steps_per_generation`` in training). Raises ``ValueError`` for another."""
+    training = trainer.model.training
+    accumulation = trainer.current_gradient_accumulation_steps if training else 1.0
+    loss_type, masked = trainer.loss_type, per_token_loss * mask
+    if loss_type == "grpo":
+        return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
+    if loss_type == "bnpo":
+        return masked.sum() / mask.sum().clamp(min=1.0) / accumulation
+    if loss_type == "dr_grpo":
+        return masked.sum() / (per_token_loss.size(0) * trainer.max_completion_length) / accumulation
+    if loss_type == "dapo":
+        normalizer = num_items_in_batch.clamp(min=1.0) / trainer.accelerator.num_processes
+        if training:
+            normalizer = normalizer * accumulation / trainer.args.steps_per_generation
+        return masked.sum() / normalizer
+    raise ValueError(f"no aggregation for loss_type {loss_type!r}")
 
 
 def rows_of(batch: dict[str, Any]) -> dict[str, Any]:

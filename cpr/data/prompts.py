@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -123,7 +123,20 @@ def build_messages(
 def render_target(record: Record) -> str:
     """The completion the policy should produce, as JSON text (non-ASCII kept):
     ``{"reasoning_steps": record.reference_steps, "answer": record.answer}`` (docs/method.md section 1)."""
-    return json.dumps({"reasoning_steps": list(record.reference_steps), "answer": record.answer}, ensure_ascii=False)
+    return target_text(record.reference_steps, record.answer)
+
+
+def target_text(steps: Sequence[str], answer: str) -> str:
+    """:func:`render_target` of a record with these ``steps`` and ``answer``."""
+    return json.dumps({"reasoning_steps": list(steps), "answer": answer}, ensure_ascii=False)
+
+
+def target_prefix(steps: Sequence[str], k: int) -> str:
+    """The start of :func:`target_text` up to the end of its ``k``-th step (``""`` for ``k`` 0), e.g.
+    ``{"reasoning_steps": ["a", "b"`` for k 2: a completion continues it with more steps or the answer."""
+    if k <= 0:
+        return ""
+    return '{"reasoning_steps": [' + ", ".join(json.dumps(s, ensure_ascii=False) for s in steps[:k])
 
 
 def messages_as_text(messages: list[dict[str, Any]], image_marker: str = "<image>") -> str:

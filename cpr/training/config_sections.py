@@ -117,6 +117,20 @@ class DynamicSamplingConfig(_Section):
     max_resample: int = Field(default=1, ge=0)
 
 
+class GuidanceConfig(_Section):
+    """Reference-guided GRPO of a phase (:mod:`cpr.training.guidance`): ``mode`` ``reference`` puts the record's
+    reference completion into each group as ``members`` of its completions, trained with LUFFY's shaped ratio
+    f(p) = p / (p + ``gamma``) (arXiv 2504.14945, section 3.3); ``prefix`` starts every completion of a group from
+    the first ``prefix_share`` of the reference steps, the share falling linearly to 0 over the first
+    ``anneal_share`` of the phase's steps (QuestA, arXiv 2507.13266; UFT, arXiv 2505.16984)."""
+
+    mode: Literal["none", "reference", "prefix"] = "none"
+    members: int = Field(1, ge=1)
+    gamma: float = Field(0.1, gt=0.0)
+    prefix_share: float = Field(0.5, gt=0.0, le=1.0)
+    anneal_share: float = Field(0.5, gt=0.0, le=1.0)
+
+
 class PhaseConfig(_Section):
     """One GRPO phase (``phase_settings.<name>`` over its preset)."""
 
@@ -132,6 +146,7 @@ class PhaseConfig(_Section):
     credit: Literal["completion", "step"] = "completion"  # step: step-level credit (cpr.credit)
     credit_weight: float = 1.0  # w of credit: step (token advantage = completion advantage + w x process advantage)
     baseline: Literal["group", "greedy"] = "group"  # greedy: the greedy completion's reward replaces the group mean (cpr.advantages)
+    guidance: GuidanceConfig = GuidanceConfig()  # reference-guided GRPO, off by default
     training: dict[str, Any] = {}  # trl.GRPOConfig fields over the shared training section
     _curriculum: Any = PrivateAttr(None)
     _training_args: dict[str, Any] | None = PrivateAttr(None)

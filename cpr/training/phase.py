@@ -126,6 +126,7 @@ def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, temp
         callbacks=[JsonlLogCallback(phase_dir / "log.jsonl")],
         guards=cfg.guards, guard_events_path=phase_dir / divergence.EVENTS_FILE,
         credit=phase.credit, credit_weight=phase.credit_weight, baseline=phase.baseline,
+        guidance=phase.guidance, guidance_field=f"phase_settings.{phase.name}.guidance",
     )
     hook = eval_hook(cfg, splits, templates, phase_dir)
     if hook is not None:
@@ -136,10 +137,10 @@ def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, temp
 
     if ckpt is not None:
         logger.info("phase %s: resuming from %s", phase.name, ckpt)
-    logger.info("phase %s: %s steps, rewards %s (weights %s), credit %s, baseline %s, curriculum %s, from %s",
-                phase.name, args.max_steps, [f.__name__ for f in funcs], weights,
+    logger.info("phase %s: %s steps, rewards %s (weights %s), credit %s, baseline %s, guidance %s, curriculum %s, "
+                "from %s", phase.name, args.max_steps, [f.__name__ for f in funcs], weights,
                 phase.credit if phase.credit == "completion" else f"step (weight {phase.credit_weight:g})",
-                phase.baseline, curriculum.schedule, init_adapter or "a new LoRA adapter")
+                phase.baseline, phase.guidance.mode, curriculum.schedule, init_adapter or "a new LoRA adapter")
     set_completion_recorder(ScoredCompletionLog(phase_dir / "scored_completions.jsonl", rank=state.process_index))
     t0 = time.time()
     try:

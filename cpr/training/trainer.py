@@ -3,7 +3,6 @@ as functions and small helper objects."""
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ from trl import GRPOTrainer
 
 from cpr import trl_internals
 from cpr.errors import ConfigError, InputError
-from cpr.training.config_sections import GuardsConfig
+from cpr.training.config_sections import GuardsConfig, GuidanceConfig
 from cpr.training.curriculum import (
     CurriculumConfig,
     CurriculumSampler,
@@ -24,6 +23,7 @@ from cpr.training.curriculum import (
 from cpr.training.divergence import DivergenceGuard
 from cpr.training.dynamic_sampling import DynamicSampling
 from cpr.training.greedy_baseline import greedy_baseline_advantages
+from cpr.training.guidance import Guidance, check_guidance, check_reference_steps, split_guided
 
 
 class CprGRPOTrainer(GRPOTrainer):
@@ -39,6 +39,10 @@ class CprGRPOTrainer(GRPOTrainer):
     * ``baseline``: ``"group"`` (TRL's group mean) or ``"greedy"`` (:mod:`cpr.training.greedy_baseline`).
     * ``credit``: ``"completion"`` (TRL's advantages) or ``"step"``, step-level credit with weight
       ``credit_weight`` (:mod:`cpr.credit`; its metrics ``credit/...`` go to the logs).
+    * ``guidance`` (:class:`cpr.training.config_sections.GuidanceConfig`; ``guidance_field`` names the setting in
+      errors): reference-guided GRPO (``self.guidance``, :class:`~cpr.training.guidance.Guidance`), which puts the
+      records' references or hints into training rounds; the reference completions' loss is added in
+      :meth:`compute_loss`.
     * ``guards``: ``self.guard``, the :class:`~cpr.training.divergence.DivergenceGuard` of the section (``None``
       when absent or disabled; events to ``guard_events_path``): it watches the reward functions,
       ``training_step`` hands it each loss and ``log`` adds its counters (transformers' subclass hooks).
@@ -48,21 +52,25 @@ class CprGRPOTrainer(GRPOTrainer):
     Raises:
         ConfigError: ``skip_step`` under DeepSpeed or fp16 loss scaling; what :func:`cpr.credit.check_credit` and
             :func:`cpr.advantages.check_baseline` raise; dynamic sampling without a curriculum; with a curriculum,
-            ``shuffle_dataset`` False, a train dataset that is not a map-style ``datasets.Dataset`` or (when
+            ``shuffle_dataset`` False, what :func:`cpr.training.guidance.check_guidance` raises, a train dataset that is not a map-style ``datasets.Dataset`` or (when
             training starts) ``max_steps`` not positive with ``staged`` / ``linear`` / ``mastery``, a
             ``mastery_reward`` that is not one of the reward functions.
-        InputError: with a curriculum, no ``difficulty`` column, or an unknown difficulty.
+        InputError: with a curriculum, no ``difficulty`` column, or an unknown difficulty; with guidance, a
+            training record without reference steps.
     """
 
     # TRL's private hooks, each overridden in cpr.trl_internals and routed to the public methods below
     _get_train_sampler = trl_internals.train_sampler_hook
     _generate_and_score_completions = trl_internals.generation_batch_hook
     _calculate_rewards = trl_internals.reward_matrix_hook
+    _generate_single_turn = trl_internals.single_turn_hook
+    _get_per_token_logps_and_entropies = trl_internals.logps_hook
 
     def __init__(self, *args: Any, reward_funcs: Any, curriculum: CurriculumConfig | None = None,
                  dynamic_sampling: Any = None, dynamic_sampling_field: str = "dynamic_sampling",
                  guards: GuardsConfig | None = None, guard_events_path: str | Path | None = None,
-                 credit: str = "completion", credit_weight: float = 1.0, baseline: str = "group", **kwargs: Any) -> None:
+                 credit: str = "completion", credit_weight: float = 1.0, baseline: str = "group",
+                 guidance: GuidanceConfig | None = None, guidance_field: str = "guidance", **kwargs: Any) -> None:
         from cpr.advantages import check_baseline
         from cpr.credit import check_credit
 
@@ -87,6 +95,12 @@ class CprGRPOTrainer(GRPOTrainer):
         if self.guard is not None:
             reward_funcs = self.guard.watch(reward_funcs)
         super().__init__(*args, reward_funcs=reward_funcs, **kwargs)
+        check_guidance(guidance, num_generations=self.num_generations, loss_type=self.loss_type,
+                       liger=bool(self.args.use_liger_kernel), off_policy_mask_threshold=self.off_policy_mask_threshold,
+                       field=guidance_field)
+        self.guidance = Guidance(self, guidance)
+        if self.guidance.config is not None:
+            check_reference_steps(self.train_dataset)
         self.sampling = DynamicSampling(self, dynamic_sampling)
         if self.sampling.config is not None:
             self.add_callback(self.sampling)
@@ -106,19 +120,43 @@ class CprGRPOTrainer(GRPOTrainer):
     def generation_batch(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         """The batch dict of one generation batch (``inputs``: this process's rows; TRL's ``advantages``
         ``(B,)``, or ``(B, T)`` with step credit), in this order: TRL's generation round (generate, score,
-        group-mean advantages); in training, the curriculum's checks and pass rates and dynamic sampling's extra
+        group-mean advantages; in training guided, :meth:`generation_round`); in training, the curriculum's checks and pass rates and dynamic sampling's extra
         rounds (:meth:`cpr.training.dynamic_sampling.DynamicSampling.rounds`), then the greedy baseline's
         advantages; with ``credit: step``, the token-level advantages (:meth:`token_advantages`)."""
-        generate = functools.partial(trl_internals.generate_and_score, self)
-        batch, rewards = generate(inputs)
+        batch, rewards = self.generation_round(inputs)
         if self.model.training:
-            batch = self.sampling.rounds(inputs, batch, rewards, generate)
+            batch = self.sampling.rounds(inputs, batch, rewards, self.generation_round)
             if self.baseline == "greedy":  # no dynamic sampling with it: the batch is the first round's
                 advantages = greedy_baseline_advantages(self, inputs, rewards, self.baseline_reward_funcs)
                 batch["advantages"] = advantages.to(batch["advantages"])
         if self.credit == "step":
             batch["advantages"] = self.token_advantages(batch)
         return batch
+
+    def generation_round(self, inputs: list[dict[str, Any]]) -> tuple[dict[str, Any], torch.Tensor]:
+        """TRL's generation round of ``inputs`` (:func:`cpr.trl_internals.generate_and_score`: the batch dict and the
+        gathered reward matrix), guided in training (:class:`~cpr.training.guidance.Guidance`)."""
+        with self.guidance.guiding(inputs):
+            batch, rewards = trl_internals.generate_and_score(self, inputs)
+        return self.guidance.mark(batch, rewards), rewards
+
+    def generate_completions(self, prompt_ids: list[list[int]], images: Any, multimodal_fields: dict[str, Any],
+                             num_generations: int, has_tool_images: bool = False) -> tuple[list[list[int]], Any]:
+        """A round's completions (TRL's ``_generate_single_turn``, :func:`cpr.trl_internals.single_turn_hook`), with
+        guidance's references or hints (:meth:`cpr.training.guidance.Guidance.single_turn`)."""
+        return self.guidance.single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> torch.Tensor:
+        """TRL's loss of a micro-batch (transformers' subclass hook); with reference guidance (a ``guided`` ``(B,)``
+        in ``inputs``), TRL's loss with the reference rows' advantages 0 plus their shaped-ratio loss
+        (:meth:`cpr.training.guidance.Guidance.loss_term`) on the same forward pass."""
+        if "guided" not in inputs:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        rest, guided, advantages = split_guided(inputs)
+        with trl_internals.captured_logps(self) as captured:
+            loss = super().compute_loss(model, rest, return_outputs, num_items_in_batch)
+        return loss + self.guidance.loss_term(captured[-1], rest, advantages, guided)
 
     def token_advantages(self, batch: dict[str, Any]) -> Any:
         """With ``credit: step``, the ``(B, T)`` advantages of ``batch`` (``completion_ids``, ``completion_mask``,
