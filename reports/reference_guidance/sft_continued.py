@@ -13,8 +13,9 @@ teacher), for ``--steps`` steps of the warm start's schedule (``warm_start``: le
 batch size, ``max_length``; 480 steps of 8 = 3,840 training sequences, the completions of a
 ``grpo_diagnosis.py`` row), seeded by each of ``--seeds``. Then scores the adapter on the validation split
 with ``grpo_diagnosis.score`` (greedy and mean@``--samples``) and adds the row ``sft_continued|seedN|...``
-(and the warm start's, once) to ``<output-dir>/diagnosis.json``, the format ``grpo_diagnosis.py --table``
-reads; a rerun skips the rows the file holds.
+(``--learning-rate``, when given, named in its last field as ``grpo_diagnosis.py`` names ``--set``) and the
+warm start's row (once) to ``<output-dir>/diagnosis.json``, the format ``grpo_diagnosis.py --table`` reads; a
+rerun skips the rows the file holds.
 """
 
 from __future__ import annotations
@@ -70,12 +71,11 @@ def main() -> None:
     if key0 not in results:
         results[key0] = grpo_diagnosis.score(args.init_adapter, cfg0.model.name_or_path, records, cfg0, args.samples, 1.0, 0)
     for seed in [int(s) for s in args.seeds.split(",")]:
-        key = f"sft_continued|seed{seed}|val{args.val_seed}x{args.val_size}|"
+        extra = [f"warm_start.learning_rate={args.learning_rate:g}"] if args.learning_rate is not None else []
+        key = f"sft_continued|seed{seed}|val{args.val_seed}x{args.val_size}|{';'.join(extra)}"
         if key in results:
             continue
-        sets = [f"seed={seed}", f"warm_start.max_steps={args.steps}", "warm_start.step_keep=1.0"]
-        if args.learning_rate is not None:
-            sets.append(f"warm_start.learning_rate={args.learning_rate}")
+        sets = [f"seed={seed}", f"warm_start.max_steps={args.steps}", "warm_start.step_keep=1.0", *extra]
         cfg = load_config(args.config, sets)
         settings = dataclasses.replace(warm_start_settings(cfg), save_strategy="no")
         splits, templates = load_run_data(cfg)
