@@ -128,6 +128,16 @@ ROWS: dict[str, tuple[str, dict[str, object]]] = {
                                              "phase_settings.answer_only.baseline": "greedy"}),
     "mastery_lr_1e-4": ("CPR, lr 1e-4, curriculum schedule mastery (threshold 0.7)",
                         {"p.learning_rate": 1e-4, "phase_settings.cpr.curriculum.schedule": "mastery"}),
+    # Reference-guided GRPO (phase_settings.cpr.guidance): LUFFY's off-policy member (one completion of each group is
+    # the record's reference, its token probabilities shaped p / (p + gamma)), or a prefix of the reference's steps
+    # given at the start of the rollout (half of them at first, falling to none over the first half of the phase).
+    # The SFT control at the same budget: reports/reference_guidance/sft_continued.py.
+    "reference_lr_1e-4": ("CPR, lr 1e-4, guidance: reference (1 member a group, gamma 0.1)",
+                          {"p.learning_rate": 1e-4, "phase_settings.cpr.guidance.mode": "reference",
+                           "phase_settings.cpr.guidance.members": 1, "phase_settings.cpr.guidance.gamma": 0.1}),
+    "prefix_lr_1e-4": ("CPR, lr 1e-4, guidance: prefix (share 0.5, annealed to 0 over half the phase)",
+                       {"p.learning_rate": 1e-4, "phase_settings.cpr.guidance.mode": "prefix",
+                        "phase_settings.cpr.guidance.prefix_share": 0.5, "phase_settings.cpr.guidance.anneal_share": 0.5}),
 }
 
 
