@@ -21,6 +21,7 @@ rerun skips the rows the file holds.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -31,9 +32,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "reports/grpo_diagnosis"))
 
-import grpo_diagnosis  # noqa: E402
+
+def _load_grpo_diagnosis():
+    """reports/grpo_diagnosis/grpo_diagnosis.py as a module (its rows' scoring and table), loaded from its file."""
+    spec = importlib.util.spec_from_file_location("grpo_diagnosis", REPO / "reports/grpo_diagnosis/grpo_diagnosis.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+grpo_diagnosis = _load_grpo_diagnosis()
 
 
 def main() -> None:
