@@ -175,6 +175,8 @@ def warm_start_settings(cfg: ExperimentConfig) -> Any:
 
     if cfg._warm_start_settings is None:
         ws = cfg.warm_start
+        for k in set(ws.extra) - {f.name for f in dataclasses.fields(SFTSettings)}:
+            raise ConfigError("not a cpr.training.sft.SFTSettings field", field=f"warm_start.extra.{k}")
         own = dict(
             max_steps=ws.max_steps, learning_rate=ws.learning_rate, per_device_train_batch_size=ws.per_device_train_batch_size,
             max_length=ws.max_length, warmup_ratio=ws.warmup_ratio, seed=cfg.seed, logging_steps=max(1, ws.max_steps // 20),
@@ -195,14 +197,11 @@ def _validate(cfg: ExperimentConfig) -> ExperimentConfig:
     from cpr.evaluation.generation import DecodingSettings
     from cpr.models import resolve_dtype
     from cpr.rewards import import_reward_modules
-    from cpr.training.sft import SFTSettings
 
     base = Path(cfg.config_path).resolve().parent if cfg.config_path else None
     if not cfg.model.name_or_path:
         raise ConfigError("missing model name or path", field="model.name_or_path")
     _rekey("model.dtype", resolve_dtype, cfg.model.dtype, "cpu")
-    for k in set(cfg.warm_start.extra) - {f.name for f in dataclasses.fields(SFTSettings)}:
-        raise ConfigError("not a cpr.training.sft.SFTSettings field", field=f"warm_start.extra.{k}")
     warm_start_settings(cfg)  # built once, here
     if not cfg.data.train:
         raise ConfigError("no training data: give at least one {source, path}", field="data.train")

@@ -91,9 +91,7 @@ class WarmStartConfig(_Section):
 
     enabled: bool = False
     max_records: int | None = Field(None, ge=1)  # a seeded subset of the training records (None: all)
-    # each reference step of a target kept with this probability (a teacher that states some of the steps;
-    # cpr.training.warm_start.teacher_records); 1.0: the full reference
-    step_keep: float = Field(1.0, gt=0.0, le=1.0)
+    step_keep: float = Field(1.0, gt=0.0, le=1.0)  # each reference step's keep probability (teacher_records)
     max_steps: int = 150
     learning_rate: float = 5e-3
     warmup_ratio: float = 0.05
@@ -152,12 +150,8 @@ class PhaseConfig(_Section):
         if self._curriculum is None:
             from cpr.training.curriculum import CurriculumConfig
 
-            key = f"phase_settings.{self.name}"
-            try:
-                self._curriculum = CurriculumConfig.from_dict(self.curriculum, prefix=f"{key}.curriculum")
-            except ConfigError as e:
-                field_ = e.field or "curriculum"
-                raise ConfigError(e.message, field=field_ if field_.startswith(key) else f"{key}.{field_}") from None
+            prefix = f"phase_settings.{self.name}.curriculum"
+            self._curriculum = CurriculumConfig.from_dict(self.curriculum, prefix=prefix)
         return self._curriculum
 
     @property
@@ -289,9 +283,7 @@ class ExperimentConfig(_Section):
     lora: LoraSettings = LoraSettings()
     data: DataConfig = DataConfig()
     rewards: ScoringSettings = ScoringSettings(answer_mode="strict")  # shared by every reward, phase and evaluation
-    # reward functions of your own: .py files (relative to the working directory or the config's folder) or
-    # module names, imported before the phases are checked (cpr.rewards.import_reward_modules)
-    reward_modules: list[str] = []
+    reward_modules: list[str] = []  # .py files or modules of your own reward functions (docs/rewards.md)
     warm_start: WarmStartConfig = WarmStartConfig()
     training: dict[str, Any] = {}
     phases: list[str] = ["answer_only", "cpr"]

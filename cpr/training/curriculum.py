@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +83,10 @@ class CurriculumConfig:
         for key in data:
             if key not in names:
                 raise ConfigError(f"unknown key; expected one of {', '.join(names)}", field=f"{prefix}.{key}")
-        return cls(**data)
+        try:
+            return cls(**data)
+        except ConfigError as e:  # validate() names curriculum.<key>
+            raise ConfigError(e.message, field=prefix + e.field.removeprefix("curriculum")) from None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable dict (tuples become lists); :meth:`from_dict` inverts it."""
@@ -167,9 +170,8 @@ def weighted_draw(weights: torch.Tensor, n: int, exclude: Sequence[int], seed: i
     return torch.multinomial(w, n, replacement=int((w > 0).sum()) < n, generator=g).tolist()
 
 
-def total_generation_batches(
-    max_steps: int, gradient_accumulation_steps: int, repeat_count: int, batches_per_epoch: int
-) -> int:
+def total_generation_batches(max_steps: int, gradient_accumulation_steps: int, repeat_count: int,
+                             batches_per_epoch: int) -> int:
     """Generation batches a GRPO run of ``max_steps`` optimizer steps draws from the sampler, as transformers'
     Trainer counts: an epoch has ``L = batches_per_epoch * repeat_count`` micro-batches per rank and ``S =
     ceil(L / gradient_accumulation_steps)`` optimizer steps; ``max_steps = q * S + r`` consumes ``q *
@@ -189,10 +191,8 @@ def empty_buckets_message(config: CurriculumConfig, difficulties: Sequence[str |
     bucket's count; ``None`` when all have records or the schedule is ``none``."""
     if config.schedule == "none":
         return None
-    counts = {b: 0 for b in config.buckets}
-    for d in difficulties:
-        if d in counts:
-            counts[d] += 1
+    found = Counter(difficulties)
+    counts = {b: found[b] for b in config.buckets}
     empty = [b for b, n in counts.items() if n == 0]
     if not empty:
         return None
@@ -267,8 +267,6 @@ class CurriculumSampler(Sampler[int]):
         self._fresh: dict[tuple[int, int], list[int]] = {}
         if config.schedule == "mastery":
             self._init_mastery()
-
-    # ------------------------------------------------------------------ mastery
 
     @property
     def observes(self) -> bool:
@@ -421,8 +419,7 @@ class CurriculumSampler(Sampler[int]):
                     logger.warning("curriculum stage %d (buckets %s) has no records; using buckets %s instead",
                                    stage + 1, list(names[: stage + 1]), list(names[: s + 1]))
                 stage_sets.append(tuple(k for k in range(s + 1) if sizes[k] > 0))
-            return stage_sets, None
-        if self.config.schedule in ("none", "mastery"):
+        if self.config.schedule != "linear":
             return stage_sets, None
         start = self._shift_empty(list(self.config.linear_start), "linear_start")
         end = self.config.linear_end
@@ -554,11 +551,10 @@ class CurriculumSampler(Sampler[int]):
         batch = epoch * self.batches_per_epoch + micro_batches_in_epoch // self.repeat_count
         position = {"epoch": epoch, "micro_batches_in_epoch": micro_batches_in_epoch, "generation_batch": batch,
                     "training_fraction": self.training_fraction(batch), "bucket_mix": self.bucket_mix(batch)}
-        if self.observes:
-            position.update(open_buckets=self.open_buckets, online_pass_rate=self.online_pass_rates())
         out = {"format": STATE_FORMAT, **self._identity(), "batches_per_epoch": self.batches_per_epoch,
                "epoch": epoch, "position": position, "fingerprint": self.fingerprint()}
         if self.observes:
+            position.update(open_buckets=self.open_buckets, online_pass_rate=self.online_pass_rates())
             out["mastery"] = self._mastery_state(batch)
         return out
 
