@@ -6,6 +6,7 @@ reward functions and weights, curriculum, ``peft.LoraConfig`` and init adapter. 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -67,8 +68,6 @@ class PhaseSpec:
     init_adapter: Path | None
     model_path: str
     ban_placeholders: bool = True
-    _args: Any = field(default=None, repr=False, compare=False)
-    _lora: Any = field(default=None, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -79,7 +78,7 @@ class PhaseSpec:
         TRL derives in ``__post_init__`` are ``None`` here unless set)."""
         return self.kwargs[key] if key in self.kwargs else trl_default(key)
 
-    @property
+    @functools.cached_property
     def args(self) -> Any:
         """The phase's ``trl.GRPOConfig``, built once (``use_vllm``: placeholders banned; no wandb key: offline).
 
@@ -87,22 +86,20 @@ class PhaseSpec:
             ConfigError: TRL's own consistency checks fail (field ``phase_settings.<phase>.training``).
             ModelNotAvailableError: with ``use_vllm``, the model's config or processor cannot be had.
         """
-        if self._args is None:
-            from trl import GRPOConfig
+        from trl import GRPOConfig
 
-            if self.kwargs.get("use_vllm") and self.ban_placeholders:  # TRL's vLLM path does not (cpr.training.vllm)
-                self.kwargs["generation_kwargs"] = _placeholder_ban(self.cfg, self.model_path,
-                                                                    self.kwargs.get("generation_kwargs"))
-            report = self.kwargs["report_to"]
-            targets = [report] if isinstance(report, str) else list(report or [])
-            if {"wandb", "all"} & set(targets) and not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE"):
-                os.environ["WANDB_MODE"] = "offline"  # never a login prompt
-                logger.info("wandb: no WANDB_API_KEY set, logging offline (sync later with `wandb sync`)")
-            try:
-                self._args = GRPOConfig(**self.kwargs)
-            except ValueError as e:
-                raise ConfigError(str(e), field=f"phase_settings.{self.name}.training") from None
-        return self._args
+        if self.kwargs.get("use_vllm") and self.ban_placeholders:  # TRL's vLLM path does not (cpr.training.vllm)
+            self.kwargs["generation_kwargs"] = _placeholder_ban(self.cfg, self.model_path,
+                                                                self.kwargs.get("generation_kwargs"))
+        report = self.kwargs["report_to"]
+        targets = [report] if isinstance(report, str) else list(report or [])
+        if {"wandb", "all"} & set(targets) and not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE"):
+            os.environ["WANDB_MODE"] = "offline"  # never a login prompt
+            logger.info("wandb: no WANDB_API_KEY set, logging offline (sync later with `wandb sync`)")
+        try:
+            return GRPOConfig(**self.kwargs)
+        except ValueError as e:
+            raise ConfigError(str(e), field=f"phase_settings.{self.name}.training") from None
 
     def trainer_args(self) -> Any:
         """A new ``trl.GRPOConfig`` equal to :attr:`args`, for the phase's trainer when the phase starts: accelerate
@@ -112,14 +109,10 @@ class PhaseSpec:
         self.args  # noqa: B018 - TRL's checks, the placeholder ban and the wandb setting, once
         return GRPOConfig(**self.kwargs)
 
-    @property
+    @functools.cached_property
     def lora(self) -> Any | None:
         """A new adapter's ``peft.LoraConfig``, built once; ``None`` when :attr:`init_adapter` is given."""
-        if self.init_adapter is not None:
-            return None
-        if self._lora is None:
-            self._lora = policy.lora_config(self.cfg, self.model_path)
-        return self._lora
+        return None if self.init_adapter is not None else policy.lora_config(self.cfg, self.model_path)
 
 
 def grpo_kwargs(cfg: ExperimentConfig, phase: PhaseConfig, reward_weights: list[float]) -> dict[str, Any]:
