@@ -25,7 +25,7 @@ from cpr.data.prompts import PromptTemplates
 from cpr.data.records import Record
 from cpr.errors import ConfigError
 from cpr.evaluation.benchmarks import get_benchmark
-from cpr.evaluation.generation import GenerationSettings, TransformersGenerator
+from cpr.evaluation.generation import GenerationSettings, TransformersGenerator, gather_checked
 from cpr.evaluation.model_eval import ROW_KEYS, evaluate_model, subset
 from cpr.evaluation.report import flat_metrics, sampled_columns
 from cpr.io import append_jsonl, atomic_write_json
@@ -149,7 +149,6 @@ class EvalCallback(TrainerCallback):
         return control
 
     def _evaluate(self, args: Any, state: Any, processor: Any) -> None:
-        from accelerate.utils import gather_object
         from trl.distributed import DistributedBackend
         from trl.models.utils import unwrap_model_for_generation
 
@@ -177,14 +176,8 @@ class EvalCallback(TrainerCallback):
                                                accelerator, synced)
             except Exception as e:  # raised below on every rank, after the gather
                 error = e
-        payload = gather_object([(None if error is None else f"{type(error).__name__}: {error}",
-                                  {k: {kk: vv for kk, vv in v.items() if kk not in ROW_KEYS} for k, v in results.items()})])
-        if error is not None:
-            raise error
-        failed = [(k, e) for k, (e, _) in enumerate(payload) if e is not None]
-        if failed:
-            raise RuntimeError(f"evaluation failed on process {failed[0][0]} at step {step}: {failed[0][1]}")
-        metrics = payload[0][1]
+        local = {k: {kk: vv for kk, vv in v.items() if kk not in ROW_KEYS} for k, v in results.items()}
+        metrics = gather_checked(local, error, "evaluation", f" at step {step}")[0]  # the main process's
         self.evaluated_steps.append(step)
         logs = {f"eval_{k}": v for m in metrics.values() for k, v in flat_metrics(m).items() if not k.endswith("/n")}
         # the base Trainer.log (module docstring); its on_log event clears control.should_log: restore it
