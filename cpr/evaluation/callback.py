@@ -65,7 +65,6 @@ class EvalCallback(TrainerCallback):
         output_dir: folder of the hook's files (default ``args.output_dir``).
         metric_for_best: ``"<benchmark>/<metric>"``, a key of that benchmark's overall summary (with
             sampled decoding also ``sampled_<metric>`` (mean@k) or ``pass_at_k``).
-        save_completions: keep each evaluation's files under ``eval/``.
 
     Raises:
         ConfigError: ``eval_steps < 1``, no or duplicate benchmarks, or a ``metric_for_best`` naming a
@@ -75,8 +74,7 @@ class EvalCallback(TrainerCallback):
     def __init__(self, benchmarks: Sequence[BenchmarkSpec], *, eval_steps: int,
                  generation: GenerationSettings | None = None, scoring: ScoringSettings | None = None,
                  templates: PromptTemplates | None = None, output_dir: str | Path | None = None,
-                 metric_for_best: str = "crystal/match_f1", greater_is_better: bool = True,
-                 save_completions: bool = True) -> None:
+                 metric_for_best: str = "crystal/match_f1", greater_is_better: bool = True) -> None:
         if isinstance(eval_steps, bool) or not isinstance(eval_steps, int) or eval_steps < 1:
             raise ConfigError(f"must be a positive integer, got {eval_steps!r}", field="eval.eval_steps")
         names = [b.name for b in benchmarks]
@@ -98,7 +96,6 @@ class EvalCallback(TrainerCallback):
         self.scoring = scoring or ScoringSettings()
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.metric_for_best, self.greater_is_better = metric_for_best, greater_is_better
-        self.save_completions = save_completions
         self.trainer: Any = None
         self.best: dict[str, Any] | None = None
         self.evaluated_steps: list[int] = []
@@ -195,8 +192,8 @@ class EvalCallback(TrainerCallback):
         main = accelerator.is_main_process
         results = {}
         for spec in self.benchmarks:
-            folder = out / "eval" / f"step-{step}" / spec.name if self.save_completions else None
-            if main and folder is not None and folder.exists():  # a stale folder of an earlier run: never resume
+            folder = out / "eval" / f"step-{step}" / spec.name
+            if main and folder.exists():  # a stale folder of an earlier run: never resume
                 shutil.rmtree(folder)
             accelerator.wait_for_everyone()  # the folder is gone before any rank reads it
             generator = TransformersGenerator(model, processor, self.generation.max_new_tokens, synced_gpus=synced)

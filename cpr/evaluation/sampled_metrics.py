@@ -3,8 +3,7 @@
 ``evaluation.decoding: {mode: sampled, ...}`` / ``cpr eval --decoding sampled``
 (:class:`cpr.evaluation.generation.DecodingSettings`); the files and numbers: docs/evaluation.md.
 
-Seeding: batch ``b``'s torch seed is :func:`~cpr.evaluation.generation.batch_seed` of the seed and its first
-record's id, so a resumed run ends with the completions an uninterrupted run writes.
+Seeding: :func:`~cpr.evaluation.generation.batch_seed` (a resumed run draws what an uninterrupted one draws).
 """
 
 from __future__ import annotations
