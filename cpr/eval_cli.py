@@ -261,10 +261,9 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise InputError(f"must be >= 1, got {getattr(args, name)}", field="--" + name.replace("_", "-"))
     settings = resolve_settings(args)
+    keys = ("max_new_tokens", "batch_size", "prompt_mode", "backend", "decoding")
     with flag_errors():
-        generation = GenerationSettings(max_new_tokens=settings["max_new_tokens"], batch_size=settings["batch_size"],
-                                        prompt_mode=settings["prompt_mode"], backend=settings["backend"],
-                                        progress=not args.no_progress, decoding=settings["decoding"])
+        generation = GenerationSettings(**{k: settings[k] for k in keys}, progress=not args.no_progress)
     scoring = settings["scoring"]
     if args.benchmark is None and args.run_split is None:
         raise InputError("give the benchmark to score (crystal, m3cot or vlrmbench)", field="--benchmark")

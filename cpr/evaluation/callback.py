@@ -25,7 +25,7 @@ from cpr.data.prompts import PromptTemplates
 from cpr.data.records import Record
 from cpr.errors import ConfigError
 from cpr.evaluation.benchmarks import get_benchmark
-from cpr.evaluation.generation import GenerationSettings, TransformersGenerator
+from cpr.evaluation.generation import GenerationSettings, TransformersGenerator, gather_checked
 from cpr.evaluation.model_eval import ROW_KEYS, evaluate_model, subset
 from cpr.evaluation.report import flat_metrics, sampled_columns
 from cpr.io import append_jsonl, atomic_write_json
@@ -65,7 +65,6 @@ class EvalCallback(TrainerCallback):
         output_dir: folder of the hook's files (default ``args.output_dir``).
         metric_for_best: ``"<benchmark>/<metric>"``, a key of that benchmark's overall summary (with
             sampled decoding also ``sampled_<metric>`` (mean@k) or ``pass_at_k``).
-        save_completions: keep each evaluation's files under ``eval/``.
 
     Raises:
         ConfigError: ``eval_steps < 1``, no or duplicate benchmarks, or a ``metric_for_best`` naming a
@@ -75,8 +74,7 @@ class EvalCallback(TrainerCallback):
     def __init__(self, benchmarks: Sequence[BenchmarkSpec], *, eval_steps: int,
                  generation: GenerationSettings | None = None, scoring: ScoringSettings | None = None,
                  templates: PromptTemplates | None = None, output_dir: str | Path | None = None,
-                 metric_for_best: str = "crystal/match_f1", greater_is_better: bool = True,
-                 save_completions: bool = True) -> None:
+                 metric_for_best: str = "crystal/match_f1", greater_is_better: bool = True) -> None:
         if isinstance(eval_steps, bool) or not isinstance(eval_steps, int) or eval_steps < 1:
             raise ConfigError(f"must be a positive integer, got {eval_steps!r}", field="eval.eval_steps")
         names = [b.name for b in benchmarks]
@@ -98,7 +96,6 @@ class EvalCallback(TrainerCallback):
         self.scoring = scoring or ScoringSettings()
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.metric_for_best, self.greater_is_better = metric_for_best, greater_is_better
-        self.save_completions = save_completions
         self.trainer: Any = None
         self.best: dict[str, Any] | None = None
         self.evaluated_steps: list[int] = []
@@ -149,7 +146,6 @@ class EvalCallback(TrainerCallback):
         return control
 
     def _evaluate(self, args: Any, state: Any, processor: Any) -> None:
-        from accelerate.utils import gather_object
         from trl.distributed import DistributedBackend
         from trl.models.utils import unwrap_model_for_generation
 
@@ -177,14 +173,8 @@ class EvalCallback(TrainerCallback):
                                                accelerator, synced)
             except Exception as e:  # raised below on every rank, after the gather
                 error = e
-        payload = gather_object([(None if error is None else f"{type(error).__name__}: {error}",
-                                  {k: {kk: vv for kk, vv in v.items() if kk not in ROW_KEYS} for k, v in results.items()})])
-        if error is not None:
-            raise error
-        failed = [(k, e) for k, (e, _) in enumerate(payload) if e is not None]
-        if failed:
-            raise RuntimeError(f"evaluation failed on process {failed[0][0]} at step {step}: {failed[0][1]}")
-        metrics = payload[0][1]
+        local = {k: {kk: vv for kk, vv in v.items() if kk not in ROW_KEYS} for k, v in results.items()}
+        metrics = gather_checked(local, error, "evaluation", f" at step {step}")[0]  # the main process's
         self.evaluated_steps.append(step)
         logs = {f"eval_{k}": v for m in metrics.values() for k, v in flat_metrics(m).items() if not k.endswith("/n")}
         # the base Trainer.log (module docstring); its on_log event clears control.should_log: restore it
@@ -202,8 +192,8 @@ class EvalCallback(TrainerCallback):
         main = accelerator.is_main_process
         results = {}
         for spec in self.benchmarks:
-            folder = out / "eval" / f"step-{step}" / spec.name if self.save_completions else None
-            if main and folder is not None and folder.exists():  # a stale folder of an earlier run: never resume
+            folder = out / "eval" / f"step-{step}" / spec.name
+            if main and folder.exists():  # a stale folder of an earlier run: never resume
                 shutil.rmtree(folder)
             accelerator.wait_for_everyone()  # the folder is gone before any rank reads it
             generator = TransformersGenerator(model, processor, self.generation.max_new_tokens, synced_gpus=synced)

@@ -144,11 +144,6 @@ class TransformersGenerator:
         self.eos_ids = set() if eos is None else {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
         self.synced_gpus, self.repetition_penalty, self.calls = synced_gpus, repetition_penalty, 0
 
-    def _inputs(self, batch: Batch) -> Any:
-        return self.processor.apply_chat_template(list(batch), add_generation_prompt=True, tokenize=True,
-                                                  return_dict=True, return_tensors="pt",
-                                                  processor_kwargs={"padding": True})
-
     def __call__(self, batch: Batch) -> list[Generated]:
         """One greedy completion per conversation of ``batch``, in order."""
         return self._generate(batch, do_sample=False, temperature=None, top_p=None, top_k=None)
@@ -174,7 +169,10 @@ class TransformersGenerator:
         if not batch:
             return []
         model = self.model
-        inputs = self._inputs(batch).to(device=next(model.parameters()).device, dtype=model.dtype)
+        inputs = self.processor.apply_chat_template(list(batch), add_generation_prompt=True, tokenize=True,
+                                                    return_dict=True, return_tensors="pt",
+                                                    processor_kwargs={"padding": True})
+        inputs = inputs.to(device=next(model.parameters()).device, dtype=model.dtype)
         image_token_id = getattr(model.config, "image_token_id", None)
         if self.repetition_penalty is not None:
             decoding = {**decoding, "repetition_penalty": float(self.repetition_penalty)}
@@ -248,20 +246,20 @@ class VLLMGenerator:  # pragma: no cover - needs vLLM and a GPU
             requests.append(request)
         return requests
 
-    def __call__(self, batch: Batch) -> list[Generated]:
-        outputs = self.llm.generate(self._requests(batch), self.params, lora_request=self.lora_request, use_tqdm=False)
+    def _generate(self, batch: Batch, params: Any) -> list[list[Generated]]:
+        outputs = self.llm.generate(self._requests(batch), params, lora_request=self.lora_request, use_tqdm=False)
         self.calls += 1
-        return [Generated(o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason == "stop")
-                for o in outputs]
+        return [[Generated(c.text, len(c.token_ids), c.finish_reason == "stop") for c in o.outputs] for o in outputs]
+
+    def __call__(self, batch: Batch) -> list[Generated]:
+        return [completions[0] for completions in self._generate(batch, self.params)]
 
     def sample(self, batch: Batch, decoding: DecodingSettings, seed: int) -> list[list[Generated]]:
         from vllm import SamplingParams
 
-        params = [SamplingParams(n=decoding.samples, temperature=decoding.temperature, top_p=decoding.top_p,
-                                 max_tokens=self.params.max_tokens, seed=(seed + i) % 2**63) for i in range(len(batch))]
-        outputs = self.llm.generate(self._requests(batch), params, lora_request=self.lora_request, use_tqdm=False)
-        self.calls += 1
-        return [[Generated(c.text, len(c.token_ids), c.finish_reason == "stop") for c in o.outputs] for o in outputs]
+        return self._generate(batch, [SamplingParams(n=decoding.samples, temperature=decoding.temperature,
+                                                     top_p=decoding.top_p, max_tokens=self.params.max_tokens,
+                                                     seed=(seed + i) % 2**63) for i in range(len(batch))])
 
 
 def resolve_model_and_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:
@@ -356,9 +354,6 @@ def generate_completions(generator: Callable[[Batch], list[Generated]], records:
         InputError: a malformed completions file (:func:`cpr.scoring.load_predictions`).
         RuntimeError: with ``shard``, generation failed on another process (its error named).
     """
-    from tqdm.auto import tqdm
-
-    from cpr.io import append_jsonl_many
     from cpr.scoring import load_predictions
 
     ids = [r.id for r in records]
@@ -369,7 +364,6 @@ def generate_completions(generator: Callable[[Batch], list[Generated]], records:
     results = {rid: done[rid] for rid in ids if rid in done}
     todo = [r for r in records if r.id not in done]
     batches = [todo[start: start + batch_size] for start in range(0, len(todo), batch_size)]
-    main = shard is None or shard.is_main_process
 
     def generate(batch: list[Record]) -> list[dict[str, Any]]:
         outputs = generator([messages_fn(r) for r in batch])
@@ -378,52 +372,60 @@ def generate_completions(generator: Callable[[Batch], list[Generated]], records:
         return [{"id": r.id, "completion": g.text, "num_tokens": g.num_tokens, "finished": g.finished}
                 for r, g in zip(batch, outputs, strict=True)]
 
-    with tqdm(total=len(ids), initial=len(results), desc=description, disable=not (progress and main),
-              unit="sample") as bar:
-        for rows in sharded_rounds(batches, shard, generate):
-            if output_path is not None and main:
-                append_jsonl_many(output_path, rows)
-            results.update((row["id"], row["completion"]) for row in rows)
-            bar.update(len(rows))
+    for rows in sharded_rounds(batches, shard, generate, output_path, total=len(ids), initial=len(results),
+                               description=description, progress=progress):
+        results.update((row["id"], row["completion"]) for row in rows)
     return {rid: results[rid] for rid in ids}
 
 
 def sharded_rounds(batches: Sequence[Sequence[Record]], shard: Any,
-                   rows_of: Callable[[Sequence[Record]], list[dict[str, Any]]]) -> Iterator[list[dict[str, Any]]]:
+                   rows_of: Callable[[Sequence[Record]], list[dict[str, Any]]], output_path: str | Path | None, *,
+                   total: int, initial: int, description: str, progress: bool) -> Iterator[list[dict[str, Any]]]:
     """The rows of ``batches``, round by round: in round ``r`` process ``k`` of ``shard`` (``None``: one
     process) computes ``rows_of(batches[r * N + k])``; a process past the last batch runs a padding batch
     (the first record of ``batches[0]``) and drops its rows, so every process calls ``rows_of`` equally often
     (what ZeRO-3's lock-step generation needs). Each yield is the round's rows of every process, in process
-    order (:func:`gather_round`), on every process.
+    order (:func:`gather_checked`), on every process, after the main process appended them to ``output_path``
+    (``None``: kept nowhere). The main process shows a progress bar of ``total`` records (``initial`` done before).
 
     Raises:
         What ``rows_of`` raises (on one process), or ``RuntimeError`` naming the process where it failed.
     """
+    from tqdm.auto import tqdm
+
+    from cpr.io import append_jsonl_many
+
     rank, world = (0, 1) if shard is None else (shard.process_index, shard.num_processes)
-    for first in range(0, len(batches), world):
-        mine = first + rank
-        padding = mine >= len(batches)
-        rows, error = [], None
-        try:
-            rows = rows_of(batches[0][:1] if padding else batches[mine])
-        except Exception as e:
-            if world == 1:
-                raise
-            error = e
-        rows = [] if padding else rows
-        yield gather_round(rows, error, rank) if world > 1 else rows
+    main = shard is None or shard.is_main_process
+    with tqdm(total=total, initial=initial, desc=description, disable=not (progress and main), unit="sample") as bar:
+        for first in range(0, len(batches), world):
+            mine = first + rank
+            padding = mine >= len(batches)
+            rows, error = [], None
+            try:
+                rows = rows_of(batches[0][:1] if padding else batches[mine])
+            except Exception as e:
+                if world == 1:
+                    raise
+                error = e
+            rows = [] if padding else rows
+            rows = [row for part in gather_checked(rows, error) for row in part] if world > 1 else rows
+            if output_path is not None and main:
+                append_jsonl_many(output_path, rows)
+            yield rows
+            bar.update(len({row["id"] for row in rows}))
 
 
-def gather_round(rows: list[dict[str, Any]], error: BaseException | None, rank: int) -> list[dict[str, Any]]:
-    """Every process's ``rows`` of one round, in process order, on every process; raises on every process
-    when one failed (its own error where it failed)."""
+def gather_checked(value: Any, error: BaseException | None, what: str = "generation", at: str = "") -> list[Any]:
+    """Every process's ``value``, in process order, on every process; raises on every process when one failed:
+    its own ``error`` where it failed, else ``RuntimeError("<what> failed on process <k><at>: <its error>")``."""
     from accelerate.utils import gather_object
 
-    gathered = gather_object([(rows, None if error is None else f"{type(error).__name__}: {error}")])
+    gathered = gather_object([(value, None if error is None else f"{type(error).__name__}: {error}")])
     if error is not None:
         raise error
     failed = [(k, e) for k, (_, e) in enumerate(gathered) if e is not None]
     if failed:
         k, e = failed[0]
-        raise RuntimeError(f"generation failed on process {k}: {e}")
-    return [row for part, _ in gathered for row in part]
+        raise RuntimeError(f"{what} failed on process {k}{at}: {e}")
+    return [v for v, _ in gathered]

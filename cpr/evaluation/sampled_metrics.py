@@ -3,8 +3,7 @@
 ``evaluation.decoding: {mode: sampled, ...}`` / ``cpr eval --decoding sampled``
 (:class:`cpr.evaluation.generation.DecodingSettings`); the files and numbers: docs/evaluation.md.
 
-Seeding: batch ``b``'s torch seed is :func:`~cpr.evaluation.generation.batch_seed` of the seed and its first
-record's id, so a resumed run ends with the completions an uninterrupted run writes.
+Seeding: :func:`~cpr.evaluation.generation.batch_seed` (a resumed run draws what an uninterrupted one draws).
 """
 
 from __future__ import annotations
@@ -16,14 +15,9 @@ from typing import Any
 from cpr.data.records import Record
 from cpr.evaluation.generation import DecodingSettings, batch_seed, sharded_rounds
 
-__all__ = ["SAMPLED_COMPLETIONS", "SAMPLED_SAMPLES", "add_sampled_metrics", "generate_samples", "sampled_key"]
+__all__ = ["SAMPLED_COMPLETIONS", "SAMPLED_SAMPLES", "add_sampled_metrics", "generate_samples"]
 
 SAMPLED_COMPLETIONS, SAMPLED_SAMPLES = "sampled_completions.jsonl", "sampled_samples.jsonl"
-
-
-def sampled_key(key: str) -> str:
-    """The overall-summary key of ``key``'s mean@k: ``sampled_<key>`` (e.g. ``sampled_match_f1``)."""
-    return f"sampled_{key}"
 
 
 def generate_samples(generator: Any, records: Sequence[Record],
@@ -42,10 +36,7 @@ def generate_samples(generator: Any, records: Sequence[Record],
         InputError: a malformed file, or a sample index not below ``decoding.samples`` (file, line, field).
         RuntimeError: with ``shard``, sampling failed on another process (its error named).
     """
-    from tqdm.auto import tqdm
-
     from cpr.errors import InputError
-    from cpr.io import append_jsonl_many
     from cpr.scoring import load_sampled_predictions
 
     k, ids = decoding.samples, [r.id for r in records]
@@ -61,7 +52,6 @@ def generate_samples(generator: Any, records: Sequence[Record],
     complete = {rid for rid, by in done.items() if len(by) == k}
     batches = [records[start: start + batch_size] for start in range(0, len(records), batch_size)]
     batches = [b for b in batches if not all(r.id in complete for r in b)]
-    main = shard is None or shard.is_main_process
 
     def sample(batch: Sequence[Record]) -> list[dict[str, Any]]:
         outputs = generator.sample([messages_fn(r) for r in batch], decoding, batch_seed(decoding.seed, batch[0].id))
@@ -72,14 +62,10 @@ def generate_samples(generator: Any, records: Sequence[Record],
                 for r, gens in zip(batch, outputs, strict=True) for j, g in enumerate(gens)
                 if j not in done.get(r.id, {})]
 
-    with tqdm(total=len(ids), initial=len(complete & set(ids)), desc=description, disable=not (progress and main),
-              unit="sample") as bar:
-        for rows in sharded_rounds(batches, shard, sample):
-            if output_path is not None and main:
-                append_jsonl_many(output_path, rows)
-            for row in rows:
-                done.setdefault(row["id"], {})[row["sample"]] = row["completion"]
-            bar.update(len({row["id"] for row in rows} - complete))
+    for rows in sharded_rounds(batches, shard, sample, output_path, total=len(ids), initial=len(complete & set(ids)),
+                               description=description, progress=progress):
+        for row in rows:
+            done.setdefault(row["id"], {})[row["sample"]] = row["completion"]
     return {rid: [done[rid][j] for j in range(k)] for rid in ids}
 
 
@@ -92,7 +78,7 @@ def add_sampled_metrics(metrics: dict[str, Any], scored: Sequence[Mapping[str, A
             scored alone), ``decoding.samples`` of them.
 
     Returns:
-        ``metrics`` with ``overall[sampled_key(key)]`` the mean@k of every numeric overall key
+        ``metrics`` with ``overall["sampled_<key>"]`` the mean@k of every numeric overall key
         (:func:`cpr.scoring.mean_at_k`; ``sampled_lucky_guess_rate`` is over all k x n completions),
         ``overall["pass_at_k"]`` where rows have ``correct``, ``"sampled"`` (``samples_per_item``, the
         decoding, the parser counts) and ``"sampled_samples"`` (every scored row with its ``sample``).
@@ -101,7 +87,7 @@ def add_sampled_metrics(metrics: dict[str, Any], scored: Sequence[Mapping[str, A
 
     rows = [m["samples"] for m in scored]
     overall = metrics["overall"]
-    overall.update({sampled_key(k): v for k, v in mean_at_k([m["overall"] for m in scored]).items()})
+    overall.update({f"sampled_{k}": v for k, v in mean_at_k([m["overall"] for m in scored]).items()})
     passed = pass_at_k(rows)
     if passed is not None:
         overall["pass_at_k"] = passed

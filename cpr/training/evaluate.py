@@ -4,15 +4,18 @@ only; the test split is scored once, by :func:`final_evaluation`, so no choice i
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cpr.errors import ConfigError
+from cpr.errors import ConfigError, InputError
+from cpr.io import atomic_write_text
 from cpr.training import policy
-from cpr.training.config_sections import EVAL_SPLITS, ExperimentConfig
-from cpr.training.splits import DataSplits
+from cpr.training.config_sections import EVAL_SPLITS, EvalBenchmarkConfig, ExperimentConfig
+from cpr.training.splits import DataSplits, load_sources
 
 logger = logging.getLogger("cpr.training")
 
@@ -54,8 +57,6 @@ def benchmark_records(cfg: ExperimentConfig, splits: DataSplits, split: str) -> 
         ConfigError: an unknown split.
         InputError: a benchmark's own ``data`` does not load.
     """
-    from cpr.training.splits import load_sources
-
     _check_split(split)
     if split == "validation":
         return [("crystal", list(splits.validation), None)] if splits.validation else []
@@ -83,16 +84,12 @@ def on_crystal_test(cfg: ExperimentConfig, benchmark: str, split: str) -> bool:
 def hook_benchmarks(cfg: ExperimentConfig, splits: DataSplits) -> list[tuple[str, list, int | None]]:
     """``(benchmark, records, limit)`` the eval hook scores: each benchmark without its own ``data`` (a test set) on
     the validation split (``crystal`` when none is listed); ``[]`` without validation records."""
-    from cpr.training.config_sections import EvalBenchmarkConfig
-
     listed = [b for b in cfg.evaluation.benchmarks if not b.data] if cfg.evaluation.benchmarks else [EvalBenchmarkConfig()]
     return [(b.name, list(splits.validation), b.limit) for b in listed] if splits.validation else []
 
 
 def scoring_settings(cfg: ExperimentConfig, answer_mode: str) -> Any:
     """The ``rewards`` section's :class:`cpr.scoring.ScoringSettings` with ``answer_mode``."""
-    import dataclasses
-
     return dataclasses.replace(cfg.rewards, answer_mode=answer_mode)
 
 
@@ -121,8 +118,6 @@ def eval_settings(cfg: ExperimentConfig, *, self_contained: bool = False) -> dic
     Raises:
         ConfigError: with ``self_contained``, prompt templates that do not load.
     """
-    import dataclasses
-
     from cpr.data import load_templates
 
     m, ev, r = cfg.model, cfg.evaluation, cfg.rewards
@@ -141,10 +136,6 @@ def read_eval_settings(model_dir: str | Path) -> tuple[Path, dict[str, Any]] | N
     Raises:
         InputError: the file is not valid JSON or its ``settings`` is not an object (file and field named).
     """
-    import json
-
-    from cpr.errors import InputError
-
     path = Path(model_dir).expanduser() / EVAL_SETTINGS_FILE
     if not path.is_file():
         return None
@@ -238,7 +229,6 @@ def final_evaluation(
     """
     from cpr.distributed import process_state
     from cpr.evaluation import evaluate_model
-    from cpr.io import atomic_write_text
     from cpr.training.checkpoints import adapter_folder
     from cpr.training.splits import load_splits
 
@@ -247,16 +237,13 @@ def final_evaluation(
         adapter_folder(Path(adapter), field="adapter")
     splits = splits if splits is not None else load_splits(cfg.data)
     specs = {split: benchmark_records(cfg, splits, split) for split in on}
-    for split in on:
-        if specs[split]:
-            continue
+    for split in [s for s in on if not specs[s]]:
         if not skip_empty:
             raise ConfigError(f"no {split} records to score: give data.{split} or data.{split}_size",
                               field=f"data.{split}_size")
         logger.info("final evaluation: no %s records, nothing to score on that split", split)
         del specs[split]
     state = process_state()
-    model_path = model_path or cfg.model.name_or_path
     results: dict[str, dict[str, dict[str, Any]]] = {split: {} for split in on}
 
     def score(model: Any, processor: Any) -> None:
@@ -279,14 +266,13 @@ def final_evaluation(
                     continue
                 tables.append((out / name / "metrics.md").read_text(encoding="utf-8"))
                 results[split][name] = metrics["overall"]
-            if not state.is_main_process:
-                continue
-            atomic_write_text(out / "metrics.md", "\n\n".join(tables) + "\n")
-            if echo:
-                print("\n" + "\n\n".join(tables))
+            if state.is_main_process:
+                atomic_write_text(out / "metrics.md", "\n\n".join(tables) + "\n")
+                if echo:
+                    print("\n" + "\n\n".join(tables))
 
     if specs:
         logger.info("%s: final evaluation of %s on the %s split(s)", label, adapter or "the base model", ", ".join(specs))
-        score_adapters(cfg, model_path, [adapter], score)
+        score_adapters(cfg, model_path or cfg.model.name_or_path, [adapter], score)
     state.wait_for_everyone()
     return results

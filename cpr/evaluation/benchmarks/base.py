@@ -60,10 +60,9 @@ class Benchmark:
         return ("n", *(key for _, key, _ in self.columns))
 
 
-def grouped(
-    records: Sequence[Record], samples: Sequence[Mapping[str, Any]], key: Callable[[Record], str],
-    summarize: Callable[[Sequence[Mapping[str, Any]]], dict[str, Any]], *, first: Sequence[str] = (),
-) -> dict[str, dict[str, Any]]:
+def grouped(records: Sequence[Record], samples: Sequence[Mapping[str, Any]], key: Callable[[Record], str],
+            summarize: Callable[[Sequence[Mapping[str, Any]]], dict[str, Any]], *,
+            first: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """Summaries of the samples grouped by ``key(record)`` (records and samples aligned), the groups
     named in ``first`` first (in that order), the rest sorted.
 
