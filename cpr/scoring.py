@@ -33,14 +33,12 @@ TABLE_COLUMNS = (("Acc", "accuracy", 2), ("Match F1", "match_f1", 3), ("P", "pre
 MISSING_FORMAT = "missing"
 #: A correct answer with step Match F1 below this is a lucky guess (:func:`lucky_guess_rate`).
 LUCKY_GUESS_F1 = 0.5
+#: The :class:`ScoringSettings` fields a step-scoring reward function takes (:mod:`cpr.rewards`).
+STEP_FIELDS = ("encoder", "threshold", "matching", "alpha", "device", "batch_size", "guard")
 
 __all__ = ["LUCKY_GUESS_F1", "SAMPLE_KEYS", "STEP_FIELDS", "SUMMARY_KEYS", "TABLE_COLUMNS", "ScoringSettings", "is_sampled_file",
            "load_predictions", "load_references", "load_sampled_predictions", "lucky_guess_rate", "markdown_table",
            "mean_at_k", "pass_at_k", "recorded_scoring", "resolve_scoring", "score_records", "score_sampled_records", "summarize", "validate_reference"]
-
-
-#: The :class:`ScoringSettings` fields a step-scoring reward function takes (:mod:`cpr.rewards`).
-STEP_FIELDS = ("encoder", "threshold", "matching", "alpha", "device", "batch_size", "guard")
 
 
 @dataclass(frozen=True)
@@ -97,9 +95,6 @@ class ScoringSettings:
         return get_encoder(self.encoder, device=self.device, batch_size=self.batch_size)
 
 
-# --------------------------------------------------------------------------- input files
-
-
 def _record_id(obj: dict[str, Any], *, path: Any, line: int | None) -> str:
     value = obj.get("id")
     if value is None:
@@ -119,8 +114,10 @@ def _sample_index(obj: dict[str, Any], *, path: Any, line: int, rid: str) -> int
     return value
 
 
-def _objects(path: str | Path, *, skip_truncated_tail: bool = False, sampled: bool = False) -> Any:
-    """``(line, object, id)`` of each row; with ``sampled`` an id repeats once per ``sample`` index."""
+def _objects(path: str | Path, *, skip_truncated_tail: bool = False, sampled: bool = False,
+             completion: bool = False) -> Any:
+    """``(line, object, id)`` of each row; with ``sampled`` an id repeats once per ``sample`` index; with
+    ``completion`` every row must hold a string ``completion``."""
     from cpr.io import read_jsonl
 
     if not Path(path).is_file():
@@ -136,6 +133,10 @@ def _objects(path: str | Path, *, skip_truncated_tail: bool = False, sampled: bo
             raise InputError(f"{what} (first on line {first[key]})", path=path, line=line, record_id=rid,
                              field="sample" if sampled else "id")
         first[key] = line
+        if completion and not isinstance(obj.get("completion"), str):
+            what = ("missing" if "completion" not in obj
+                    else f"must be a string, got {type(obj['completion']).__name__}")
+            raise InputError(what, path=path, line=line, record_id=rid, field="completion")
         yield line, obj, rid
 
 
@@ -205,21 +206,14 @@ def load_predictions(path: str | Path, *, skip_truncated_tail: bool = False) -> 
     """
     completions: dict[str, str] = {}
     lines: dict[str, int] = {}
-    for line, obj, rid in _objects(path, skip_truncated_tail=skip_truncated_tail):
-        if not isinstance(obj.get("completion"), str):
-            what = ("missing" if "completion" not in obj
-                    else f"must be a string, got {type(obj['completion']).__name__}")
-            raise InputError(what, path=path, line=line, record_id=rid, field="completion")
+    for line, obj, rid in _objects(path, skip_truncated_tail=skip_truncated_tail, completion=True):
         completions[rid], lines[rid] = obj["completion"], line
     return completions, lines
 
 
 def is_sampled_file(path: str | Path) -> bool:
     """True when the first row of a PREDS / completions file has a ``sample`` index (sampled completions).
-
-    Raises:
-        InputError: a missing file or a malformed first line.
-    """
+    Raises ``InputError`` for a missing file or a malformed first line."""
     for _, obj, _ in _objects(path, skip_truncated_tail=True):
         return "sample" in obj
     return False
@@ -236,25 +230,17 @@ def load_sampled_predictions(
     """
     completions: dict[str, dict[int, str]] = {}
     lines: dict[str, int] = {}
-    for line, obj, rid in _objects(path, skip_truncated_tail=skip_truncated_tail, sampled=True):
-        if not isinstance(obj.get("completion"), str):
-            what = "missing" if "completion" not in obj else f"must be a string, got {type(obj['completion']).__name__}"
-            raise InputError(what, path=path, line=line, record_id=rid, field="completion")
+    for line, obj, rid in _objects(path, skip_truncated_tail=skip_truncated_tail, sampled=True,
+                                   completion=True):
         completions.setdefault(rid, {})[int(obj["sample"])] = obj["completion"]
         lines.setdefault(rid, line)
     return completions, lines
 
 
-# --------------------------------------------------------------------------- scoring
-
-
 def summarize(samples: Sequence[Mapping[str, Any]]) -> dict[str, float | int]:
     """Means over per-sample rows: ``{"n", "accuracy" (percent), "match_f1", "precision", "recall",
     "steps" (mean ``n_pred``), "lis", "ordered_f1", "lucky_guess_rate"}`` (percent, :func:`lucky_guess_rate`).
-
-    Raises:
-        ValueError: no samples.
-    """
+    Raises ``ValueError`` for zero samples."""
     n = len(samples)
     if n == 0:
         raise ValueError("cannot summarize zero samples")
@@ -277,13 +263,9 @@ def lucky_guess_rate(samples: Sequence[Mapping[str, Any]]) -> float | None:
 
 
 def mean_at_k(summaries: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """mean@k: each numeric key of the ``k`` summaries (one per sample index, over the same items; ``n``
-    left out) averaged over the samples. Equal to the mean over items of each item's mean over its k
-    samples, since every item has one row per summary.
-
-    Raises:
-        ValueError: no summaries.
-    """
+    """mean@k: each numeric key of the ``k`` summaries (one per sample index, over the same items; ``n`` left
+    out) averaged over the samples, equal to the mean over items of each item's mean over its k samples.
+    Raises ``ValueError`` for no summaries."""
     if not summaries:
         raise ValueError("no summaries to average")
     keys = [k for k, v in summaries[0].items() if k != "n" and isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -305,10 +287,9 @@ def pass_at_k(scorings: Sequence[Sequence[Mapping[str, Any]]]) -> float | None:
     for j, rows in enumerate(scorings):
         if [str(s["id"]) for s in rows] != ids:
             raise ValueError(f"the scoring of sample {j} lists other ids than that of sample 0")
-    if not scorings[0] or any("correct" not in s for rows in scorings for s in rows):
+    if not ids or any("correct" not in s for rows in scorings for s in rows):
         return None
-    return 100.0 * sum(any(bool(rows[i]["correct"]) for rows in scorings) for i in range(len(scorings[0]))) / len(
-        scorings[0])
+    return 100.0 * sum(any(bool(rows[i]["correct"]) for rows in scorings) for i in range(len(ids))) / len(ids)
 
 
 def score_records(references: Sequence[Mapping[str, Any]], completions: Mapping[str, str],
@@ -394,12 +375,11 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
     return summary_table((), [((), summary)], TABLE_COLUMNS, n=False)
 
 
-# --------------------------------------------------------------------------- command
-
-
 #: The defaults of :func:`add_scoring_arguments`'s flags (the paper's scoring).
 SCORING_DEFAULTS: dict[str, Any] = {"encoder": DEFAULT_ENCODER, "threshold": DEFAULT_THRESHOLD, "alpha": DEFAULT_ALPHA,
                                     "matching": "greedy", "answer_mode": "crystal"}
+#: The file beside an evaluation's completions that records the scoring they were scored with (``scoring``).
+EVALUATION_METRICS = "metrics.json"
 
 
 def add_scoring_arguments(p: argparse.ArgumentParser, *, defaults: bool = True, fallback: str = "") -> None:
@@ -432,10 +412,6 @@ def flag_errors() -> Iterator[None]:
         yield
     except ConfigError as e:
         raise InputError(e.message, field="--" + str(e.field).replace("_", "-")) from None
-
-
-#: The file beside an evaluation's completions that records the scoring they were scored with (``scoring``).
-EVALUATION_METRICS = "metrics.json"
 
 
 def recorded_scoring(predictions: str | Path) -> tuple[Path, dict[str, Any]] | None:
@@ -474,8 +450,7 @@ def resolve_scoring(args: argparse.Namespace, batch_size: int = 64) -> ScoringSe
         InputError: a bad flag value (flag named), or a recorded value that is invalid or unreadable
             (``metrics.json`` and field named).
     """
-    found = recorded_scoring(args.predictions)
-    path, recorded = found if found is not None else (None, {})
+    path, recorded = recorded_scoring(args.predictions) or (None, {})
     values, taken = {}, {}
     for key, default in SCORING_DEFAULTS.items():
         flag = getattr(args, key)
@@ -537,10 +512,8 @@ def run(args: argparse.Namespace) -> int:
         if rid not in known:
             raise InputError(f"prediction has no reference record in {args.references}", path=args.predictions,
                              line=line, record_id=rid, field="id")
-    if sampled:
-        report = score_sampled_records(references, completions, settings, path=args.predictions)
-    else:
-        report = score_records(references, completions, settings)
+    report = (score_sampled_records(references, completions, settings, path=args.predictions) if sampled
+              else score_records(references, completions, settings))
     atomic_write_json(args.output, report)
     print(markdown_table(report["summary"]))
     if sampled:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 INSUFFICIENT_INFORMATION = "insufficient information"
-
 STEPS_KEY = "reasoning_steps"
 ANSWER_KEY = "answer"
 
@@ -131,9 +130,6 @@ def split_step_lines(block: str) -> tuple[str, ...]:
         m = _BULLET_RE.match(line)
         out.append(line[m.end():] if m is not None else line)
     return _clean(out)
-
-
-# --- helpers ------------------------------------------------------------------------------------
 
 
 def _clean(items: Any) -> tuple[str, ...]:
