@@ -30,9 +30,8 @@ from cpr.training.splits import load_run_data
 logger = logging.getLogger("cpr.training")
 
 
-def run_experiment(
-    cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, callbacks: Sequence[Any] = ()
-) -> dict[str, Any]:
+def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False,
+                   callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Run every phase of ``cfg`` and return the summary (also ``summary.json``, rewritten after each phase; with
     ``evaluation.final``, ``final_eval`` / ``final_eval_validation``: ``{benchmark: overall}``). ``overwrite``
     deletes a previous run once :func:`check_before_training` passed; ``callbacks`` go to every phase's trainer.
@@ -203,10 +202,9 @@ def _write_config(run: Run) -> None:
     from cpr.training.phase import resolved_config
 
     if run.resume and (diffs := config_differences(run.out, run.cfg)):
-        raise ConfigError(
-            f"--resume with a config that differs from the run's {run.out / 'config.yaml'}: "
-            f"{describe_differences(diffs)}; resume with the config the run started with, or start over "
-            "(--overwrite or another output_dir)", field=diffs[0][0])
+        raise ConfigError(f"--resume with a config that differs from the run's {run.out / 'config.yaml'}: "
+                          f"{describe_differences(diffs)}; resume with the config the run started with, or "
+                          "start over (--overwrite or another output_dir)", field=diffs[0][0])
     if run.state.is_main_process:
         run.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run.out / "config.yaml",
@@ -264,11 +262,10 @@ def train_phase(run: Run, spec: Any, handover: Path | None, callbacks: Sequence[
         run.summary["status"] = "diverged"
         run.write_summary()
         where = f"checkpoint {d['checkpoint']} is marked {DIVERGED_MARKER}" if d["checkpoint"] else "no checkpoint"
-        raise TrainingDivergedError(
-            f"phase {spec.name} diverged at step {d['step']}: {d['reason']} (guard {d['condition']}, action stop); "
-            f"{where}; {run.out / 'summary.json'} has status 'diverged'",
-            event=d, checkpoint=d["checkpoint"], summary=run.summary,
-        )
+        raise TrainingDivergedError(f"phase {spec.name} diverged at step {d['step']}: {d['reason']} (guard "
+                                    f"{d['condition']}, action stop); {where}; {run.out / 'summary.json'} "
+                                    "has status 'diverged'",
+                                    event=d, checkpoint=d["checkpoint"], summary=run.summary)
     return result
 
 
@@ -502,11 +499,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
     lines = [f"run {summary['run_name']} finished in {summary['wall_time_s']} s -> {summary['output_dir']}"]
     for p in summary["phases"]:
         t = p.get("reward_trend") or {}
-        lines.append(
-            f"  phase {p['phase']}: {p['steps']} steps in {p['wall_time_s']} s; reward first 10% "
-            f"{_number(t.get('first')):.3f} -> last 10% {_number(t.get('last')):.3f}; "
-            f"frac_reward_zero_std {_number(p.get('frac_reward_zero_std')):.2f}"
-        )
+        lines.append(f"  phase {p['phase']}: {p['steps']} steps in {p['wall_time_s']} s; reward first 10% "
+                     f"{_number(t.get('first')):.3f} -> last 10% {_number(t.get('last')):.3f}; "
+                     f"frac_reward_zero_std {_number(p.get('frac_reward_zero_std')):.2f}")
         if "selection" in p:
             lines.append(f"    selected {p['selection']['picked']}")
     for split in EVAL_SPLITS:
