@@ -472,17 +472,15 @@ def run_check(args: argparse.Namespace) -> int:
               f"gradient checkpointing {'on' if shape.checkpointing else 'off'}{others}")
         tables = {lc: estimate_memory(arch, shape, launcher=lc, processes=n, wb=wb, include_vision=cfg.lora.include_vision,
                                       dropout=cfg.lora.dropout > 0) for lc in launchers}
+        table = tables[launchers[0]]
         if shape.extra_generations:
-            table = tables[launchers[0]]
             largest = max(shape.generations, key=lambda gen: table[f"generation: {gen[0]}"])[0]
             print(f"  (gen: rows of the largest generation, {largest})")
         print(f"  {'per-GPU memory (GiB), ' + str(n) + ' processes':<40}" + "".join(f"{_LAUNCHER_NAMES[lc]:>9}" for lc in launchers))
-        for row in tables[launchers[0]]:
-            if row in ("generation", "training") or row.startswith("generation: "):
-                continue
-            print(f"  {row:<40}" + "".join(f"{tables[lc][row] / GIB:>9.2f}" for lc in launchers))
-        peaks = [(f"peak in generation: {what}", f"generation: {what}") for what, _, _ in shape.generations]
-        for label, row in [*peaks, ("peak in training", "training")]:
+        rows = [(row, row) for row in table
+                if row not in ("generation", "training") and not row.startswith("generation: ")]
+        rows += [(f"peak in generation: {what}", f"generation: {what}") for what, _, _ in shape.generations]
+        for label, row in [*rows, ("peak in training", "training")]:
             print(f"  {label:<40}" + "".join(f"{tables[lc][row] / GIB:>9.2f}" for lc in launchers))
         if args.gpu_memory is not None:
             fits = {lc: fits[lc] and max(tables[lc]["generation"], tables[lc]["training"]) / GIB <= args.gpu_memory

@@ -227,12 +227,10 @@ class DynamicSampling(CheckpointState):
                 del metrics[key][marks[key]:]
         dropped, extra = sum(zero), len(rounds) - 1
         trained_zero = [zeros[k][j] for k, j in sources]
-        values = {"dropped_groups": dropped, "extra_rounds": extra, "refilled_groups": dropped - len(empty),
-                  "frac_zero_std_trained": sum(trained_zero) / len(trained_zero)}
-        for name, v in values.items():
+        counts = {"dropped_groups": dropped, "extra_rounds": extra, "refilled_groups": dropped - len(empty)}
+        for name, v in {**counts, "frac_zero_std_trained": sum(trained_zero) / len(trained_zero)}.items():
             metrics[f"dynamic_sampling/{name}"].append(float(v))
-        for name, v in (("generation_batches", 1), ("groups", len(zero)), ("dropped_groups", dropped),
-                        ("extra_rounds", extra), ("refilled_groups", dropped - len(empty))):
+        for name, v in {"generation_batches": 1, "groups": len(zero), **counts}.items():
             self.totals[name] += v
         if extra == 0:
             return out

@@ -453,9 +453,7 @@ def delete_previous_run(out: Path, state: Any) -> None:
     state.wait_for_everyone()
     if state.is_main_process:
         logger.warning("overwrite: deleting the previous run in %s", out)
-        for entry in out.iterdir():
-            if entry.name == RUN_LOCK:
-                continue
+        for entry in [e for e in out.iterdir() if e.name != RUN_LOCK]:
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
             else:
