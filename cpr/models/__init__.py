@@ -301,12 +301,9 @@ def check_adapter_base(adapter: str | Path, base: str | Path | None = None, *, a
 def check_adapter_weights(adapter: str | Path, *, field: str = "adapter") -> None:
     """Refuse a LoRA adapter whose weights (``adapter_model.safetensors`` in folder ``adapter``) do not load
     (truncated, not safetensors) or hold a non-finite value (NaN, Inf: a corrupt file or a diverged run, which
-    would score as if it were a model). A folder without that file (PEFT's older ``.bin``) passes.
-
-    Raises:
-        InputError: naming the file, ``field`` (the setting that gave the adapter) and what is wrong: the loader's
-            error, or how many values are non-finite and the first tensor holding one.
-    """
+    would score as if it were a model). A folder without that file (PEFT's older ``.bin``) passes. Raises
+    ``InputError`` naming the file, ``field`` (the setting that gave the adapter) and what is wrong: the
+    loader's error, or how many values are non-finite and the first tensor holding one."""
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file

@@ -179,14 +179,12 @@ class DynamicSampling(CheckpointState):
     def rounds(self, inputs: list[dict[str, Any]], out: dict[str, Any], rewards: torch.Tensor,
                generate: Any) -> dict[str, Any]:
         """The training batch of the generation batch ``inputs`` (this process's rows), whose first round gave
-        ``out`` (TRL's batch dict) and ``rewards`` (its gathered ``(processes x rows, reward functions)`` matrix);
-        ``generate(rows)`` runs a further round, returning the same pair. Hands a ``mastery`` sampler each group's
-        pass rate; with dynamic sampling, replaces zero-variance groups by those of extra rounds (:func:`refill`).
-
-        Raises:
-            CprError: the batch's prompts are not the sampler's, the processes' samplers drew different prompts,
-                or a fresh prompt's dataset row has other columns than the batch's.
-        """
+        ``out`` (TRL's batch dict) and ``rewards`` (its gathered ``(processes x rows, reward functions)``
+        matrix); ``generate(rows)`` runs a further round, returning the same pair. Hands a ``mastery`` sampler
+        each group's pass rate; with dynamic sampling, replaces zero-variance groups by those of extra rounds
+        (:func:`refill`). Raises :class:`CprError` when the batch's prompts are not the sampler's, the
+        processes' samplers drew different prompts, or a fresh prompt's dataset row has other columns than the
+        batch's."""
         t, ds = self.trainer, self.config
         sampler = t.curriculum_sampler
         if sampler is None or (ds is None and not sampler.observes):

@@ -164,11 +164,8 @@ RUN_LOCK = "run.lock"
 
 def lock_run_folder(out: Path) -> Any:
     """Lock the run folder ``out`` (created when missing) for this process: :data:`RUN_LOCK`, a kernel lock
-    (:func:`cpr.io.lock_file`, held until :func:`cpr.io.unlock_file`) naming the holder.
-
-    Raises:
-        ConfigError: another run holds ``out``; ``out`` is a file; or it cannot be created or written.
-    """
+    (:func:`cpr.io.lock_file`, held until :func:`cpr.io.unlock_file`) naming the holder. Raises
+    ``ConfigError`` when another run holds ``out``, ``out`` is a file, or it cannot be created or written."""
     import os
     import socket
 
@@ -411,12 +408,9 @@ def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) ->
     """Whether ``out`` holds a run the caller deletes (:func:`delete_previous_run`) once
     :func:`check_before_training` passed: with ``overwrite``, or when it holds only a run that failed before
     training. The main process looks and broadcasts what it found, so all processes decide alike (on a shared
-    filesystem another may still list a file it has just removed), before any writes.
-
-    Raises:
-        ConfigError: ``out`` holds a run and ``overwrite`` is not set; ``overwrite`` would delete the working
-            directory or a folder above it; or ``resume`` and ``out`` holds no run.
-    """
+    filesystem another may still list a file it has just removed), before any writes. Raises ``ConfigError``
+    when ``out`` holds a run and ``overwrite`` is not set, ``overwrite`` would delete the working directory or
+    a folder above it, or ``resume`` and ``out`` holds no run."""
     from accelerate.utils import broadcast_object_list
 
     seen: list[Any] = [None]

@@ -144,12 +144,10 @@ def process_group_timeout(cfg: Any, phases: Mapping[str, Any] | None = None) -> 
 
 def check_launch(cfg: Any, phases: Mapping[str, Any] | None = None) -> None:
     """Refuse, before anything loads, launcher settings that would fail later with another library's message
-    (``phases`` built from ``cfg`` when not given).
-
-    Raises:
-        ConfigError: ``ACCELERATE_USE_CPU`` with a DeepSpeed launch; under DeepSpeed, accelerate's
-            ``mixed_precision`` unlike the ``bf16`` / ``fp16`` of a trainer of the run; ``training.use_vllm`` with
-            image-size limits vLLM would not use, or without an importable ``vllm``.
+    (``phases`` built from ``cfg`` when not given). Raises ``ConfigError`` for ``ACCELERATE_USE_CPU`` with a
+    DeepSpeed launch; under DeepSpeed, accelerate's ``mixed_precision`` unlike the ``bf16`` / ``fp16`` of a
+    trainer of the run; ``training.use_vllm`` with image-size limits vLLM would not use, or without an
+    importable ``vllm``.
     """
     import torch
 
