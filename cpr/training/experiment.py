@@ -458,13 +458,9 @@ def delete_previous_run(out: Path, state: Any) -> None:
 def check_before_training(cfg: ExperimentConfig, state: Any, phases: Mapping[str, Any] | None = None
                           ) -> tuple[Any, Any, str]:
     """``(splits, templates, model_path)``, once everything that can be checked before training passed (the
-    encoder is loaded; ``phases``: none for the SFT baseline).
-
-    Raises:
-        ConfigError: a phase's ``GRPOConfig`` or an ``init_adapter`` of another base.
-        ModelNotAvailableError: the model or the step encoder cannot be had.
-        InputError: a dataset that does not load.
-    """
+    encoder is loaded; ``phases``: none for the SFT baseline). Raises ``ConfigError`` (a phase's
+    ``GRPOConfig`` or an ``init_adapter`` of another base), ``ModelNotAvailableError`` (the model or the step
+    encoder cannot be had) or ``InputError`` (a dataset that does not load)."""
     from cpr.training.policy import check_base
     from cpr.training.preflight import preflight
 
