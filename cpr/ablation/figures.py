@@ -216,11 +216,8 @@ def plot_f1_vs_accuracy(run: RunFolder, path: str | Path, *, dpi: int = 120) -> 
 
 def difficulty_by_id(run: RunFolder) -> dict[str, str]:
     """Record id -> difficulty bucket of the run's records, loaded with its ``config.yaml``'s data
-    section (relative paths from the working directory, as the run read them).
-
-    Raises:
-        InputError: no ``config.yaml`` with a data section, or data that does not load.
-    """
+    section (relative paths from the working directory, as the run read them). Raises ``InputError`` without a
+    ``config.yaml`` with a data section, or for data that does not load."""
     from cpr.training.config_sections import DataConfig
     from cpr.training.splits import load_splits
 
@@ -236,15 +233,10 @@ def difficulty_by_id(run: RunFolder) -> dict[str, str]:
 
 
 def bucket_mix_from_completions(run: RunFolder, difficulty: Mapping[str, str]) -> list[dict[str, Any]]:
-    """Share of each bucket among the completions scored at each step (one reward function per phase,
-    the first in its file, so none is counted twice).
-
-    Returns:
-        ``{"global_step", "phase", "counts": {bucket: n}, "shares": {bucket: share}}`` per step, in order.
-
-    Raises:
-        InputError: a scored completion whose id is no record of the run's data.
-    """
+    """Share of each bucket among the completions scored at each step (one reward function per phase, the
+    first in its file, so none is counted twice): ``{"global_step", "phase", "counts": {bucket: n}, "shares":
+    {bucket: share}}`` per step, in order. Raises ``InputError`` for a scored completion whose id is no record
+    of the run's data."""
     out = []
     for p in run.phase_logs():
         by_step: dict[int, Counter] = {}
@@ -393,11 +385,8 @@ def _table_file(path: Path) -> Path | None:
 
 
 def folder_kind(path: str | Path) -> str:
-    """``"ablation"`` (an ablation folder: its ``ablation_<kind>.json``) or ``"run"`` (a run folder).
-
-    Raises:
-        InputError: neither.
-    """
+    """``"ablation"`` (an ablation folder: its ``ablation_<kind>.json``) or ``"run"`` (a run folder); else
+    ``InputError``."""
     path = Path(path)
     if _table_file(path):
         return "ablation"
@@ -408,11 +397,7 @@ def folder_kind(path: str | Path) -> str:
 
 def ablation_figures(ablation_dir: str | Path, out_dir: str | Path | None = None, *, dpi: int = 120) -> dict[str, Path]:
     """The figures of an ablation folder, from its table JSON: ``{"table": <bars>}`` plus, for a strategy
-    comparison, ``"training_dynamics"``.
-
-    Raises:
-        InputError: no table in the folder.
-    """
+    comparison, ``"training_dynamics"``. Raises ``InputError`` when the folder holds no table."""
     ablation_dir = Path(ablation_dir)
     out_dir = Path(out_dir) if out_dir is not None else ablation_dir
     path = _table_file(ablation_dir)
@@ -423,11 +408,8 @@ def ablation_figures(ablation_dir: str | Path, out_dir: str | Path | None = None
 
 def table_figures(table: dict[str, Any], out_dir: str | Path, *, dpi: int = 120) -> dict[str, Path]:
     """The figures of an ablation table (:func:`cpr.ablation.tables.build_table`) into ``out_dir``:
-    ``{"table": ablation_<kind>.png}`` plus, for a strategy comparison, ``"training_dynamics"``.
-
-    Raises:
-        InputError: a run folder of the table cannot be read.
-    """
+    ``{"table": ablation_<kind>.png}`` plus, for a strategy comparison, ``"training_dynamics"``. Raises
+    ``InputError`` when a run folder of the table cannot be read."""
     out_dir = Path(out_dir)
     figs = {"table": plot_table(table, out_dir / f"ablation_{table['kind']}.png", dpi=dpi)}
     if table["kind"] == "strategies":  # the runs that trained GRPO phases
@@ -452,8 +434,7 @@ def learning_curves(diagnosis: Mapping[str, Any]) -> dict[str, list[dict[str, fl
         "greedy_match_f1", "sampled_match_f1", "greedy_accuracy", "sampled_accuracy", "seeds"}``; rows without
         a curve are left out.
 
-    Raises:
-        InputError: a row with a curve has no ``completions``, or its warm start is missing.
+    Raises ``InputError`` when a row with a curve has no ``completions``, or its warm start is missing.
     """
     def point(scores: Mapping[str, Any]) -> dict[str, float]:
         return {f"{mode}_{k}": float(scores[mode][k]) for mode in ("greedy", "sampled") for k in ("match_f1", "accuracy")}

@@ -47,16 +47,11 @@ def _values(rows: Sequence[Mapping[str, Any]], keys: tuple[str, ...]) -> list[li
 
 
 def discrimination(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Mean reward of the completions with a correct answer minus that of those with a wrong one.
-
-    Returns:
-        ``{"value", "mean_correct", "mean_wrong", "n_correct", "n_wrong", "reason"}``; ``value`` is
-        ``None`` (``reason`` says why) when a class is empty.
-
-    Raises:
-        InputError: a row without ``reward`` / ``correct``, a ``correct`` that is not a boolean (the
-            ``step_f1`` reward's rows carry ``None``), or a non-finite reward.
-    """
+    """Mean reward of the completions with a correct answer minus that of those with a wrong one: ``{"value",
+    "mean_correct", "mean_wrong", "n_correct", "n_wrong", "reason"}``; ``value`` is ``None`` (``reason`` says
+    why) when a class is empty. Raises ``InputError`` for a row without ``reward`` / ``correct``, a
+    ``correct`` that is not a boolean (the ``step_f1`` reward's rows carry ``None``), or a non-finite
+    reward."""
     for i, row in enumerate(rows):
         if not isinstance(row.get("correct"), bool):
             what = (f"has no 'correct' (keys: {sorted(row)})" if "correct" not in row else
@@ -74,12 +69,9 @@ def discrimination(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def reward_f1_correlation(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Pearson correlation of each completion's reward with its step Match F1 (``scipy.stats.pearsonr``).
-
-    Returns:
-        ``{"r", "p_value", "n", "reason"}``; ``r`` and ``p_value`` are ``None`` (with ``reason``) for fewer
-        than two completions or constant rewards or F1 values. Raises InputError as :func:`discrimination`.
-    """
+    """Pearson correlation of each completion's reward with its step Match F1 (``scipy.stats.pearsonr``):
+    ``{"r", "p_value", "n", "reason"}``; ``r`` and ``p_value`` are ``None`` (with ``reason``) for fewer than
+    two completions or constant rewards or F1 values. Raises InputError as :func:`discrimination`."""
     pairs = _values(rows, ("reward", "match_f1"))
     rewards, f1s = [p[0] for p in pairs], [p[1] for p in pairs]
     reason = None
@@ -117,14 +109,11 @@ def first_nonfinite(train_rows: Iterable[Mapping[str, Any]], *, step_key: str = 
 
 def stability(train_rows: Sequence[Mapping[str, Any]], kl_limit: float | None, *, step_key: str = "step",
               guard_events: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """The stability flag: unstable when a logged loss, grad norm, KL or reward is NaN or infinite, a
-    logged KL exceeds ``kl_limit`` (a project choice; ``None``: no limit), or a divergence guard recorded
-    a ``nan`` or ``kl`` event (a NaN it skipped or stopped at may never reach the log; ``zero_std`` counts not).
-
-    Returns:
-        ``{"stable", "reason", "nonfinite", "kl_over": {"step", "value"} | None, "guard"}``; ``reason``
-        names the first non-finite value, the first KL over the limit and / or the first guard event.
-    """
+    """The stability flag: unstable when a logged loss, grad norm, KL or reward is NaN or infinite, a logged
+    KL exceeds ``kl_limit`` (a project choice; ``None``: no limit), or a divergence guard recorded a ``nan``
+    or ``kl`` event (a NaN it skipped or stopped at may never reach the log; ``zero_std`` counts not). Returns
+    ``{"stable", "reason", "nonfinite", "kl_over": {"step", "value"} | None, "guard"}``; ``reason`` names the
+    first non-finite value, the first KL over the limit and / or the first guard event."""
     bad = first_nonfinite(train_rows, step_key=step_key)
     over = next(({"step": r.get(step_key), "value": v} for r in train_rows
                  if kl_limit is not None and (v := _finite(r, "kl")) is not None and v > kl_limit), None)

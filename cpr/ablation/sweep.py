@@ -99,11 +99,9 @@ class Planned:
 
 def load_ablation(path: str | Path) -> Ablation:
     """Read and check an ablation file (``base_config``: relative to the working directory, else to the file).
-
-    Raises:
-        ConfigError: no such file, invalid YAML, an unknown key or a bad value (file and dotted key named), a
-            run name or seed listed twice, an ``"@X"`` that names no earlier run, or no ``base_config`` file.
-    """
+    Raises ``ConfigError`` for no such file, invalid YAML, an unknown key or a bad value (file and dotted key
+    named), a run name or seed listed twice, an ``"@X"`` that names no earlier run, or no ``base_config``
+    file."""
     from cpr.training.config import read_yaml
 
     if not Path(path).is_file():
@@ -212,15 +210,10 @@ def _select(runs: list[Planned], only: Sequence[str]) -> list[Planned]:
 
 def run_ablation(ab: Ablation, *, only: Sequence[str] = (), resume: bool = False, table_only: bool = False) -> dict:
     """Run the ablation's runs (or those in ``only``; every config checked before anything trains, one
-    starting from an unfinished run without that ``init_adapter``), then write the table and figures.
-
-    Returns:
-        ``{"ran", "skipped", "diverged": [names], "statuses": {name: status}, "outputs": {what: path}}``.
-
-    Raises:
-        ConfigError: an unknown name in ``only``, an invalid run config, an unfinished run folder
-            without ``resume``, or a run whose ``"@X"`` has not finished.
-    """
+    starting from an unfinished run without that ``init_adapter``), then write the table and figures; returns
+    ``{"ran", "skipped", "diverged": [names], "statuses": {name: status}, "outputs": {what: path}}``. Raises
+    ``ConfigError`` for an unknown name in ``only``, an invalid run config, an unfinished run folder without
+    ``resume``, or a run whose ``"@X"`` has not finished."""
     from cpr.ablation.tables import write_outputs
     from cpr.distributed import process_state
     from cpr.training.logs import close_run_log, open_run_log

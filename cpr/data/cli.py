@@ -44,11 +44,8 @@ def register(subparsers: Any) -> None:
 
 def parse_options(pairs: Sequence[str], flag: str = "--option") -> dict[str, Any]:
     """``{key: value}`` of ``KEY=VALUE`` command-line options, each value read as a YAML value (as
-    ``--set`` reads them: ``size=9`` gives the integer 9, ``keep`` the string, ``[1, 2]`` a list).
-
-    Raises:
-        ConfigError: an item without ``=`` or a key, or a value that is not valid YAML (``flag`` named).
-    """
+    ``--set`` reads them: ``size=9`` gives the integer 9, ``keep`` the string, ``[1, 2]`` a list). Raises
+    ``ConfigError`` (``flag`` named) for an item without ``=`` or a key, or a value that is not valid YAML."""
     options = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")

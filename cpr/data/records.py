@@ -113,10 +113,9 @@ def write_records(records: Iterable[Record]) -> Records:
     from datasets.fingerprint import get_temporary_cache_files_directory
 
     text, texts = Value("string"), List(Value("string"))
-    features = Features(
-        {"id": text, "images": List(ImageFeature(decode=False)), "question": text, "options": texts,
-         "answer": text, "reference_steps": texts, "difficulty": text, "source": text, "meta": Json()}
-    )
+    features = Features({"id": text, "images": List(ImageFeature(decode=False)), "question": text,
+                         "options": texts, "answer": text, "reference_steps": texts, "difficulty": text,
+                         "source": text, "meta": Json()})
     path = str(Path(get_temporary_cache_files_directory()) / f"records-{uuid.uuid4().hex}.arrow")
     with ArrowWriter(features=features, path=path, writer_batch_size=WRITER_BATCH_SIZE) as writer:
         for r in records:

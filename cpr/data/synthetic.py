@@ -78,11 +78,8 @@ def _counts(rng: random.Random, kind: str, colours: list[str], target: int) -> d
 
 def make_item(seed: int, split: str, index: int) -> Record:
     """Item ``index`` of the ``(seed, split)`` sequence (module docstring); the question kind is
-    ``KINDS[index % 3]``, so any run of three consecutive items holds one of each.
-
-    Raises:
-        ConfigError: an unknown split.
-    """
+    ``KINDS[index % 3]``, so any run of three consecutive items holds one of each. Raises ``ConfigError``
+    for an unknown split."""
     if split not in SPLITS:
         raise ConfigError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}", field="split")
     kind = KINDS[index % len(KINDS)]
@@ -115,11 +112,8 @@ def make_item(seed: int, split: str, index: int) -> Record:
 
 
 def generate(size: int, *, seed: int = 0, split: str = "train") -> Iterator[Record]:
-    """Items ``0 .. size - 1`` of the ``(seed, split)`` sequence (:func:`make_item`).
-
-    Raises:
-        ConfigError: ``size`` below 1 or an unknown split.
-    """
+    """Items ``0 .. size - 1`` of the ``(seed, split)`` sequence (:func:`make_item`). Raises ``ConfigError``
+    for ``size`` below 1 or an unknown split."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ConfigError(f"size must be a positive integer, got {size!r}", field="size")
     for i in range(size):

@@ -110,17 +110,10 @@ def _merge_lines(lines: list[str]) -> list[str]:
 
 
 def split_sentences(text: str, *, split_lines: bool = True) -> list[str]:
-    """Split prose into sentences with LaTeX math kept intact.
-
-    Args:
-        text: the prose.
-        split_lines: also break at newlines outside math, except that a line made only of math, or
-            one starting with a lowercase letter, continues the line before it.
-
-    Returns:
-        Stripped, non-empty sentences in order (runs of spaces outside math collapsed); segments
-        made only of punctuation are dropped.
-    """
+    """Split prose into sentences with LaTeX math kept intact: stripped, non-empty sentences in order (runs of
+    spaces outside math collapsed; segments made only of punctuation dropped). ``split_lines`` also breaks at
+    newlines outside math, except that a line made only of math, or one starting with a lowercase letter,
+    continues the line before it."""
     protected, originals, ends = _protect(text)
     protected = re.sub(r"[ \t]{2,}", " ", protected)
     chunks = _merge_lines(protected.split("\n")) if split_lines else [protected.replace("\n", " ")]

@@ -34,15 +34,10 @@ def _where(ref: ImageRef) -> str:
 
 
 def check_image(ref: ImageRef) -> None:
-    """Open and verify one image.
-
-    PIL's ``verify()`` reads the whole file (PNG chunk CRCs); a JPEG is also decoded at its smallest
-    DCT scale (``Image.draft``), which reads the whole entropy-coded stream, so a truncated JPEG fails.
-
-    Raises:
-        FileNotFoundError: the path does not exist.
-        ValueError: not a readable image, zero size, or a mode that does not convert to RGB.
-    """
+    """Open and verify one image: PIL's ``verify()`` reads the whole file (PNG chunk CRCs); a JPEG is also
+    decoded at its smallest DCT scale (``Image.draft``), which reads the whole entropy-coded stream, so a
+    truncated JPEG fails. Raises ``FileNotFoundError`` when the path does not exist, ``ValueError`` for not a
+    readable image, zero size, or a mode that does not convert to RGB."""
     if isinstance(ref, (str, Path)) and not Path(ref).is_file():
         raise FileNotFoundError(f"image file not found: {ref}")
     if isinstance(ref, Image.Image):  # already in memory: nothing to read, never close it

@@ -29,10 +29,9 @@ _LM = r"(?:.*\.)?language_model\.layers\.\d+\.(?:self_attn\.(?:q|k|v|o)_proj|mlp
 _VISION = {
     "qwen2_5_vl": (r"(?:.*\.)?visual\.blocks\.\d+\.(?:attn\.(?:qkv|proj)|mlp\.(?:gate|up|down)_proj)"
                    r"|(?:.*\.)?visual\.merger\.mlp\.(?:0|2)"),
-    "internvl": (
-        r"(?:.*\.)?vision_tower\.encoder\.layer\.\d+\.(?:attention\.(?:q_proj|k_proj|v_proj|projection_layer)"
-        r"|mlp\.fc[12])|(?:.*\.)?multi_modal_projector\.linear_[12]"
-    ),
+    "internvl": (r"(?:.*\.)?vision_tower\.encoder\.layer\.\d+\."
+                 r"(?:attention\.(?:q_proj|k_proj|v_proj|projection_layer)|mlp\.fc[12])"
+                 r"|(?:.*\.)?multi_modal_projector\.linear_[12]"),
 }
 _PATH_HINT = ("Pass an existing model folder (with config.json, the weights and the processor files) or a hub id "
               "such as 'Qwen/Qwen2.5-VL-3B-Instruct'.")
@@ -154,8 +153,7 @@ def apply_pixel_limits(processor: Any, family: str, min_pixels: int | None, max_
 def load_model_and_processor(
     model_name_or_path: str | Path, *, dtype: str = "auto", device: str | None = None,
     gradient_checkpointing: bool | None = None, attn_implementation: str | None = None, min_pixels: int | None = None,
-    max_pixels: int | None = None, trust_remote_code: bool = False,
-) -> tuple[Any, Any]:
+    max_pixels: int | None = None, trust_remote_code: bool = False) -> tuple[Any, Any]:
     """Load ``(model, processor)`` (module docstring) from a local folder or a hub id, the model in eval mode.
 
     ``device`` ``None`` leaves the model on CPU for a trainer to place; the ``dtype`` (:func:`resolve_dtype`)
@@ -185,8 +183,7 @@ def load_model_and_processor(
     if not hasattr(processor, "tokenizer") or not hasattr(processor, "image_processor"):
         raise ModelNotAvailableError(
             f"model {name!r} has no multimodal processor (got {type(processor).__name__}); cpr needs a processor "
-            "with a tokenizer and an image processor (processor_config.json / preprocessor_config.json)."
-        )
+            "with a tokenizer and an image processor (processor_config.json / preprocessor_config.json).")
     tokenizer = processor.tokenizer
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
@@ -292,10 +289,9 @@ def check_adapter_base(adapter: str | Path, base: str | Path | None = None, *, a
                 or "models--" + str(recorded).replace("/", "--") in given.parts):
             return recorded
         why = "the names differ and the recorded base is not here to compare"
-    message = (
-        f"LoRA adapter {adapter} was trained on base model {recorded!r}, not on {str(base)!r} ({why}); load "
-        f"it on its own base, or set {override} if both are the same model (e.g. hub ids that differ only in revision)"
-    )
+    message = (f"LoRA adapter {adapter} was trained on base model {recorded!r}, not on {str(base)!r} "
+               f"({why}); load it on its own base, or set {override} if both are the same model (e.g. hub "
+               "ids that differ only in revision)")
     if not allow_mismatch:
         raise ConfigError(message, field=field)
     logger.warning("%s: %s", override, message)
@@ -305,12 +301,9 @@ def check_adapter_base(adapter: str | Path, base: str | Path | None = None, *, a
 def check_adapter_weights(adapter: str | Path, *, field: str = "adapter") -> None:
     """Refuse a LoRA adapter whose weights (``adapter_model.safetensors`` in folder ``adapter``) do not load
     (truncated, not safetensors) or hold a non-finite value (NaN, Inf: a corrupt file or a diverged run, which
-    would score as if it were a model). A folder without that file (PEFT's older ``.bin``) passes.
-
-    Raises:
-        InputError: naming the file, ``field`` (the setting that gave the adapter) and what is wrong: the loader's
-            error, or how many values are non-finite and the first tensor holding one.
-    """
+    would score as if it were a model). A folder without that file (PEFT's older ``.bin``) passes. Raises
+    ``InputError`` naming the file, ``field`` (the setting that gave the adapter) and what is wrong: the
+    loader's error, or how many values are non-finite and the first tensor holding one."""
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file

@@ -130,10 +130,8 @@ def load_architecture(folder: Path, lora_config: Any, *, include_vision: bool) -
                       if ".lora_" in n})
     vision = [n for n in adapted if _part(n) != "language"]
     if vision and not include_vision:
-        raise ConfigError(
-            f"{len(vision)} vision / projector modules are LoRA targets (e.g. {vision[0]}) but lora.include_vision is false",
-            field="lora.target_modules",
-        )
+        raise ConfigError(f"{len(vision)} vision / projector modules are LoRA targets (e.g. {vision[0]}) but "
+                          "lora.include_vision is false", field="lora.target_modules")
     params = {"vision": 0, "projector": 0, "language": 0}
     trainable = dict.fromkeys(params, 0)
     for n, p in peft_model.named_parameters():
@@ -157,8 +155,7 @@ def load_architecture(folder: Path, lora_config: Any, *, include_vision: bool) -
         vision_layers=len(blocks), vision_hidden=vcfg.hidden_size,
         vision_heads=getattr(vcfg, "num_heads", None) or vcfg.num_attention_heads,
         vision_intermediate=vcfg.intermediate_size, vision_gated=hasattr(blocks[0].mlp, "gate_proj"),
-        lm_lora_in=lm_in, lm_lora_rank=lm_r, vision_lora_in=v_in, vision_lora_rank=v_r, lora_modules=adapted,
-    )
+        lm_lora_in=lm_in, lm_lora_rank=lm_r, vision_lora_in=v_in, vision_lora_rank=v_r, lora_modules=adapted)
     return arch, config
 
 
@@ -279,8 +276,7 @@ def estimate_memory(arch: Architecture, shape: PhaseShape, *, launcher: str, pro
     saved = saved_activation_bytes(
         arch, batch=shape.train_batch, tokens=shape.seq_tokens, scored_tokens=shape.completion_tokens,
         images=shape.train_batch, patches=shape.patches, image_tokens=shape.image_tokens,
-        checkpointing=shape.checkpointing, include_vision=include_vision, dropout=dropout, wb=wb,
-    )
+        checkpointing=shape.checkpointing, include_vision=include_vision, dropout=dropout, wb=wb)
     # backward: one decoder layer's (or, when its tower is differentiated, one vision block's) tensors again
     # while it is recomputed, and the gradients flowing through it (fp32 at most)
     block = saved["vision_block"] if (shape.checkpointing or include_vision) else 0
@@ -476,17 +472,15 @@ def run_check(args: argparse.Namespace) -> int:
               f"gradient checkpointing {'on' if shape.checkpointing else 'off'}{others}")
         tables = {lc: estimate_memory(arch, shape, launcher=lc, processes=n, wb=wb, include_vision=cfg.lora.include_vision,
                                       dropout=cfg.lora.dropout > 0) for lc in launchers}
+        table = tables[launchers[0]]
         if shape.extra_generations:
-            table = tables[launchers[0]]
             largest = max(shape.generations, key=lambda gen: table[f"generation: {gen[0]}"])[0]
             print(f"  (gen: rows of the largest generation, {largest})")
         print(f"  {'per-GPU memory (GiB), ' + str(n) + ' processes':<40}" + "".join(f"{_LAUNCHER_NAMES[lc]:>9}" for lc in launchers))
-        for row in tables[launchers[0]]:
-            if row in ("generation", "training") or row.startswith("generation: "):
-                continue
-            print(f"  {row:<40}" + "".join(f"{tables[lc][row] / GIB:>9.2f}" for lc in launchers))
-        peaks = [(f"peak in generation: {what}", f"generation: {what}") for what, _, _ in shape.generations]
-        for label, row in [*peaks, ("peak in training", "training")]:
+        rows = [(row, row) for row in table
+                if row not in ("generation", "training") and not row.startswith("generation: ")]
+        rows += [(f"peak in generation: {what}", f"generation: {what}") for what, _, _ in shape.generations]
+        for label, row in [*rows, ("peak in training", "training")]:
             print(f"  {label:<40}" + "".join(f"{tables[lc][row] / GIB:>9.2f}" for lc in launchers))
         if args.gpu_memory is not None:
             fits = {lc: fits[lc] and max(tables[lc]["generation"], tables[lc]["training"]) / GIB <= args.gpu_memory

@@ -221,13 +221,10 @@ class CheckpointState(TrainerCallback, ExportableState):
 
 class CheckpointCallback(CheckpointState):
     """Completes each checkpoint of a ``GRPOTrainer`` (add it last): TRL's micro-step counter and, inside a
-    generation batch, each process's buffered batch (:data:`GENERATION_BUFFER_FILE`), both restored on resume (a
-    resumed run would generate again, from other weights), then :data:`COMPLETE_MARKER`.
-
-    Raises:
-        FileNotFoundError: the checkpoint folder is missing when saving; on resume, a checkpoint inside a
-            generation batch without this process's buffer (saved with another number of processes).
-    """
+    generation batch, each process's buffered batch (:data:`GENERATION_BUFFER_FILE`), both restored on resume
+    (a resumed run would generate again, from other weights), then :data:`COMPLETE_MARKER`. Raises
+    ``FileNotFoundError`` when the checkpoint folder is missing when saving, or on resume for a checkpoint
+    inside a generation batch without this process's buffer (saved with another number of processes)."""
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer

@@ -179,14 +179,12 @@ class DynamicSampling(CheckpointState):
     def rounds(self, inputs: list[dict[str, Any]], out: dict[str, Any], rewards: torch.Tensor,
                generate: Any) -> dict[str, Any]:
         """The training batch of the generation batch ``inputs`` (this process's rows), whose first round gave
-        ``out`` (TRL's batch dict) and ``rewards`` (its gathered ``(processes x rows, reward functions)`` matrix);
-        ``generate(rows)`` runs a further round, returning the same pair. Hands a ``mastery`` sampler each group's
-        pass rate; with dynamic sampling, replaces zero-variance groups by those of extra rounds (:func:`refill`).
-
-        Raises:
-            CprError: the batch's prompts are not the sampler's, the processes' samplers drew different prompts,
-                or a fresh prompt's dataset row has other columns than the batch's.
-        """
+        ``out`` (TRL's batch dict) and ``rewards`` (its gathered ``(processes x rows, reward functions)``
+        matrix); ``generate(rows)`` runs a further round, returning the same pair. Hands a ``mastery`` sampler
+        each group's pass rate; with dynamic sampling, replaces zero-variance groups by those of extra rounds
+        (:func:`refill`). Raises :class:`CprError` when the batch's prompts are not the sampler's, the
+        processes' samplers drew different prompts, or a fresh prompt's dataset row has other columns than the
+        batch's."""
         t, ds = self.trainer, self.config
         sampler = t.curriculum_sampler
         if sampler is None or (ds is None and not sampler.observes):
@@ -227,12 +225,10 @@ class DynamicSampling(CheckpointState):
                 del metrics[key][marks[key]:]
         dropped, extra = sum(zero), len(rounds) - 1
         trained_zero = [zeros[k][j] for k, j in sources]
-        values = {"dropped_groups": dropped, "extra_rounds": extra, "refilled_groups": dropped - len(empty),
-                  "frac_zero_std_trained": sum(trained_zero) / len(trained_zero)}
-        for name, v in values.items():
+        counts = {"dropped_groups": dropped, "extra_rounds": extra, "refilled_groups": dropped - len(empty)}
+        for name, v in {**counts, "frac_zero_std_trained": sum(trained_zero) / len(trained_zero)}.items():
             metrics[f"dynamic_sampling/{name}"].append(float(v))
-        for name, v in (("generation_batches", 1), ("groups", len(zero)), ("dropped_groups", dropped),
-                        ("extra_rounds", extra), ("refilled_groups", dropped - len(empty))):
+        for name, v in {"generation_batches": 1, "groups": len(zero), **counts}.items():
             self.totals[name] += v
         if extra == 0:
             return out

