@@ -36,7 +36,6 @@ def process_state(timeout_s: float | None = None) -> Any:
     return PartialState(cpu=env_flag("ACCELERATE_USE_CPU") or deepspeed_on_cpu, **kwargs)
 
 
-
 #: The file :func:`check_shared_output_dir` writes into ``output_dir`` and removes.
 SHARED_TOKEN = ".cpr-shared-check"
 
@@ -46,11 +45,8 @@ def check_shared_output_dir(out: Any, state: Any) -> None:
     multi-node run): every process reads ``selection.json``, the handover adapter and the checkpoint
     markers that only the main process writes. The main process writes a random token into
     ``out / SHARED_TOKEN``; after a barrier every process reads it back, the answers are gathered, and
-    the main process removes the file. Nothing happens on a single process.
-
-    Raises:
-        ConfigError: on every process, naming the processes (and hosts) that do not see the token.
-    """
+    the main process removes the file. Nothing happens on a single process. Raises ``ConfigError`` on every
+    process, naming the processes (and hosts) that do not see the token."""
     import secrets
     import socket
     from pathlib import Path

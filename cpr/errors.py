@@ -53,11 +53,8 @@ class DatasetNotAvailableError(InputError):
 
 
 def check_choice(value: object, allowed: Iterable[str], field: str) -> str:
-    """``value`` when it is one of ``allowed``.
-
-    Raises:
-        ConfigError: naming ``field``: "must be one of <allowed>, got <value>".
-    """
+    """``value`` when it is one of ``allowed``; else raises ``ConfigError`` naming ``field``: "must be one of
+    <allowed>, got <value>"."""
     allowed = tuple(allowed)
     if value not in allowed:
         raise ConfigError(f"must be one of {', '.join(allowed)}, got {value!r}", field=field)

@@ -35,12 +35,9 @@ class DataSplits:
 
 def load_sources(sources: Sequence[DataSourceConfig], data: DataConfig, *, key: str,
                  validate_images: bool | None = None, config_path: str | None = None) -> Records:
-    """Load and concatenate datasets (``key`` names them in the log and in errors).
-
-    Raises:
-        InputError: invalid records or an id present in two datasets.
-        ConfigError: a source refuses its settings (field ``<key>[i].<setting>``, path ``config_path``).
-    """
+    """Load and concatenate datasets (``key`` names them in the log and in errors). Raises ``InputError`` for
+    invalid records or an id present in two datasets, ``ConfigError`` (field ``<key>[i].<setting>``, path
+    ``config_path``) when a source refuses its settings."""
     buckets = data.bucket_config
     out: list[Records] = []
     seen: dict[str, str] = {}

@@ -56,12 +56,9 @@ def vllm_image_limits(model_path: str, min_pixels: int | None, max_pixels: int |
 
 def check_vllm_pixels(cfg: Any, modes: set[str]) -> None:
     """Refuse ``training.use_vllm`` (``modes``: each phase's ``vllm_mode``) when vLLM would process images with
-    other limits than the trainer (TRL 1.16 gives it no ``mm_processor_kwargs``).
-
-    Raises:
-        ConfigError: one line saying what vLLM would use, what the config asks for, and how to give vLLM the same.
-        ModelNotAvailableError: see :func:`vllm_image_limits`.
-    """
+    other limits than the trainer (TRL 1.16 gives it no ``mm_processor_kwargs``). Raises ``ConfigError`` (one
+    line saying what vLLM would use, what the config asks for, and how to give vLLM the same);
+    ``ModelNotAvailableError``: see :func:`vllm_image_limits`."""
     import json
 
     m = cfg.model
@@ -72,14 +69,12 @@ def check_vllm_pixels(cfg: Any, modes: set[str]) -> None:
         return
     said = ", ".join(f"{k} {v}" for k, v in vllm.items())
     wanted = ", ".join(f"{k} {v}" for k, v in trainer.items())
-    folder = ("point model.name_or_path at a copy of the model whose processor was saved with them "
-              "(cpr.models.load_model_and_processor(..., min_pixels=, max_pixels=), then processor.save_pretrained"
-              " into the copy)")
+    how = ("point model.name_or_path at a copy of the model whose processor was saved with them "
+           "(cpr.models.load_model_and_processor(..., min_pixels=, max_pixels=), then processor.save_pretrained"
+           " into the copy)")
     if "server" in modes:
-        how = (f"{folder} and serve that folder (trl vllm-serve --model <copy>; --mm-processor-kwargs "
-               f"'{json.dumps(trainer)}' after it is forwarded to vllm serve, but cpr cannot see a server's settings)")
-    else:
-        how = folder
+        how += (" and serve that folder (trl vllm-serve --model <copy>; --mm-processor-kwargs "
+                f"'{json.dumps(trainer)}' after it is forwarded to vllm serve, but cpr cannot see a server's settings)")
     raise ConfigError(
         f"training.use_vllm: vLLM processes images with the limits saved with {m.name_or_path} ({said}), not the "
         f"trainer's ({wanted}), and TRL passes it no mm_processor_kwargs: a larger image gets another number of "
