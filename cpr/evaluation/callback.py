@@ -66,10 +66,8 @@ class EvalCallback(TrainerCallback):
         metric_for_best: ``"<benchmark>/<metric>"``, a key of that benchmark's overall summary (with
             sampled decoding also ``sampled_<metric>`` (mean@k) or ``pass_at_k``).
 
-    Raises:
-        ConfigError: ``eval_steps < 1``, no or duplicate benchmarks, or a ``metric_for_best`` naming a
-            benchmark not evaluated or an unknown metric.
-    """
+    Raises ``ConfigError`` for ``eval_steps < 1``, no or duplicate benchmarks, or a ``metric_for_best``
+    naming a benchmark not evaluated or an unknown metric."""
 
     def __init__(self, benchmarks: Sequence[BenchmarkSpec], *, eval_steps: int,
                  generation: GenerationSettings | None = None, scoring: ScoringSettings | None = None,

@@ -40,11 +40,8 @@ class DecodingSettings:
     """Evaluation decoding: ``greedy`` (the paper's protocol) or ``sampled``, which also draws ``samples``
     completions per prompt at ``temperature`` with nucleus ``top_p`` (no top-k cut, as TRL's GRPO generation),
     torch's generator seeded per batch from ``seed`` (:func:`batch_seed`). Greedy ignores the sampling fields.
-
-    Raises:
-        ConfigError: an unknown mode, a temperature that is not a positive finite number, ``top_p``
-            outside (0, 1], ``samples < 1`` or ``seed < 0`` (the field named).
-    """
+    Raises ``ConfigError`` (the field named) for an unknown mode, a temperature that is not a positive finite
+    number, ``top_p`` outside (0, 1], ``samples < 1`` or ``seed < 0``."""
 
     mode: str = "greedy"
     temperature: float = 1.0
@@ -83,11 +80,8 @@ class GenerationSettings:
     """How completions are generated: the new-token budget, prompts per generation call (also the unit
     of resumability), ``prompt_mode`` ``eval`` (CRYSTAL evaluation prompt) or ``train``, ``backend``
     (``auto``: vLLM when :func:`vllm_available`), a progress bar, and the ``decoding``
-    (:class:`DecodingSettings`, default greedy).
-
-    Raises:
-        ConfigError: a non-positive budget or batch size, an unknown mode or backend.
-    """
+    (:class:`DecodingSettings`, default greedy). Raises ``ConfigError`` for a non-positive budget or batch
+    size, an unknown mode or backend."""
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     batch_size: int = 8
@@ -129,9 +123,7 @@ class TransformersGenerator:
         repetition_penalty: ``generate``'s ``repetition_penalty``; ``None``: the model's ``generation_config``
             decides (a model folder's may set one, e.g. 1.05).
 
-    Raises:
-        ConfigError: the tokenizer does not pad on the left.
-    """
+    Raises ``ConfigError`` when the tokenizer does not pad on the left."""
 
     def __init__(self, model: Any, processor: Any, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, *,
                  synced_gpus: bool = False, repetition_penalty: float | None = None) -> None:
@@ -209,11 +201,8 @@ class VLLMGenerator:  # pragma: no cover - needs vLLM and a GPU
     """Greedy generation (``temperature=0``; :meth:`sample`: ``n`` sampled completions per prompt, request
     ``i`` of a batch seeded ``seed + i``) with vLLM's offline engine on ``model_path`` (vLLM loads the
     weights), the prompt rendered by ``processor``, an optional LoRA ``adapter`` folder, and vLLM's
-    ``limit_mm_per_prompt`` and ``mm_processor_kwargs`` (``min_pixels`` / ``max_pixels``).
-
-    Raises:
-        ImportError: vLLM is not installed.
-    """
+    ``limit_mm_per_prompt`` and ``mm_processor_kwargs`` (``min_pixels`` / ``max_pixels``). Raises
+    ``ImportError`` when vLLM is not installed."""
 
     def __init__(self, model_path: str, processor: Any, *, adapter: str | Path | None = None,
                  max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, max_images_per_prompt: int = 1,
@@ -265,12 +254,8 @@ class VLLMGenerator:  # pragma: no cover - needs vLLM and a GPU
 def resolve_model_and_adapter(model: str, adapter: str | None) -> tuple[str, str | None]:
     """Base model and adapter of ``cpr eval --model M [--adapter A]``: a ``--model`` folder holding only a
     LoRA adapter (``adapter_config.json``, no ``config.json``, e.g. a ``checkpoint-N``) is that adapter
-    on its base model (``base_model_name_or_path``).
-
-    Raises:
-        InputError: ``--adapter`` has no ``adapter_config.json``, both flags name adapters, or the
-            adapter config names no base model.
-    """
+    on its base model (``base_model_name_or_path``). Raises ``InputError`` when ``--adapter`` has no
+    ``adapter_config.json``, both flags name adapters, or the adapter config names no base model."""
     if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
         raise InputError("not a PEFT adapter folder (no adapter_config.json)", path=adapter, field="--adapter")
     path = Path(model).expanduser()
@@ -289,10 +274,7 @@ def resolve_model_and_adapter(model: str, adapter: str | None) -> tuple[str, str
 def checked_model_path(model: str, adapter: str | None, allow_base_mismatch: bool = False) -> tuple[str, str | None]:
     """``(resolved base model path, adapter)`` (:func:`resolve_model_and_adapter`), the adapter checked
     against the base (:func:`cpr.models.check_adapter_base`, field ``--adapter``) before anything loads.
-
-    Raises:
-        ConfigError: the adapter was trained on another base model (unless ``allow_base_mismatch``).
-    """
+    Raises ``ConfigError`` for an adapter trained on another base model (unless ``allow_base_mismatch``)."""
     from cpr.models import check_adapter_base, resolve_model_path
 
     base, adapter = resolve_model_and_adapter(model, adapter)
@@ -309,12 +291,9 @@ def load_model_for_eval(model: str, adapter: str | None = None, *, device: str |
     """Load a model (a base or merged checkpoint, or an adapter folder) with an optional LoRA adapter
     (``peft.PeftModel``, not merged) and its processor (image size limits ``min_pixels`` /
     ``max_pixels``), in eval mode, gradient checkpointing off, on ``device`` (default CUDA if available);
-    ``attn_implementation`` and ``trust_remote_code`` go to ``from_pretrained``.
-
-    Raises:
-        ModelNotAvailableError, InputError, ConfigError: see :func:`cpr.models.load_model_and_processor`
-            and :func:`checked_model_path`.
-    """
+    ``attn_implementation`` and ``trust_remote_code`` go to ``from_pretrained``. Raises
+    ``ModelNotAvailableError``, ``InputError``, ``ConfigError``: see
+    :func:`cpr.models.load_model_and_processor` and :func:`checked_model_path`."""
     import torch
 
     from cpr.models import load_model_and_processor
@@ -387,9 +366,7 @@ def sharded_rounds(batches: Sequence[Sequence[Record]], shard: Any,
     (what ZeRO-3's lock-step generation needs). Each yield is the round's rows of every process, in process
     order (:func:`gather_checked`), on every process, after the main process appended them to ``output_path``
     (``None``: kept nowhere). The main process shows a progress bar of ``total`` records (``initial`` done before).
-
-    Raises:
-        What ``rows_of`` raises (on one process), or ``RuntimeError`` naming the process where it failed.
+    Raises what ``rows_of`` raises (on one process), or ``RuntimeError`` naming the process where it failed.
     """
     from tqdm.auto import tqdm
 

@@ -31,11 +31,8 @@ ROW_KEYS = ("samples", "sampled_samples")
 
 def subset(records: Sequence[Record], max_samples: int | None, seed: int = 0) -> list[Record]:
     """At most ``max_samples`` records (``None``: all), a seeded random choice kept in the original
-    order, so repeated evaluations during training see the same samples.
-
-    Raises:
-        ConfigError: ``max_samples < 1``.
-    """
+    order, so repeated evaluations during training see the same samples. Raises ``ConfigError`` when
+    ``max_samples < 1``."""
     if max_samples is None or max_samples >= len(records):
         return list(records)
     if max_samples < 1:
@@ -67,10 +64,8 @@ def evaluate_model(model: Any, processor: Any, benchmark: str, records: Sequence
         (:func:`~cpr.evaluation.sampled_metrics.add_sampled_metrics`), ``extra``, ``"generation"`` (the
         decoding settings) and ``"seconds"``; ``None`` on the other processes of a ``shard``.
 
-    Raises:
-        ConfigError: an unknown benchmark, or backend ``vllm`` without a generator.
-        InputError: invalid records or a malformed completions file.
-    """
+    Raises ``ConfigError`` for an unknown benchmark, or backend ``vllm`` without a generator; ``InputError``
+    for invalid records or a malformed completions file."""
     from cpr.evaluation.report import render_markdown
     from cpr.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
 
