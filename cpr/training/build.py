@@ -81,11 +81,9 @@ class PhaseSpec:
     @functools.cached_property
     def args(self) -> Any:
         """The phase's ``trl.GRPOConfig``, built once (``use_vllm``: placeholders banned; no wandb key: offline).
-
-        Raises:
-            ConfigError: TRL's own consistency checks fail (field ``phase_settings.<phase>.training``).
-            ModelNotAvailableError: with ``use_vllm``, the model's config or processor cannot be had.
-        """
+        Raises ``ConfigError`` when TRL's own consistency checks fail (field
+        ``phase_settings.<phase>.training``), ``ModelNotAvailableError`` when, with ``use_vllm``, the model's
+        config or processor cannot be had."""
         from trl import GRPOConfig
 
         if self.kwargs.get("use_vllm") and self.ban_placeholders:  # TRL's vLLM path does not (cpr.training.vllm)

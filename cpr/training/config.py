@@ -36,11 +36,8 @@ def config_from_dict(data: Mapping[str, Any], *, config_path: str | None = None)
 def read_run_config(path: str | Path) -> ExperimentConfig:
     """A run's resolved ``config.yaml`` as an :class:`ExperimentConfig`, type-checked but not cross-checked (a
     recipe's reward functions and datasets need not be at hand): what ``cpr eval`` reads of an adapter's run.
-
-    Raises:
-        ConfigError: unreadable YAML, not a mapping, an unknown key or a wrong type (file and key named).
-        FileNotFoundError: ``path`` does not exist.
-    """
+    Raises ``ConfigError`` (file and key named) for unreadable YAML, not a mapping, an unknown key or a wrong
+    type; ``FileNotFoundError`` when ``path`` does not exist."""
     data = read_yaml(path)
     if not isinstance(data, Mapping):
         raise ConfigError(f"expected a mapping, got {type(data).__name__}", path=path)
@@ -53,12 +50,9 @@ def read_run_config(path: str | Path) -> ExperimentConfig:
 def load_config(path: str | Path, overrides: Sequence[str] = (), *, warn_dropped: bool = True) -> ExperimentConfig:
     """Read a YAML experiment config, apply ``key=value`` overrides (:func:`apply_overrides`), validate it. An
     override of ``phases`` also leaves out the ``phase_settings`` and ``evaluation.compare`` entries of the
-    phases it drops (a warning unless ``warn_dropped`` is false).
-
-    Raises:
-        ConfigError: unreadable YAML, an unknown key or an invalid value (file, override and dotted key named).
-        FileNotFoundError: ``path`` does not exist.
-    """
+    phases it drops (a warning unless ``warn_dropped`` is false). Raises ``ConfigError`` (file, override and
+    dotted key named) for unreadable YAML, an unknown key or an invalid value; ``FileNotFoundError`` when
+    ``path`` does not exist."""
     data = read_yaml(path)
     if overrides and isinstance(data, dict):
         file_phases = data.get("phases", ExperimentConfig.model_fields["phases"].default)

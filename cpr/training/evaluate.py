@@ -52,10 +52,7 @@ def summary_entries(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
 def benchmark_records(cfg: ExperimentConfig, splits: DataSplits, split: str) -> list[tuple[str, list, int | None]]:
     """``(benchmark, records, limit)`` the final evaluation scores on ``split`` (``test``: each benchmark on its own
     ``data`` or the test split; ``validation``: ``crystal``), those with records; ``limit`` caps only the hook.
-
-    Raises:
-        ConfigError: an unknown split.
-        InputError: a benchmark's own ``data`` does not load.
+    Raises ``ConfigError`` for an unknown split, ``InputError`` when a benchmark's own ``data`` does not load.
     """
     _check_split(split)
     if split == "validation":
@@ -113,11 +110,8 @@ EVAL_SETTINGS_FILE = "cpr_eval_settings.json"
 def eval_settings(cfg: ExperimentConfig, *, self_contained: bool = False) -> dict[str, Any]:
     """What scoring a model of the run needs to score it as the run's evaluations do (``cpr eval`` takes each
     one a flag leaves unset; docs/evaluation.md), as plain JSON; with ``self_contained`` every prompt template is
-    written out, so no file outside is needed.
-
-    Raises:
-        ConfigError: with ``self_contained``, prompt templates that do not load.
-    """
+    written out, so no file outside is needed. Raises ``ConfigError`` when, with ``self_contained``, prompt
+    templates do not load."""
     from cpr.data import load_templates
 
     m, ev, r = cfg.model, cfg.evaluation, cfg.rewards
@@ -132,10 +126,8 @@ def eval_settings(cfg: ExperimentConfig, *, self_contained: bool = False) -> dic
 
 def read_eval_settings(model_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
     """``(file, settings)`` of the :data:`EVAL_SETTINGS_FILE` in a model folder, or ``None`` when it holds none.
-
-    Raises:
-        InputError: the file is not valid JSON or its ``settings`` is not an object (file and field named).
-    """
+    Raises ``InputError`` (file and field named) when the file is not valid JSON or its ``settings`` is not
+    an object."""
     path = Path(model_dir).expanduser() / EVAL_SETTINGS_FILE
     if not path.is_file():
         return None
@@ -181,12 +173,9 @@ def score_adapters(
     *, field: str = "adapter", phase: Any = None,
 ) -> list[Any]:
     """Load the policy once (a whole model on every process, ZeRO-3 off) and return ``score(model, processor)``
-    with each LoRA adapter of ``adapters`` put on it in turn (``None``: the model as loaded).
-
-    Raises:
-        ConfigError: an adapter trained on another base model (``field`` named), before the model loads.
-        TrainingOutOfMemoryError: out of memory.
-    """
+    with each LoRA adapter of ``adapters`` put on it in turn (``None``: the model as loaded). Raises
+    ``ConfigError`` for an adapter trained on another base model (``field`` named), before the model loads;
+    ``TrainingOutOfMemoryError`` when out of memory."""
     from peft import PeftModel
 
     from cpr.distributed import process_state
@@ -221,11 +210,8 @@ def final_evaluation(
     """Score ``cfg``'s model with the LoRA adapter ``adapter`` (or none) on each split of ``on`` (default
     ``evaluation.final_splits``) into :func:`final_eval_dir` (``<benchmark>/``, resumed, and ``metrics.md``). Every
     process generates its share; the main one returns ``{split: {benchmark: overall summary}}`` (others ``{}``).
-
-    Raises:
-        ConfigError: an unknown split, a split without records, an adapter folder without
-            ``adapter_config.json`` or trained on another base model.
-        TrainingOutOfMemoryError: out of memory.
+    Raises ``ConfigError`` for an unknown split, a split without records, an adapter folder without
+    ``adapter_config.json`` or trained on another base model; ``TrainingOutOfMemoryError`` when out of memory.
     """
     from cpr.distributed import process_state
     from cpr.evaluation import evaluate_model

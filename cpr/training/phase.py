@@ -73,11 +73,8 @@ def train_phase(cfg: ExperimentConfig, spec: PhaseSpec, splits: DataSplits, temp
     """Train the GRPO phase ``spec`` from ``init_adapter`` (``None``: a new LoRA adapter), resuming from its last
     complete checkpoint with ``resume``; save its final adapter in ``<phase>/adapter`` and return the phase's entry
     in ``summary.json`` (a phase a guard stopped: ``status: "diverged"``, ``adapter: None`` and ``diverged``).
-
-    Raises:
-        ConfigError: an invalid ``training`` section (TRL's checks).
-        TrainingOutOfMemoryError: out of memory in training or generation.
-    """
+    Raises ``ConfigError`` for an invalid ``training`` section (TRL's checks), ``TrainingOutOfMemoryError``
+    when out of memory in training or generation."""
     from cpr.data import to_grpo_dataset
     from cpr.distributed import process_state
     from cpr.rewards import set_completion_recorder

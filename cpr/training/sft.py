@@ -222,13 +222,9 @@ def run_sft(
 ) -> Path:
     """Train a LoRA adapter on ``records`` with ``trl.SFTTrainer`` (``model`` with ``peft_config``, or a
     ``peft.PeftModel`` with a trainable adapter) and return ``output_dir / "adapter"`` (model left in eval mode).
-
-    Raises:
-        ConfigError: invalid settings (fields ``<prefix>.<key>``); neither ``peft_config`` nor a
-            ``PeftModel``, both, or a ``PeftModel`` without trainable parameters; a prompt longer
-            than ``settings.max_length``.
-        InputError: no records, or a record without an answer.
-    """
+    Raises ``ConfigError`` for invalid settings (fields ``<prefix>.<key>``); neither ``peft_config`` nor a
+    ``PeftModel``, both, or a ``PeftModel`` without trainable parameters; a prompt longer than
+    ``settings.max_length``. Raises ``InputError`` for no records, or a record without an answer."""
     from peft import PeftModel
 
     from cpr.training.checkpoints import CompleteMarkerCallback, restore_trained, training_done
