@@ -35,8 +35,7 @@ TRL_CHECKED = "1.16.0"
 
 
 def logged_metrics(trainer: Any, mode: str = "train") -> dict[str, list[float]]:
-    """``trainer._metrics[mode]``: metric name -> the values logged since TRL's last ``log`` (empty
-    without a trainer)."""
+    """``trainer._metrics[mode]``: name -> values logged since TRL's last ``log`` ({} without a trainer)."""
     return trainer._metrics[mode] if trainer is not None else {}
 
 

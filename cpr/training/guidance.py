@@ -133,9 +133,8 @@ class Guidance:
             yield
             return
         tokenizer = getattr(t.processing_class, "tokenizer", t.processing_class)
-        g, n = t.num_generations, len(inputs)
         if self.mode == "reference":
-            self._guided = guided_rows(n, process_index(t), g, self.config.members)
+            self._guided = guided_rows(len(inputs), process_index(t), t.num_generations, self.config.members)
             eos = [t.eos_token_ids[0]]
             self._plan = [tokenizer(target_text(x["reference_steps"], x["answer"]), add_special_tokens=False)
                           ["input_ids"][: t.max_completion_length - 1] + eos if guided else []
