@@ -130,8 +130,7 @@ def greedy_baseline_advantages(trainer: Any, inputs: list[dict[str, Any]], matri
     rows = [inputs[j] for j in first.values()]
     scored = total_rewards(reward_funcs, trainer.reward_weights.tolist(), rows, greedy_completions(trainer, rows))
     local = list(zip(first, scored, strict=True))
-    pairs = gather_object(local) if trainer.accelerator.num_processes > 1 else local
-    by_group = dict(pairs)
+    by_group = dict(gather_object(local) if trainer.accelerator.num_processes > 1 else local)
     greedy = torch.tensor([by_group.get(g, math.nan) for g in range(rewards.numel() // group)]).to(rewards)
     advantages = greedy_advantages(rewards, greedy, group, trainer.scale_rewards)
     logged = logged_metrics(trainer, "train")

@@ -1,6 +1,5 @@
 """Run logs: the text log (``run.log``), the console, trainer log records as JSON lines, scored completions
-(appended with one fsync'ed ``write`` a batch: a kill leaves at most a truncated last line, which readers drop).
-"""
+(appended with one fsync'ed ``write`` a batch: a kill truncates at most the last line, which readers drop)."""
 
 from __future__ import annotations
 
