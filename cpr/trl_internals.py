@@ -21,8 +21,7 @@
 * TRL's model card text for an unnamed base model, :data:`UNNAMED_BASE_MODEL` (:func:`name_base_model`).
 
 :class:`cpr.training.trainer.CprGRPOTrainer` binds the ``*_hook`` functions as its overrides of the private hooks;
-they call TRL's own as ``GRPOTrainer.<hook>(trainer, ...)``.
-"""
+they call TRL's own as ``GRPOTrainer.<hook>(trainer, ...)``."""
 
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ TRL_CHECKED = "1.16.0"
 
 
 def logged_metrics(trainer: Any, mode: str = "train") -> dict[str, list[float]]:
-    """``trainer._metrics[mode]``: metric name -> the values logged since TRL's last ``log`` (empty
-    without a trainer)."""
+    """``trainer._metrics[mode]``: name -> values logged since TRL's last ``log`` ({} without a trainer)."""
     return trainer._metrics[mode] if trainer is not None else {}
 
 
@@ -66,9 +64,8 @@ def repeat_sampler_shape(trainer: Any) -> tuple[int, int, int]:
     """``(mini_repeat_count, batch_size, repeat_count)`` of the ``RepeatSampler`` that
     ``GRPOTrainer._get_train_sampler`` builds: ``num_generations``, unique prompts per generation batch
     (``generation_batch_size // num_generations``) and ``num_iterations x steps_per_generation``."""
-    num_generations = trainer.num_generations
-    return (num_generations, trainer.args.generation_batch_size // num_generations,
-            trainer.num_iterations * trainer.args.steps_per_generation)
+    g = trainer.num_generations
+    return g, trainer.args.generation_batch_size // g, trainer.num_iterations * trainer.args.steps_per_generation
 
 
 def train_sampler_hook(trainer: Any, dataset: Any = None) -> Any:
@@ -100,8 +97,7 @@ def generate_and_score(trainer: Any, inputs: list[dict[str, Any]]) -> tuple[dict
     ``GRPOTrainer._generate_and_score_completions`` and its gathered reward matrix (:func:`reward_matrix_hook`)."""
     from trl import GRPOTrainer
 
-    batch = GRPOTrainer._generate_and_score_completions(trainer, inputs)
-    return batch, trainer._cpr_rewards
+    return GRPOTrainer._generate_and_score_completions(trainer, inputs), trainer._cpr_rewards
 
 
 def single_turn_hook(trainer: Any, prompt_ids: list[list[int]], images: Any, multimodal_fields: dict[str, Any],

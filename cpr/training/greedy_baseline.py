@@ -130,18 +130,14 @@ def greedy_baseline_advantages(trainer: Any, inputs: list[dict[str, Any]], matri
     rows = [inputs[j] for j in first.values()]
     scored = total_rewards(reward_funcs, trainer.reward_weights.tolist(), rows, greedy_completions(trainer, rows))
     local = list(zip(first, scored, strict=True))
-    pairs = gather_object(local) if trainer.accelerator.num_processes > 1 else local
-    greedy = torch.full((rewards.numel() // group,), math.nan)
-    for g, value in pairs:
-        greedy[g] = value
-    greedy = greedy.to(rewards)
+    by_group = dict(gather_object(local) if trainer.accelerator.num_processes > 1 else local)
+    greedy = torch.tensor([by_group.get(g, math.nan) for g in range(rewards.numel() // group)]).to(rewards)
     advantages = greedy_advantages(rewards, greedy, group, trainer.scale_rewards)
     logged = logged_metrics(trainer, "train")
     logged[ZERO_SIGNAL_METRIC].append(zero_signal_groups(rewards, greedy, group).float().mean().item())
     known = ~torch.isnan(greedy)
     if known.any():
         logged["baseline/greedy_reward"].append(torch.nanmean(greedy).item())
-        grouped = rewards.view(-1, group)[known]
-        above = (grouped > greedy[known].unsqueeze(1) + 1e-6).float()
-        logged["baseline/above_greedy"].append(above.mean().item())
+        above = rewards.view(-1, group)[known] > greedy[known].unsqueeze(1) + 1e-6
+        logged["baseline/above_greedy"].append(above.float().mean().item())
     return advantages[start:start + len(inputs)]

@@ -18,8 +18,7 @@ With ``beta`` above 0, TRL's KL term applies to the reference completions' token
 Logged per step: ``guidance/reward`` and ``guidance/advantage`` (mean total reward and trained advantage of the
 reference completions), ``guidance/reference_best`` (share of groups whose reference reward is at least every
 sampled completion's), ``guidance/ratio`` (the reference tokens' mean pi_theta(o_t)); with ``prefix``,
-``guidance/hint_steps`` (mean k of a round's rows).
-"""
+``guidance/hint_steps`` (mean k of a round's rows)."""
 
 from __future__ import annotations
 
@@ -32,6 +31,7 @@ import torch
 
 from cpr.data.prompts import target_prefix, target_text
 from cpr.errors import ConfigError, InputError
+from cpr.training.dynamic_sampling import group_rewards
 from cpr.trl_internals import aggregate_token_loss, generate_single_turn, logged_metrics, process_index
 
 #: TRL loss types whose aggregation :func:`cpr.trl_internals.aggregate_token_loss` reproduces for the reference term.
@@ -64,19 +64,12 @@ def hint_ids(tokenizer: Any, steps: list[str], answer: str, k: int) -> list[int]
     return [i for i, (_, stop) in zip(encoded["input_ids"], encoded["offset_mapping"], strict=True) if stop <= end]
 
 
-def shaped_ratio(logps: torch.Tensor, gamma: float) -> torch.Tensor:
-    """f(p) = p / (p + gamma) of p = exp(``logps``) (any shape): LUFFY's policy shaping of an off-policy token whose
-    behaviour probability is 1 (arXiv 2504.14945, eq. 6)."""
-    p = logps.exp()
-    return p / (p + gamma)
-
-
 def shaped_token_loss(logps: torch.Tensor, advantages: torch.Tensor, gamma: float) -> torch.Tensor:
-    """The per-token loss ``(B, T)`` of reference completions: -f(pi_theta(o_t)) A_t, not clipped.
-    ``logps``: ``(B, T)`` log pi_theta(o_t); ``advantages``: ``(B,)`` or ``(B, T)``."""
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)
-    return -shaped_ratio(logps, gamma) * advantages
+    """The per-token loss ``(B, T)`` of reference completions: -f(pi_theta(o_t)) A_t, not clipped, with
+    f(p) = p / (p + gamma), LUFFY's policy shaping of an off-policy token whose behaviour probability is 1
+    (arXiv 2504.14945, eq. 6). ``logps``: ``(B, T)`` log pi_theta(o_t); ``advantages``: ``(B,)`` or ``(B, T)``."""
+    p = logps.exp()
+    return -(p / (p + gamma)) * (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages)
 
 
 def exclude_from_correction(batch: dict[str, Any], guided: torch.Tensor) -> dict[str, Any]:
@@ -140,9 +133,8 @@ class Guidance:
             yield
             return
         tokenizer = getattr(t.processing_class, "tokenizer", t.processing_class)
-        g, n = t.num_generations, len(inputs)
         if self.mode == "reference":
-            self._guided = guided_rows(n, process_index(t), g, self.config.members)
+            self._guided = guided_rows(len(inputs), process_index(t), t.num_generations, self.config.members)
             eos = [t.eos_token_ids[0]]
             self._plan = [tokenizer(target_text(x["reference_steps"], x["answer"]), add_special_tokens=False)
                           ["input_ids"][: t.max_completion_length - 1] + eos if guided else []
@@ -202,13 +194,10 @@ class Guidance:
             batch["tool_mask"] = tool_mask
             batch["num_items_in_batch"] = t.accelerator.gather((batch["completion_mask"] * tool_mask).sum()).sum()
             return batch
-        guided = torch.tensor(self._guided, dtype=torch.bool, device=device)
-        batch["guided"] = guided
-        exclude_from_correction(batch, guided)
+        batch["guided"] = torch.tensor(self._guided, dtype=torch.bool, device=device)
+        exclude_from_correction(batch, batch["guided"])
         g = t.num_generations
-        totals = (rewards * t.reward_weights.to(rewards.device).unsqueeze(0)).nansum(dim=1)
-        totals[rewards.isnan().all(dim=1)] = math.nan  # unscorable, as TRL counts it
-        totals = totals.view(-1, g)
+        totals = group_rewards(rewards, t.reward_weights, g)  # a row without any reward NaN, as TRL counts it
         ref = torch.arange(g, device=totals.device) >= g - self.config.members
         best = totals[:, ref].nan_to_num(-math.inf).min(dim=1).values >= totals[:, ~ref].nan_to_num(-math.inf).max(dim=1).values
         metrics = logged_metrics(t)

@@ -1,6 +1,5 @@
 """Run logs: the text log (``run.log``), the console, trainer log records as JSON lines, scored completions
-(appended with one fsync'ed ``write`` a batch: a kill leaves at most a truncated last line, which readers drop).
-"""
+(appended with one fsync'ed ``write`` a batch: a kill truncates at most the last line, which readers drop)."""
 
 from __future__ import annotations
 
@@ -149,8 +148,6 @@ def rollback_logs(phase_dir: str | Path, step: int) -> dict[str, tuple[int, int]
         s = row.get("step") if isinstance(row, dict) else None
         return not isinstance(s, (int, float)) or isinstance(s, bool) or s <= step
 
-    out: dict[str, tuple[int, int]] = {}
-    for pattern in ("log.jsonl", "eval_history.jsonl", "guard_events.jsonl", "scored_completions*.jsonl"):
-        for path in sorted(Path(phase_dir).glob(pattern)):
-            out[path.name] = rewrite_jsonl(path, keep)
-    return out
+    patterns = ("log.jsonl", "eval_history.jsonl", "guard_events.jsonl", "scored_completions*.jsonl")
+    return {path.name: rewrite_jsonl(path, keep)
+            for pattern in patterns for path in sorted(Path(phase_dir).glob(pattern))}

@@ -19,8 +19,7 @@ def load_policy(cfg: ExperimentConfig, model_path: str, device: Any = None) -> t
     return load_model_and_processor(
         model_path, dtype=m.dtype, gradient_checkpointing=m.gradient_checkpointing,
         attn_implementation=m.attn_implementation, min_pixels=m.min_pixels, max_pixels=m.max_pixels,
-        trust_remote_code=m.trust_remote_code, device=None if device is None else str(device),
-    )
+        trust_remote_code=m.trust_remote_code, device=None if device is None else str(device))
 
 
 def lora_config(cfg: ExperimentConfig, model_path: str) -> Any:
@@ -61,9 +60,8 @@ def check_base(adapter: str | Path, base: str, cfg: ExperimentConfig, *, field: 
     :func:`cpr.models.check_adapter_weights`; ``field`` names the setting that gave the adapter."""
     from cpr.models import check_adapter_base, check_adapter_weights
 
-    check_adapter_base(
-        adapter, base, allow_mismatch=cfg.model.allow_base_mismatch, field=field, override="model.allow_base_mismatch"
-    )
+    check_adapter_base(adapter, base, allow_mismatch=cfg.model.allow_base_mismatch, field=field,
+                       override="model.allow_base_mismatch")
     check_adapter_weights(adapter, field=field)
 
 

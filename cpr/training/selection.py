@@ -25,16 +25,13 @@ __all__ = ["LAST_STEP_ADAPTER", "install_selected", "select_best"]
 LAST_STEP_ADAPTER = "last_step_adapter"
 
 
-def select_best(
-    cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, templates: Any, model_path: str
-) -> dict[str, Any]:
-    """Score every complete checkpoint of the phase and its final adapter with ``crystal`` on the validation split
-    (greedy, training prompt) and pick the highest ``phase.select_metric``, ties to the later step.
-
-    Returns:
-        The contents of ``<phase>/selection.json``: ``{"metric", "answer_mode", "n_validation", "picked",
-        "scores": [{"checkpoint", "step" (None: the final adapter), "accuracy" (percent), "match_f1"}]}``;
-        without validation records ``{"picked": <final adapter>, "reason", "scores": []}``.
+def select_best(cfg: ExperimentConfig, phase: PhaseConfig, splits: DataSplits, templates: Any,
+                model_path: str) -> dict[str, Any]:
+    """Score every complete checkpoint of the phase and its final adapter with ``crystal`` on the validation
+    split (greedy, training prompt) and pick the highest ``phase.select_metric``, ties to the later step.
+    Returns the contents of ``<phase>/selection.json``: ``{"metric", "answer_mode", "n_validation", "picked",
+    "scores": [{"checkpoint", "step" (None: the final adapter), "accuracy" (percent), "match_f1"}]}``; without
+    validation records ``{"picked": <final adapter>, "reason", "scores": []}``.
 
     Raises:
         ConfigError: a checkpoint trained on another base model.
@@ -63,8 +60,7 @@ def select_best(
             lambda model, processor: evaluate_model(model, processor, "crystal", splits.validation,
                                                     generation=generation, scoring=scoring,
                                                     templates=templates, shard=state),
-            field=f"{phase.name} checkpoint", phase=phase,
-        )
+            field=f"{phase.name} checkpoint", phase=phase)
         if state.is_main_process:
             scores = [{"checkpoint": str(path), "step": step, "accuracy": o["overall"]["accuracy"],
                        "match_f1": o["overall"]["match_f1"]} for (step, path), o in zip(candidates, overall, strict=True)]
@@ -82,10 +78,9 @@ def select_best(
 def install_selected(phase_dir: str | Path, picked: str | Path, last_step: int) -> dict[str, str] | None:
     """Make the phase's ``adapter/`` folder the selected adapter ``picked`` (a ``checkpoint-N``; its adapter files
     over the final adapter's, written as ``adapter.partial`` and moved into place), on the main process. Unless
-    ``checkpoint-<last_step>`` is complete, the final adapter is first moved to :data:`LAST_STEP_ADAPTER`.
-    Returns ``{"adapter_from", "last_step_adapter"}``, or ``None`` when ``picked`` is the final adapter; raises
-    ``ConfigError`` when ``picked`` holds no LoRA adapter.
-    """
+    ``checkpoint-<last_step>`` is complete, the final adapter is first moved to :data:`LAST_STEP_ADAPTER`. Returns
+    ``{"adapter_from", "last_step_adapter"}``, or ``None`` when ``picked`` is the final adapter; raises
+    ``ConfigError`` when ``picked`` holds no LoRA adapter."""
     phase_dir, picked = Path(phase_dir), Path(picked)
     adapter = phase_dir / "adapter"
     if picked.resolve() == adapter.resolve():

@@ -11,6 +11,8 @@ from torch.utils.data import Sampler
 from trl import GRPOTrainer
 
 from cpr import trl_internals
+from cpr.advantages import check_baseline
+from cpr.credit import batch_token_advantages, check_credit, combine
 from cpr.errors import ConfigError, InputError
 from cpr.training.config_sections import GuardsConfig, GuidanceConfig
 from cpr.training.curriculum import (
@@ -64,9 +66,6 @@ class CprGRPOTrainer(GRPOTrainer):
                  guards: GuardsConfig | None = None, guard_events_path: str | Path | None = None,
                  credit: str = "completion", credit_weight: float = 1.0, baseline: str = "group",
                  guidance: GuidanceConfig | None = None, guidance_field: str = "guidance", **kwargs: Any) -> None:
-        from cpr.advantages import check_baseline
-        from cpr.credit import check_credit
-
         reward_funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]  # TRL takes one alone
         grpo, sampling = kwargs.get("args"), bool(getattr(dynamic_sampling, "enabled", False))
         check_credit(credit, credit_weight, reward_funcs, loss_type=getattr(grpo, "loss_type", "grpo"),
@@ -160,17 +159,14 @@ class CprGRPOTrainer(GRPOTrainer):
             return None
         from accelerate.utils import gather_object
 
-        from cpr.credit import batch_token_advantages, combine
-
         weights = self.reward_weights.tolist()
         per_func = [f.last_credit for _, f in self._credit_funcs]
         credits = [combine(row, [weights[i] for i, _ in self._credit_funcs]) for row in zip(*per_func, strict=True)]
         tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
-        multi = self.accelerator.num_processes > 1
         advantages, metrics = batch_token_advantages(
             credits, batch["completion_ids"], batch["completion_mask"], batch["advantages"], tokenizer,
             group_size=self.num_generations if self.model.training else self.num_generations_eval,
-            weight=self.credit_weight, gather=gather_object if multi else None,
+            weight=self.credit_weight, gather=gather_object if self.accelerator.num_processes > 1 else None,
             process_index=trl_internals.process_index(self))
         logged = trl_internals.logged_metrics(self, "train" if self.model.training else "eval")
         for name, value in metrics.items():
@@ -189,10 +185,9 @@ class CprGRPOTrainer(GRPOTrainer):
             raise InputError(f"the training dataset has no 'difficulty' column (columns: {source.column_names})",
                              field="difficulty")
         _, batch_size, repeat_count = trl_internals.repeat_sampler_shape(self)
-        total = None
-        if self.curriculum.schedule != "none":  # fewer rows than batch_size: the sampler says so
-            total = total_generation_batches(self.args.max_steps, self.args.gradient_accumulation_steps,
-                                             repeat_count, max(len(source) // batch_size, 1))
+        total = None if self.curriculum.schedule == "none" else total_generation_batches(
+            self.args.max_steps, self.args.gradient_accumulation_steps, repeat_count,
+            max(len(source) // batch_size, 1))  # fewer rows than batch_size: the sampler says so
         if self.curriculum.schedule == "mastery":
             name = self.curriculum.mastery_reward or self.reward_func_names[-1]
             if name not in self.reward_func_names:
