@@ -148,6 +148,8 @@ def rollback_logs(phase_dir: str | Path, step: int) -> dict[str, tuple[int, int]
         s = row.get("step") if isinstance(row, dict) else None
         return not isinstance(s, (int, float)) or isinstance(s, bool) or s <= step
 
-    patterns = ("log.jsonl", "eval_history.jsonl", "guard_events.jsonl", "scored_completions*.jsonl")
-    return {path.name: rewrite_jsonl(path, keep)
-            for pattern in patterns for path in sorted(Path(phase_dir).glob(pattern))}
+    out: dict[str, tuple[int, int]] = {}
+    for pattern in ("log.jsonl", "eval_history.jsonl", "guard_events.jsonl", "scored_completions*.jsonl"):
+        for path in sorted(Path(phase_dir).glob(pattern)):
+            out[path.name] = rewrite_jsonl(path, keep)
+    return out
