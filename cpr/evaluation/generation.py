@@ -136,6 +136,11 @@ class TransformersGenerator:
         self.eos_ids = set() if eos is None else {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
         self.synced_gpus, self.repetition_penalty, self.calls = synced_gpus, repetition_penalty, 0
 
+    def _inputs(self, batch: Batch) -> Any:
+        return self.processor.apply_chat_template(list(batch), add_generation_prompt=True, tokenize=True,
+                                                  return_dict=True, return_tensors="pt",
+                                                  processor_kwargs={"padding": True})
+
     def __call__(self, batch: Batch) -> list[Generated]:
         """One greedy completion per conversation of ``batch``, in order."""
         return self._generate(batch, do_sample=False, temperature=None, top_p=None, top_k=None)
@@ -161,10 +166,7 @@ class TransformersGenerator:
         if not batch:
             return []
         model = self.model
-        inputs = self.processor.apply_chat_template(list(batch), add_generation_prompt=True, tokenize=True,
-                                                    return_dict=True, return_tensors="pt",
-                                                    processor_kwargs={"padding": True})
-        inputs = inputs.to(device=next(model.parameters()).device, dtype=model.dtype)
+        inputs = self._inputs(batch).to(device=next(model.parameters()).device, dtype=model.dtype)
         image_token_id = getattr(model.config, "image_token_id", None)
         if self.repetition_penalty is not None:
             decoding = {**decoding, "repetition_penalty": float(self.repetition_penalty)}
