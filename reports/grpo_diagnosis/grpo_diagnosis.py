@@ -248,6 +248,15 @@ def completions(phase: dict, row: dict[str, object]) -> int:
     return int(batches * settings["training.per_device_train_batch_size"] * settings.get("p.gradient_accumulation_steps", 1))
 
 
+def save_row(results: dict, results_path: Path, key: str, res: dict) -> None:
+    """Add row ``key`` to ``results`` and write them all to ``results_path`` (after each run, so that an interrupted
+    sweep keeps the rows it finished); prints the row."""
+    results[key] = res
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(results, indent=1))
+    print(key, json.dumps(res), flush=True)
+
+
 def seed_table(specs: list[str]) -> str:
     """Markdown table of ``diagnosis.json`` files, mean +/- sample standard deviation over each row's seeds.
 
@@ -359,10 +368,7 @@ def main() -> None:
                 res["curve"] = {c.name.split("-")[1]: score(str(c), cfg.model.name_or_path, records, cfg,
                                                             args.samples, 1.0, seed)
                                 for c in sorted(folder.glob("checkpoint-*"), key=lambda c: int(c.name.split("-")[1]))}
-            results[key] = res
-            out.mkdir(parents=True, exist_ok=True)
-            results_path.write_text(json.dumps(results, indent=1))
-            print(key, json.dumps(res), flush=True)
+            save_row(results, results_path, key, res)
     out.mkdir(parents=True, exist_ok=True)
     results_path.write_text(json.dumps(results, indent=1))
     print("| row | greedy Acc / Match F1 | sampled Acc / Match F1 | reward first -> last |")

@@ -101,10 +101,7 @@ def main() -> None:
                    sft={"steps": settings.max_steps, "learning_rate": settings.learning_rate,
                         "warmup_ratio": settings.warmup_ratio, "batch": settings.per_device_train_batch_size,
                         "max_length": settings.max_length, "records": len(splits.train)})
-        results[key] = res
-        out.mkdir(parents=True, exist_ok=True)
-        results_path.write_text(json.dumps(results, indent=1))
-        print(key, json.dumps(res), flush=True)
+        grpo_diagnosis.save_row(results, results_path, key, res)
     out.mkdir(parents=True, exist_ok=True)
     results_path.write_text(json.dumps(results, indent=1))
 
