@@ -215,13 +215,19 @@ def test_settings_the_trainer_cannot_run_are_refused_with_the_key():
     ok = dict(num_generations=8, loss_type="dapo", liger=False, off_policy_mask_threshold=None, field="p.guidance")
     check_guidance(GuidanceConfig(mode="reference", members=7), **ok)
     check_guidance(GuidanceConfig(mode="prefix", members=8), **ok)  # members is the reference mode's
-    for config, change, field in [(GuidanceConfig(mode="reference", members=8), {}, "p.guidance.members"),
-                                  (GuidanceConfig(mode="reference"), {"loss_type": "sapo"}, "p.guidance.mode"),
-                                  (GuidanceConfig(mode="reference"), {"liger": True}, "p.guidance.mode"),
-                                  (GuidanceConfig(mode="reference"), {"off_policy_mask_threshold": 0.5}, "p.guidance.mode")]:
+    reference = GuidanceConfig(mode="reference")
+    for config, change, field, message in [
+        (GuidanceConfig(mode="reference", members=8), {}, "p.guidance.members",
+         "8 reference completions in groups of 8 leave none sampled"),
+        (reference, {"loss_type": "sapo"}, "p.guidance.mode",
+         "loss_type 'sapo' is not supported with reference guidance (one of grpo, bnpo, dr_grpo, dapo)"),
+        (reference, {"liger": True}, "p.guidance.mode",
+         "use_liger_kernel computes TRL's loss without the hook reference guidance adds its term through"),
+        (reference, {"off_policy_mask_threshold": 0.5}, "p.guidance.mode",
+         "off_policy_mask_threshold is not supported with reference guidance")]:
         with pytest.raises(ConfigError) as e:
             check_guidance(config, **{**ok, **change})
-        assert e.value.field == field
+        assert (e.value.field, e.value.message) == (field, message)
 
 
 def test_a_record_without_reference_steps_is_named():
@@ -230,6 +236,7 @@ def test_a_record_without_reference_steps_is_named():
     with pytest.raises(InputError) as e:
         check_reference_steps(Dataset.from_dict({"id": ["r1", "r2"], "reference_steps": [["a"], []]}))
     assert e.value.record_id == "r2" and e.value.field == "reference_steps"
+    assert e.value.message == "has no reference steps to guide GRPO with"
 
 
 @pytest.mark.parametrize("key, value, field", [
